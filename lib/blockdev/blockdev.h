@@ -1,0 +1,90 @@
+// The block-device interface: the only way any layer of plyfs touches storage,
+// and the place where tests plug in doubles and faults.
+//
+// Addresses are byte offsets. Offsets and lengths must be multiples of
+// logical_sector_size(). The filesystem's block size is a property of the
+// format (chosen by mkfs), not of the device; the device only knows sectors,
+// which is also the unit of the crash model below.
+//
+// The device contract (format.md#device-contract). The commit protocol relies
+// on exactly these rules, and the crash tests model exactly these:
+//   D1 atomic unit: one logical sector. An interrupted write of n sectors may
+//      persist any subset of them; each persisted sector holds the old or the
+//      new bytes.
+//   D2 volatile cache: a completed write() is durable only once a flush()
+//      issued after it has returned success. Writes not yet covered by a flush
+//      may be lost in any combination and persist in any order.
+//   D3 flush is the only barrier: on success every write completed before the
+//      call is durable.
+//   D4 failed flush: the writes it covered stay unknown (any subset, possibly
+//      torn) even after a later flush succeeds. The filesystem must never
+//      retry a flush and then claim durability for those writes.
+//   D5 failed write: the target sectors hold old or new bytes.
+//   D6 reads may fail, transiently or persistently, per sector.
+//   D7 discard: the content of a discarded range is unspecified (old or zero)
+//      until rewritten.
+// Calls are synchronous: issue order equals completion order. Implementations
+// are safe to call from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "util/result.h"
+
+namespace plyfs {
+
+class BlockDevice {
+ public:
+  virtual ~BlockDevice() = default;
+  virtual Result<void> read(uint64_t offset, std::span<std::byte> out) = 0;
+  virtual Result<void> write(uint64_t offset, std::span<const std::byte> in) = 0;
+  virtual Result<void> flush() = 0;  // durability barrier (D3)
+  virtual Result<void> discard(uint64_t offset, uint64_t len) = 0;
+  virtual uint64_t size_bytes() const = 0;
+  virtual uint32_t logical_sector_size() const = 0;
+  virtual uint32_t physical_sector_size() const = 0;
+};
+
+// EINVAL for a misaligned request, EIO for one past the end of the device.
+Result<void> check_range(const BlockDevice& dev, uint64_t offset, uint64_t len);
+
+struct FileOpenOptions {
+  bool read_only = false;
+  // Keep other plyfs processes out: an exclusive flock for read-write opens,
+  // a shared one for read-only opens, and O_EXCL on a block device opened
+  // read-write (which also fails while the kernel has it mounted).
+  bool lock = true;
+};
+
+// A regular image file or a block device, through pread/pwrite/fdatasync.
+class FileDevice final : public BlockDevice {
+ public:
+  static Result<std::unique_ptr<FileDevice>> open(const std::string& path,
+                                                  FileOpenOptions opts = {});
+  ~FileDevice() override;
+
+  Result<void> read(uint64_t offset, std::span<std::byte> out) override;
+  Result<void> write(uint64_t offset, std::span<const std::byte> in) override;
+  Result<void> flush() override;
+  Result<void> discard(uint64_t offset, uint64_t len) override;
+  uint64_t size_bytes() const override { return size_; }
+  uint32_t logical_sector_size() const override { return lss_; }
+  uint32_t physical_sector_size() const override { return pss_; }
+
+  bool is_block_device() const { return is_bdev_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  FileDevice() = default;
+  std::string path_;
+  int fd_ = -1;
+  bool is_bdev_ = false;
+  bool read_only_ = false;
+  uint64_t size_ = 0;
+  uint32_t lss_ = 512, pss_ = 512;
+};
+
+}  // namespace plyfs
