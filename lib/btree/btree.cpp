@@ -1,0 +1,402 @@
+#include "btree/btree.h"
+#include <algorithm>
+
+#include "btree/node.h"
+#include "util/checksum.h"
+
+namespace plyfs {
+
+using namespace btree_internal;
+using Ref = BlockCache::Ref;
+
+namespace {
+
+NodeView view(const Ref& r) { return NodeView(r->bytes()); }
+
+struct ReadCtx {
+  uint64_t fs_id;
+  Generation gen;
+  int level;
+};
+
+Result<void> verify_cb(const void* ctx, BlockNo b, std::span<const std::byte> bytes) {
+  auto* c = static_cast<const ReadCtx*>(ctx);
+  return verify_node(bytes, b, c->fs_id, c->gen, c->level);
+}
+
+// Splits `items` (which overflow one node) between `left` (already holding the
+// header) and a fresh right node. Both halves fit and hold at least a quarter
+// of a node, because no item is larger than a quarter (max_value_len).
+size_t split_point(const std::vector<Item>& items, bool leaf) {
+  uint64_t total = 0;
+  for (const auto& it : items) total += it.size(leaf);
+  uint64_t acc = 0;
+  size_t s = 0;
+  while (s < items.size() && acc < total / 2) acc += items[s++].size(leaf);
+  return std::clamp<size_t>(s, 1, items.size() - 1);
+}
+
+uint32_t total_size(const std::vector<Item>& items, bool leaf) {
+  uint32_t t = 0;
+  for (const auto& it : items) t += it.size(leaf);
+  return t;
+}
+
+}  // namespace
+
+uint32_t BTree::max_value_len(uint32_t block_size) {
+  return (block_size - kHeader) / 4 - kLeafItem;
+}
+
+BTree::BTree(BlockCache& cache, uint64_t fs_id, TreeConfig cfg, RootPtr root)
+    : cache_(cache), fs_id_(fs_id), cfg_(std::move(cfg)), root_(root) {}
+
+Result<Ref> BTree::read(BlockNo b, Generation g, int level) const {
+  ReadCtx ctx{fs_id_, g, level};
+  Ref ref = PLY_TRY(cache_.get(b, BlockCache::Verifier{verify_cb, &ctx}));
+  // A cached block was verified when it was read; a pointer that disagrees
+  // with it now is a stale or misdirected pointer (T5).
+  NodeView v = view(ref);
+  if (v.gen() != g || v.level() != level)
+    return Error::corrupt(b.v, "node generation " + std::to_string(v.gen().v) + " level " +
+                                   std::to_string(v.level()) + " does not match its parent (" +
+                                   std::to_string(g.v) + ", " + std::to_string(level) + ")");
+  return ref;
+}
+
+Result<Ref> BTree::new_node(MutCtx& m, int level) {
+  BlockNo b = PLY_TRY(m.space.alloc_node());
+  Ref ref = cache_.create(b, m.gen);
+  view(ref).init(level, cfg_.id, m.gen, b, fs_id_);
+  return ref;
+}
+
+Result<void> BTree::free_node(MutCtx& m, const Ref& node) {
+  auto f = PLY_TRY(m.space.dec_ref(node->blockno));
+  if (f == NodeSpace::Freed::Now) cache_.discard(node->blockno);
+  else if (f == NodeSpace::Freed::Deferred) cache_.drop_clean(node->blockno);
+  return ok();
+}
+
+Result<RootPtr> BTree::create(BlockCache& cache, uint64_t fs_id, TreeId owner, MutCtx& m) {
+  BTree t(cache, fs_id, TreeConfig{owner, false, Generation{0}, {}}, RootPtr{});
+  Ref r = PLY_TRY(t.new_node(m, 0));
+  return RootPtr{r->blockno, m.gen, 0};
+}
+
+// Shadowing (format.md#btree-cow). In place only when the node was written in
+// this generation and no other tree references it; otherwise a copy in a new
+// block. Copying a shared node is where lazy refcounting happens: the copy is
+// a new parent of every child, and the original loses this tree's reference.
+Result<Ref> BTree::cow(MutCtx& m, Ref node) {
+  NodeView v = view(node);
+  const Generation g = v.gen();
+  if (g > m.gen) return Error::corrupt(node->blockno.v, "node generation is in the future");
+  uint32_t refs = 1;
+  if (cfg_.shareable && g <= cfg_.last_shared) refs = PLY_TRY(m.space.refcount(node->blockno));
+  if (refs == 0) return Error::corrupt(node->blockno.v, "reachable node has refcount zero");
+  if (g == m.gen && refs == 1) return node;
+
+  BlockNo nb = PLY_TRY(m.space.alloc_node());
+  Ref copy = cache_.create(nb, m.gen);
+  std::memcpy(copy->data.get(), node->data.get(), node->size);
+  NodeView cv = view(copy);
+  cv.h().generation.set(m.gen.v);
+  cv.h().blockno.set(nb.v);
+  cv.h().owner.set(cfg_.id.v);
+
+  if (refs > 1) {
+    if (!v.leaf()) {
+      for (uint32_t i = 0; i < v.n(); i++) PLY_CHECK(m.space.inc_ref(v.child(i)));
+    } else if (cfg_.value_refs) {
+      std::vector<BlockNo> ext;
+      for (uint32_t i = 0; i < v.n(); i++) cfg_.value_refs(v.key(i), v.value(i), ext);
+      for (BlockNo e : ext) PLY_CHECK(m.space.inc_ref(e));
+    }
+    auto f = PLY_TRY(m.space.dec_ref(node->blockno));
+    if (f != NodeSpace::Freed::No)
+      return Error::corrupt(node->blockno.v, "shared node lost its last reference on copy");
+  } else {
+    PLY_CHECK(free_node(m, node));
+  }
+  return copy;
+}
+
+Result<Ref> BTree::cow_root(MutCtx& m) {
+  Ref root = PLY_TRY(read(root_.block, root_.gen, root_.level));
+  Ref r = PLY_TRY(cow(m, root));
+  root_ = RootPtr{r->blockno, m.gen, root_.level};
+  return r;
+}
+
+Result<Ref> BTree::cow_child(MutCtx& m, const Ref& parent, uint32_t slot) {
+  NodeView pv = view(parent);
+  Ref child = PLY_TRY(read(pv.child(slot), pv.child_gen(slot), pv.level() - 1));
+  Ref c = PLY_TRY(cow(m, child));
+  if (c != child || pv.child_gen(slot) != m.gen) pv.set_child(slot, c->blockno, m.gen);
+  return c;
+}
+
+// ------------------------------------------------------------------ reads
+
+Result<std::optional<std::vector<std::byte>>> BTree::get(Key k) const {
+  Ref node = PLY_TRY(read(root_.block, root_.gen, root_.level));
+  for (;;) {
+    NodeView v = view(node);
+    if (v.leaf()) {
+      uint32_t i = v.lower_bound(k);
+      if (i < v.n() && v.key(i) == k) {
+        auto val = v.value(i);
+        return std::optional<std::vector<std::byte>>(std::in_place, val.begin(), val.end());
+      }
+      return std::optional<std::vector<std::byte>>();
+    }
+    uint32_t i = v.child_index(k);
+    node = PLY_TRY(read(v.child(i), v.child_gen(i), v.level() - 1));
+  }
+}
+
+Result<bool> BTree::contains(Key k) const {
+  auto v = PLY_TRY(get(k));
+  return v.has_value();
+}
+
+Result<BTree::Cursor> BTree::lower_bound(Key k) const {
+  Cursor c;
+  c.tree_ = this;
+  Ref node = PLY_TRY(read(root_.block, root_.gen, root_.level));
+  for (;;) {
+    NodeView v = view(node);
+    if (v.leaf()) {
+      uint32_t i = v.lower_bound(k);
+      c.path_.push_back({node, i});
+      if (i == v.n()) {
+        c.path_.back().slot = v.n() - (v.n() > 0 ? 1 : 0);
+        if (v.n() == 0) c.path_.clear();
+        else PLY_CHECK(c.next());
+      }
+      return c;
+    }
+    uint32_t i = v.child_index(k);
+    c.path_.push_back({node, i});
+    node = PLY_TRY(read(v.child(i), v.child_gen(i), v.level() - 1));
+  }
+}
+
+Key BTree::Cursor::key() const {
+  const auto& s = path_.back();
+  return NodeView(s.node->bytes()).key(s.slot);
+}
+
+std::span<const std::byte> BTree::Cursor::value() const {
+  const auto& s = path_.back();
+  return NodeView(s.node->bytes()).value(s.slot);
+}
+
+Result<void> BTree::Cursor::next() {
+  path_.back().slot++;
+  if (path_.back().slot < NodeView(path_.back().node->bytes()).n()) return ok();
+  path_.pop_back();
+  while (!path_.empty()) {
+    auto& top = path_.back();
+    NodeView tv(top.node->bytes());
+    if (++top.slot < tv.n()) {
+      Ref node = PLY_TRY(tree_->read(tv.child(top.slot), tv.child_gen(top.slot), tv.level() - 1));
+      for (;;) {
+        NodeView v(node->bytes());
+        path_.push_back({node, 0});
+        if (v.leaf()) {
+          if (v.n() == 0) return Error::corrupt(node->blockno.v, "empty non-root leaf");
+          return ok();
+        }
+        node = PLY_TRY(tree_->read(v.child(0), v.child_gen(0), v.level() - 1));
+      }
+    }
+    path_.pop_back();
+  }
+  return ok();
+}
+
+Result<void> BTree::scan(Key from, Key to,
+                         const std::function<bool(Key, std::span<const std::byte>)>& fn) const {
+  Cursor c = PLY_TRY(lower_bound(from));
+  while (c.valid() && c.key() <= to) {
+    if (!fn(c.key(), c.value())) break;
+    PLY_CHECK(c.next());
+  }
+  return ok();
+}
+
+// ------------------------------------------------------------------ writes
+
+Result<void> BTree::put(MutCtx& m, Key k, std::span<const std::byte> value) {
+  if (value.size() > max_value_len(cache_.block_size()))
+    return Error::invalid("value of " + std::to_string(value.size()) + " bytes exceeds the " +
+                          std::to_string(max_value_len(cache_.block_size())) + "-byte limit");
+  Ref root = PLY_TRY(cow_root(m));
+  auto r = PLY_TRY(put_rec(m, root, k, value));
+  if (r.split) {
+    NodeView rv = view(root);
+    Ref nr = PLY_TRY(new_node(m, rv.level() + 1));
+    NodeView nv = view(nr);
+    nv.inner_insert(0, rv.key(0), root->blockno, m.gen);
+    nv.inner_insert(1, r.split->key, r.split->right->blockno, m.gen);
+    root_ = RootPtr{nr->blockno, m.gen, static_cast<uint8_t>(rv.level() + 1)};
+  } else {
+    PLY_CHECK(collapse_root(m, root));
+  }
+  return ok();
+}
+
+Result<bool> BTree::insert(MutCtx& m, Key k, std::span<const std::byte> value) {
+  if (PLY_TRY(contains(k))) return false;
+  PLY_CHECK(put(m, k, value));
+  return true;
+}
+
+Result<BTree::PutResult> BTree::put_rec(MutCtx& m, Ref node, Key k,
+                                        std::span<const std::byte> v) {
+  NodeView nv = view(node);
+  std::vector<Item> items;
+  const uint32_t min_fill = nv.capacity() / 4;
+  if (nv.leaf()) {
+    uint32_t i = nv.lower_bound(k);
+    if (i < nv.n() && nv.key(i) == k) {
+      if (nv.leaf_replace(i, v)) return PutResult{std::nullopt, nv.used() < min_fill};
+      items = nv.items();
+      items[i].value.assign(v.begin(), v.end());
+    } else {
+      if (nv.leaf_insert(i, k, v)) return PutResult{};
+      items = nv.items();
+      items.insert(items.begin() + i, Item{k, std::vector<std::byte>(v.begin(), v.end()), 0, 0});
+    }
+  } else {
+    uint32_t i = nv.child_index(k);
+    Ref child = PLY_TRY(cow_child(m, node, i));
+    auto r = PLY_TRY(put_rec(m, child, k, v));
+    nv.set_key_at(i, view(child).key(0));  // T2: k may now be the child's lowest key
+    if (r.under) {
+      PLY_CHECK(rebalance(m, node, i));
+      return PutResult{std::nullopt, nv.used() < min_fill};
+    }
+    if (!r.split) return PutResult{};
+    if (nv.inner_insert(i + 1, r.split->key, r.split->right->blockno, m.gen)) return PutResult{};
+    items = nv.items();
+    items.insert(items.begin() + i + 1, Item{r.split->key, {}, r.split->right->blockno.v, m.gen.v});
+  }
+  size_t s = split_point(items, nv.leaf());
+  Ref right = PLY_TRY(new_node(m, nv.level()));
+  if (total_size(items, nv.leaf()) > 2 * nv.capacity())
+    return Error::corrupt(node->blockno.v, "split overflow");  // cannot happen: T4 sizing
+  nv.rebuild(items.data(), s);
+  view(right).rebuild(items.data() + s, items.size() - s);
+  return PutResult{Split{items[s].key, right}, false};
+}
+
+// T4: an inner root keeps at least two children; with one left, its child
+// becomes the root.
+Result<void> BTree::collapse_root(MutCtx& m, Ref root) {
+  for (;;) {
+    NodeView rv = view(root);
+    if (rv.leaf() || rv.n() != 1) return ok();
+    RootPtr child{rv.child(0), rv.child_gen(0), static_cast<uint8_t>(rv.level() - 1)};
+    Ref c = PLY_TRY(read(child.block, child.gen, child.level));
+    PLY_CHECK(free_node(m, root));
+    root_ = child;
+    root = c;
+  }
+}
+
+Result<bool> BTree::erase(MutCtx& m, Key k) {
+  if (!PLY_TRY(contains(k))) return false;
+  Ref root = PLY_TRY(cow_root(m));
+  (void)PLY_TRY(erase_rec(m, root, k));
+  PLY_CHECK(collapse_root(m, root));
+  return true;
+}
+
+Result<bool> BTree::erase_rec(MutCtx& m, Ref node, Key k) {
+  NodeView nv = view(node);
+  if (nv.leaf()) {
+    uint32_t i = nv.lower_bound(k);
+    if (i >= nv.n() || nv.key(i) != k)
+      return Error::corrupt(node->blockno.v, "key vanished during erase");
+    nv.leaf_erase(i);
+    return nv.used() < nv.capacity() / 4;
+  }
+  uint32_t i = nv.child_index(k);
+  Ref child = PLY_TRY(cow_child(m, node, i));
+  bool under = PLY_TRY(erase_rec(m, child, k));
+  if (view(child).n() > 0) nv.set_key_at(i, view(child).key(0));
+  if (under) PLY_CHECK(rebalance(m, node, i));
+  return nv.used() < nv.capacity() / 4;
+}
+
+// Child `slot` of `parent` is underfull (T4): merge it with a neighbour when
+// both fit in one node, else share items so that both are at least a quarter
+// full. Both children are shadowed first; the parent already is.
+Result<void> BTree::rebalance(MutCtx& m, Ref parent, uint32_t slot) {
+  NodeView pv = view(parent);
+  if (pv.n() < 2) return ok();  // the root's only child: erase() collapses it
+  uint32_t li = slot > 0 ? slot - 1 : slot;
+  uint32_t ri = li + 1;
+  Ref left = PLY_TRY(cow_child(m, parent, li));
+  Ref right = PLY_TRY(cow_child(m, parent, ri));
+  NodeView lv = view(left), rv = view(right);
+  std::vector<Item> items = lv.items();
+  std::vector<Item> more = rv.items();
+  items.insert(items.end(), std::make_move_iterator(more.begin()),
+               std::make_move_iterator(more.end()));
+  const bool leaf = lv.leaf();
+  if (total_size(items, leaf) <= lv.capacity()) {
+    lv.rebuild(items.data(), items.size());
+    pv.inner_erase(ri);
+    PLY_CHECK(free_node(m, right));
+    if (lv.n() > 0) pv.set_key_at(li, lv.key(0));
+    return ok();
+  }
+  size_t s = split_point(items, leaf);
+  lv.rebuild(items.data(), s);
+  rv.rebuild(items.data() + s, items.size() - s);
+  pv.set_key_at(li, lv.key(0));
+  pv.set_key_at(ri, rv.key(0));
+  return ok();
+}
+
+// ------------------------------------------------------------ clone, drop
+
+Result<void> BTree::clone_root(NodeSpace& space, const RootPtr& root) {
+  return space.inc_ref(root.block);
+}
+
+namespace {
+Result<void> drop_node(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg, BlockNo b,
+                       Generation g, int level, MutCtx& m) {
+  ReadCtx ctx{fs_id, g, level};
+  // Read before releasing: a block freed "Now" may be handed out again at once.
+  Ref node = PLY_TRY(cache.get(b, BlockCache::Verifier{verify_cb, &ctx}));
+  NodeView v = view(node);
+  if (v.gen() != g || v.level() != level)
+    return Error::corrupt(b.v, "node does not match its parent during drop");
+  auto f = PLY_TRY(m.space.dec_ref(b));
+  if (f == NodeSpace::Freed::No) return ok();  // still shared: its subtree stays
+  if (!v.leaf()) {
+    for (uint32_t i = 0; i < v.n(); i++)
+      PLY_CHECK(drop_node(cache, fs_id, cfg, v.child(i), v.child_gen(i), level - 1, m));
+  } else if (cfg.value_refs) {
+    std::vector<BlockNo> ext;
+    for (uint32_t i = 0; i < v.n(); i++) cfg.value_refs(v.key(i), v.value(i), ext);
+    for (BlockNo e : ext) (void)PLY_TRY(m.space.dec_ref(e));
+  }
+  if (f == NodeSpace::Freed::Now) cache.discard(b);
+  else cache.drop_clean(b);
+  return ok();
+}
+}  // namespace
+
+Result<void> BTree::drop(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
+                         const RootPtr& root, MutCtx& m) {
+  return drop_node(cache, fs_id, cfg, root.block, root.gen, root.level, m);
+}
+
+}  // namespace plyfs

@@ -1,0 +1,202 @@
+// Copy-on-write B+trees with O(1) clones (format.md#btree).
+//
+// Keys are 16 bytes, values 0..max_value_len() bytes, nodes one block each.
+// Every change shadows: a node is changed in place only if it was written in
+// the open generation and belongs to this tree alone; otherwise it is copied
+// to a new block and its parent updated, up to the root (the commit layer
+// then makes the new root current atomically).
+//
+// Clones follow Rodeh, "B-trees, Shadowing, and Clones" (ACM TOS 2008): a
+// clone takes one more reference on the root. Reference counts are kept per
+// block by the space that hands out blocks (lib/alloc) and are lazy: copying
+// a shared node adds a reference to each of its children and drops one from
+// the original; dropping a tree frees only what reaches refcount zero.
+//
+// Invariants (checked by check_tree() and fsck, format.md#btree-invariants):
+//   T1 keys strictly increase within a node and across a level, left to right
+//   T2 an inner slot's key equals the lowest key of its child's subtree
+//   T3 every leaf is at the same depth; a child's level is its parent's - 1
+//   T4 a non-root node uses at least a quarter of its capacity; an inner root
+//      has at least two children
+//   T5 a parent records the child's block and generation; child gen <= parent gen
+//   T6 a node's refcount equals the number of parents and roots pointing at it
+//
+// Concurrency: a BTree is not locked; the owner serializes writers of one tree
+// and keeps readers out while a writer runs. Different trees may be used from
+// different threads (the cache and the space are thread-safe).
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/cache.h"
+#include "util/result.h"
+#include "util/types.h"
+
+namespace plyfs {
+
+struct Key {
+  uint64_t hi = 0, lo = 0;
+  auto operator<=>(const Key&) const = default;
+  static constexpr Key min() { return {0, 0}; }
+  static constexpr Key max() { return {~0ull, ~0ull}; }
+};
+
+// Where a tree starts: what a root record or the superblock stores.
+struct RootPtr {
+  BlockNo block;
+  Generation gen;  // the root node's header generation
+  uint8_t level = 0;
+  bool operator==(const RootPtr&) const = default;
+};
+
+// What a tree needs from the owner of space. The alloc layer implements it;
+// it counts references per extent, keyed by the extent's first block.
+class NodeSpace {
+ public:
+  enum class Freed { No, Deferred, Now };
+  virtual ~NodeSpace() = default;
+  virtual Result<BlockNo> alloc_node() = 0;           // a new block, refcount 1
+  virtual Result<uint32_t> refcount(BlockNo b) = 0;
+  virtual Result<void> inc_ref(BlockNo b) = 0;
+  // Deferred: the count reached zero; the block stays untouchable until the
+  // generation that freed it is durable. Now: the block was never written,
+  // its number may be handed out again at once.
+  virtual Result<Freed> dec_ref(BlockNo b) = 0;
+};
+
+// The extents a leaf value holds references to (file data, later). A tree
+// kind whose values hold none leaves it empty.
+using ValueRefs = std::function<void(Key, std::span<const std::byte>, std::vector<BlockNo>&)>;
+
+struct TreeConfig {
+  TreeId id;
+  // False for trees that are never cloned (the root and space trees): their
+  // nodes are always exclusive, so no refcount is ever looked up.
+  bool shareable = true;
+  // Nodes written after this generation cannot be shared (nothing cloned the
+  // tree since), so changing them needs no refcount lookup (btrfs's trick).
+  Generation last_shared{0};
+  ValueRefs value_refs;
+};
+
+// A mutation's context: the open generation and where its blocks come from.
+struct MutCtx {
+  Generation gen;
+  NodeSpace& space;
+};
+
+struct Problem {
+  std::string code;     // stable identifier, e.g. "T1-key-order"
+  uint64_t block = Error::kNoBlock;
+  std::string message;  // one plain sentence
+};
+
+class BTree {
+ public:
+  BTree(BlockCache& cache, uint64_t fs_id, TreeConfig cfg, RootPtr root);
+
+  // Writes a new empty tree (one empty leaf) and returns its root.
+  static Result<RootPtr> create(BlockCache& cache, uint64_t fs_id, TreeId owner, MutCtx& m);
+  // Largest value a tree with this block size stores.
+  static uint32_t max_value_len(uint32_t block_size);
+  // Blocks one put/insert/erase may allocate at most, for reservations.
+  uint32_t max_new_nodes() const { return 2u * (root_.level + 1u) + 2u; }
+
+  const RootPtr& root() const { return root_; }
+  const TreeConfig& config() const { return cfg_; }
+  void set_last_shared(Generation g) { cfg_.last_shared = g; }
+
+  Result<std::optional<std::vector<std::byte>>> get(Key k) const;
+  Result<bool> contains(Key k) const;
+
+  // Insert, or replace the value of an existing key.
+  Result<void> put(MutCtx& m, Key k, std::span<const std::byte> value);
+  // Insert only: false, with the tree unchanged, when the key exists.
+  Result<bool> insert(MutCtx& m, Key k, std::span<const std::byte> value);
+  // False, with the tree unchanged, when the key is absent.
+  Result<bool> erase(MutCtx& m, Key k);
+
+  // Ordered iteration. A cursor is invalidated by any change to its tree.
+  class Cursor {
+   public:
+    bool valid() const { return !path_.empty(); }
+    Key key() const;
+    std::span<const std::byte> value() const;
+    Result<void> next();
+
+   private:
+    friend class BTree;
+    struct Step { BlockCache::Ref node; uint32_t slot; };
+    const BTree* tree_ = nullptr;
+    std::vector<Step> path_;
+  };
+  // The first item with key >= k.
+  Result<Cursor> lower_bound(Key k) const;
+  // Calls fn for each item with from <= key <= to, in order, while fn returns true.
+  Result<void> scan(Key from, Key to,
+                    const std::function<bool(Key, std::span<const std::byte>)>& fn) const;
+
+  // Adds the reference a new clone holds on the root.
+  static Result<void> clone_root(NodeSpace& space, const RootPtr& root);
+  // Releases a tree's reference on its root, freeing every node, and every
+  // extent its values reference, that no other tree shares.
+  static Result<void> drop(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
+                           const RootPtr& root, MutCtx& m);
+
+ private:
+  struct Split { Key key; BlockCache::Ref right; };
+  // What a change left behind in a node: a new right sibling to link in, or
+  // a node under a quarter full (a value replaced by a smaller one) to rebalance.
+  struct PutResult { std::optional<Split> split; bool under = false; };
+  Result<BlockCache::Ref> read(BlockNo b, Generation g, int level) const;
+  Result<BlockCache::Ref> cow(MutCtx& m, BlockCache::Ref node);
+  Result<BlockCache::Ref> cow_root(MutCtx& m);
+  Result<BlockCache::Ref> cow_child(MutCtx& m, const BlockCache::Ref& parent, uint32_t slot);
+  Result<PutResult> put_rec(MutCtx& m, BlockCache::Ref node, Key k,
+                            std::span<const std::byte> v);
+  Result<bool> erase_rec(MutCtx& m, BlockCache::Ref node, Key k);
+  Result<void> collapse_root(MutCtx& m, BlockCache::Ref root);
+  Result<void> rebalance(MutCtx& m, BlockCache::Ref parent, uint32_t slot);
+  Result<BlockCache::Ref> new_node(MutCtx& m, int level);
+  Result<void> free_node(MutCtx& m, const BlockCache::Ref& node);
+
+  BlockCache& cache_;
+  uint64_t fs_id_;
+  TreeConfig cfg_;
+  RootPtr root_;
+};
+
+// Verifies a node read from disk: checksum, magic, own address, fs_id,
+// expected generation and level, field ranges, key order (format.md#btree-node).
+Result<void> verify_node(std::span<const std::byte> block, BlockNo b, uint64_t fs_id,
+                         Generation expect_gen, int expect_level);
+// Stamps the checksum of a node about to be written.
+void seal_node(std::span<std::byte> block);
+
+// Walks a whole tree, checking T1-T5 and reporting every problem found rather
+// than stopping at the first. The memo carries what was learned about each
+// node across calls, so a subtree shared by several trees is read and checked
+// once; later edges into it are still reported to on_node (for T6) and its
+// key range is still checked against the new parent.
+struct WalkMemo {
+  struct Summary { Key min, max; int level; bool ok; };
+  std::unordered_map<uint64_t, Summary> nodes;
+};
+struct WalkHooks {
+  // Every parent->child edge (and the root), first_visit on the first one.
+  std::function<void(BlockNo b, int level, Generation gen, uint64_t owner, bool first_visit)>
+      on_node;
+  // Every item of every leaf, once.
+  std::function<void(Key, std::span<const std::byte>)> on_item;
+};
+void check_tree(BlockCache& cache, uint64_t fs_id, const RootPtr& root, Generation max_gen,
+                const WalkHooks& hooks, WalkMemo& memo, std::vector<Problem>& problems);
+
+}  // namespace plyfs
