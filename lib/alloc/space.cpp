@@ -1,0 +1,393 @@
+#include "alloc/space.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace plyfs {
+
+namespace {
+
+std::vector<std::byte> encode_item(uint64_t nblocks, uint32_t refs, ExtentKind kind) {
+  std::vector<std::byte> out(sizeof(disk::SpaceItem));
+  auto* it = reinterpret_cast<disk::SpaceItem*>(out.data());
+  it->nblocks.set(nblocks);
+  it->refs.set(refs);
+  it->kind.set(static_cast<uint16_t>(kind));
+  it->reserved.set(0);
+  return out;
+}
+
+Key item_key(uint64_t start) { return Key{start, 0}; }
+
+}  // namespace
+
+// The NodeSpace of the trees that are never shared (root and space trees):
+// every node has exactly one reference. They change only while a generation
+// is frozen, so their blocks come from any free block, not a reservation.
+class SpaceManager::Unshared final : public NodeSpace {
+ public:
+  explicit Unshared(SpaceManager& sm) : sm_(sm) {}
+  Result<BlockNo> alloc_node() override {
+    std::lock_guard lk(sm_.mu_);
+    return sm_.alloc_locked(1, ExtentKind::Meta);
+  }
+  Result<uint32_t> refcount(BlockNo) override { return 1u; }
+  Result<void> inc_ref(BlockNo b) override {
+    return Error::corrupt(b.v, "a node of an unshared tree cannot be shared");
+  }
+  Result<Freed> dec_ref(BlockNo b) override {
+    std::lock_guard lk(sm_.mu_);
+    return sm_.free_unshared_locked(b, sm_.fold_gen_);
+  }
+
+ private:
+  SpaceManager& sm_;
+};
+
+SpaceManager::SpaceManager(BlockCache& cache, uint64_t fs_id, SpaceGeometry geo, RootPtr root,
+                           SpaceCounters counters)
+    : cache_(cache), fs_id_(fs_id), geo_(geo), counters_(counters) {
+  tree_ = std::make_unique<BTree>(cache_, fs_id_, TreeConfig{kTreeId, false, Generation{0}, {}},
+                                  root);
+  unshared_ = std::make_unique<Unshared>(*this);
+  uint64_t usable = geo_.total_blocks > geo_.first_block ? geo_.total_blocks - geo_.first_block : 0;
+  groups_.resize((usable + kGroupBlocks - 1) / kGroupBlocks);
+  cursor_ = geo_.first_block;
+}
+
+SpaceManager::~SpaceManager() = default;
+
+std::unique_ptr<SpaceManager> SpaceManager::fresh(BlockCache& cache, uint64_t fs_id,
+                                                  SpaceGeometry geo) {
+  auto sm = std::make_unique<SpaceManager>(cache, fs_id, geo, RootPtr{}, SpaceCounters{});
+  for (size_t g = 0; g < sm->groups_.size(); g++) {
+    uint64_t gs = geo.first_block + g * kGroupBlocks;
+    uint64_t ge = std::min(gs + kGroupBlocks, geo.total_blocks);
+    sm->groups_[g].loaded = true;
+    sm->groups_[g].free[gs] = ge - gs;
+  }
+  return sm;
+}
+
+Result<void> SpaceManager::create_tree(Generation gen) {
+  fold_gen_ = gen;
+  MutCtx m{gen, *unshared_};
+  RootPtr root = PLY_TRY(BTree::create(cache_, fs_id_, kTreeId, m));
+  tree_ = std::make_unique<BTree>(cache_, fs_id_, TreeConfig{kTreeId, false, Generation{0}, {}},
+                                  root);
+  return ok();
+}
+
+NodeSpace& SpaceManager::unshared(Generation gen) {
+  fold_gen_ = gen;
+  return *unshared_;
+}
+
+RootPtr SpaceManager::root() const { return tree_->root(); }
+
+SpaceCounters SpaceManager::counters() const {
+  std::lock_guard lk(mu_);
+  return counters_;
+}
+
+uint64_t SpaceManager::free_now_locked() const {
+  uint64_t usable = geo_.total_blocks - geo_.first_block;
+  uint64_t taken = counters_.used_blocks + deferred_blocks_;
+  return usable > taken ? usable - taken : 0;
+}
+
+SpaceStats SpaceManager::stats() const {
+  std::lock_guard lk(mu_);
+  return SpaceStats{geo_.total_blocks - geo_.first_block,
+                    counters_.used_blocks,
+                    deferred_blocks_,
+                    free_now_locked(),
+                    outstanding_,
+                    geo_.reserve_blocks,
+                    counters_.meta_blocks,
+                    counters_.data_blocks};
+}
+
+void SpaceManager::account_locked(ExtentKind kind, int64_t nblocks) {
+  counters_.used_blocks += static_cast<uint64_t>(nblocks);
+  if (kind == ExtentKind::Meta) counters_.meta_blocks += static_cast<uint64_t>(nblocks);
+  else counters_.data_blocks += static_cast<uint64_t>(nblocks);
+}
+
+// ------------------------------------------------------------ reservations
+
+Result<void> SpaceManager::reserve(uint64_t nblocks, bool for_delete) {
+  std::lock_guard lk(mu_);
+  const uint64_t keep = for_delete ? geo_.reserve_blocks / 2 : geo_.reserve_blocks;
+  const uint64_t free = free_now_locked();
+  const uint64_t avail = free > outstanding_ + keep ? free - outstanding_ - keep : 0;
+  if (avail < nblocks)
+    return Error::no_space("no space left: " + std::to_string(avail) + " blocks available, " +
+                           std::to_string(nblocks) + " needed (" +
+                           std::to_string(deferred_blocks_) + " free after the next commit)");
+  outstanding_ += nblocks;
+  return ok();
+}
+
+void SpaceManager::unreserve(uint64_t nblocks) {
+  std::lock_guard lk(mu_);
+  outstanding_ -= std::min(outstanding_, nblocks);
+}
+
+// --------------------------------------------------------------- free map
+
+Result<void> SpaceManager::load_group_locked(size_t g) {
+  Group& grp = groups_[g];
+  if (grp.loaded) return ok();
+  const uint64_t gs = geo_.first_block + g * kGroupBlocks;
+  const uint64_t ge = std::min(gs + kGroupBlocks, geo_.total_blocks);
+  std::map<uint64_t, uint64_t> free;
+  uint64_t pos = gs;
+  Result<void> bad = ok();
+  PLY_CHECK(tree_->scan(item_key(gs), Key{ge - 1, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+    if (v.size() != sizeof(disk::SpaceItem)) {
+      bad = Error::corrupt(k.hi, "space item of the wrong size");
+      return false;
+    }
+    const auto* it = reinterpret_cast<const disk::SpaceItem*>(v.data());
+    const uint64_t n = it->nblocks.get();
+    if (k.hi < pos || n == 0 || n > ge - k.hi) {
+      bad = Error::corrupt(k.hi, "space items overlap or cross a group boundary");
+      return false;
+    }
+    if (k.hi > pos) free[pos] = k.hi - pos;
+    pos = k.hi + n;
+    return true;
+  }));
+  PLY_CHECK(std::move(bad));
+  if (ge > pos) free[pos] = ge - pos;
+  // Extents freed by generations not yet durable are not in the tree any more
+  // but must not be handed out (A2).
+  for (auto it = deferred_.lower_bound(gs); it != deferred_.end() && it->first < ge; ++it) {
+    auto f = free.upper_bound(it->first);
+    if (f == free.begin()) continue;
+    --f;
+    const uint64_t fs = f->first, fl = f->second, ds = it->first, dl = it->second;
+    if (ds >= fs + fl) continue;
+    free.erase(f);
+    if (ds > fs) free[fs] = ds - fs;
+    if (fs + fl > ds + dl) free[ds + dl] = fs + fl - (ds + dl);
+  }
+  grp.free = std::move(free);
+  grp.loaded = true;
+  return ok();
+}
+
+void SpaceManager::free_range_locked(uint64_t start, uint64_t len) {
+  Group& grp = groups_[(start - geo_.first_block) / kGroupBlocks];
+  if (!grp.loaded) return;  // it will be derived from the tree when loaded
+  auto& fm = grp.free;
+  auto next = fm.lower_bound(start);
+  if (next != fm.end() && next->first == start + len) {
+    len += next->second;
+    next = fm.erase(next);
+  }
+  if (next != fm.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      prev->second += len;
+      return;
+    }
+  }
+  fm[start] = len;
+}
+
+Result<BlockNo> SpaceManager::alloc_locked(uint64_t nblocks, ExtentKind kind) {
+  if (nblocks == 0 || nblocks > kGroupBlocks)
+    return Error::invalid("extent length " + std::to_string(nblocks) + " out of range");
+  const size_t ngroups = groups_.size();
+  if (ngroups == 0) return Error::no_space("the filesystem has no usable blocks");
+  const size_t start_g = (cursor_ - geo_.first_block) / kGroupBlocks % std::max<size_t>(ngroups, 1);
+  // Next fit: from the cursor to the end, then wrap around once.
+  for (size_t k = 0; k <= ngroups; k++) {
+    const size_t g = (start_g + k) % ngroups;
+    PLY_CHECK(load_group_locked(g));
+    auto& fm = groups_[g].free;
+    const uint64_t from = k == 0 ? cursor_ : 0;
+    auto it = fm.upper_bound(from);
+    if (it != fm.begin()) --it;
+    for (; it != fm.end(); ++it) {
+      const uint64_t es = it->first, el = it->second;
+      const uint64_t s = std::max(es, from);
+      if (s >= es + el || es + el - s < nblocks) continue;
+      fm.erase(it);
+      if (s > es) fm[es] = s - es;
+      if (es + el > s + nblocks) fm[s + nblocks] = es + el - (s + nblocks);
+      cursor_ = s + nblocks;
+      if (pending_.count(s))
+        return Error::corrupt(s, "allocator handed out an extent with queued changes");
+      pending_[s] = Delta{1, nblocks, kind, true};
+      account_locked(kind, static_cast<int64_t>(nblocks));
+      return BlockNo{s};
+    }
+  }
+  return Error::no_space("no free extent of " + std::to_string(nblocks) + " blocks");
+}
+
+Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool reserved) {
+  std::lock_guard lk(mu_);
+  if (reserved) {
+    if (outstanding_ < nblocks)
+      return Error::invalid("allocation beyond the operation's reservation");
+  } else if (free_now_locked() < outstanding_ + nblocks) {
+    return Error::no_space("no space left for the commit");
+  }
+  // Free space may be too fragmented for a long extent; the reservation
+  // then stays with the caller.
+  BlockNo b = PLY_TRY(alloc_locked(nblocks, kind));
+  if (reserved) outstanding_ -= nblocks;
+  return b;
+}
+
+// -------------------------------------------------------------- references
+
+Result<std::optional<disk::SpaceItem>> SpaceManager::item_locked(BlockNo start) {
+  auto v = PLY_TRY(tree_->get(item_key(start.v)));
+  if (!v) return std::optional<disk::SpaceItem>();
+  if (v->size() != sizeof(disk::SpaceItem))
+    return Error::corrupt(start.v, "space item of the wrong size");
+  disk::SpaceItem it;
+  std::memcpy(&it, v->data(), sizeof it);
+  const uint16_t kind = it.kind.get();
+  if (it.nblocks.get() == 0 || it.refs.get() == 0 || (kind != 1 && kind != 2))
+    return Error::corrupt(start.v, "space item with a zero length, zero references or bad kind");
+  return std::optional<disk::SpaceItem>(it);
+}
+
+Result<uint32_t> SpaceManager::refcount(BlockNo start) {
+  std::lock_guard lk(mu_);
+  auto p = pending_.find(start.v);
+  if (p != pending_.end() && p->second.is_new) return static_cast<uint32_t>(p->second.refs);
+  auto item = PLY_TRY(item_locked(start));
+  int64_t refs = (item ? item->refs.get() : 0) + (p != pending_.end() ? p->second.refs : 0);
+  if (refs < 0) return Error::corrupt(start.v, "reference count below zero");
+  return static_cast<uint32_t>(refs);
+}
+
+Result<void> SpaceManager::inc_ref(BlockNo start) {
+  std::lock_guard lk(mu_);
+  auto p = pending_.find(start.v);
+  if (p != pending_.end() && p->second.is_new) {
+    p->second.refs++;
+    return ok();
+  }
+  auto item = PLY_TRY(item_locked(start));
+  int64_t refs = (item ? item->refs.get() : 0) + (p != pending_.end() ? p->second.refs : 0);
+  if (!item || refs <= 0) return Error::corrupt(start.v, "reference taken on a free extent");
+  if (refs >= 0xffffffffll) return Error::invalid("reference count overflow");
+  Delta& d = pending_[start.v];
+  d.nblocks = item->nblocks.get();
+  d.kind = static_cast<ExtentKind>(item->kind.get());
+  d.refs++;
+  return ok();
+}
+
+Result<NodeSpace::Freed> SpaceManager::dec_ref(BlockNo start, Generation gen) {
+  std::lock_guard lk(mu_);
+  auto p = pending_.find(start.v);
+  if (p != pending_.end() && p->second.is_new) {
+    if (--p->second.refs > 0) return NodeSpace::Freed::No;
+    // Allocated and freed in the open generation, never written: A2 lets it
+    // go back at once.
+    const Delta d = p->second;
+    pending_.erase(p);
+    account_locked(d.kind, -static_cast<int64_t>(d.nblocks));
+    free_range_locked(start.v, d.nblocks);
+    return NodeSpace::Freed::Now;
+  }
+  auto item = PLY_TRY(item_locked(start));
+  int64_t refs = (item ? item->refs.get() : 0) + (p != pending_.end() ? p->second.refs : 0);
+  if (!item || refs <= 0) return Error::corrupt(start.v, "extent freed twice");
+  Delta& d = pending_[start.v];
+  d.nblocks = item->nblocks.get();
+  d.kind = static_cast<ExtentKind>(item->kind.get());
+  d.refs--;
+  if (refs > 1) return NodeSpace::Freed::No;
+  account_locked(d.kind, -static_cast<int64_t>(d.nblocks));
+  deferred_[start.v] = d.nblocks;
+  deferred_by_gen_[gen.v].emplace_back(start.v, d.nblocks);
+  deferred_blocks_ += d.nblocks;
+  return NodeSpace::Freed::Deferred;
+}
+
+Result<NodeSpace::Freed> SpaceManager::free_unshared_locked(BlockNo b, Generation gen) {
+  auto p = pending_.find(b.v);
+  if (p != pending_.end() && p->second.is_new) {
+    pending_.erase(p);
+    account_locked(ExtentKind::Meta, -1);
+    free_range_locked(b.v, 1);
+    return NodeSpace::Freed::Now;
+  }
+  Delta& d = pending_[b.v];
+  d.nblocks = 1;
+  d.kind = ExtentKind::Meta;
+  d.refs--;
+  account_locked(ExtentKind::Meta, -1);
+  deferred_[b.v] = 1;
+  deferred_by_gen_[gen.v].emplace_back(b.v, 1);
+  deferred_blocks_ += 1;
+  return NodeSpace::Freed::Deferred;
+}
+
+// ------------------------------------------------------------------ commit
+
+Result<void> SpaceManager::fold(Generation gen) {
+  fold_gen_ = gen;
+  MutCtx m{gen, *unshared_};
+  for (int round = 0; round < 64; round++) {
+    std::vector<std::pair<uint64_t, Delta>> batch;
+    {
+      std::lock_guard lk(mu_);
+      batch.assign(pending_.begin(), pending_.end());
+      pending_.clear();
+    }
+    if (batch.empty()) return ok();
+    std::sort(batch.begin(), batch.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [start, d] : batch) {
+      if (d.is_new) {
+        if (d.refs <= 0) return Error::corrupt(start, "queued new extent without references");
+        PLY_CHECK(tree_->put(m, item_key(start),
+                             encode_item(d.nblocks, static_cast<uint32_t>(d.refs), d.kind)));
+        continue;
+      }
+      if (d.refs == 0) continue;
+      std::optional<disk::SpaceItem> item;
+      {
+        std::lock_guard lk(mu_);
+        item = PLY_TRY(item_locked(BlockNo{start}));
+      }
+      if (!item) return Error::corrupt(start, "queued change to an extent with no space item");
+      const int64_t refs = int64_t{item->refs.get()} + d.refs;
+      if (refs < 0) return Error::corrupt(start, "reference count below zero");
+      if (refs == 0) {
+        (void)PLY_TRY(tree_->erase(m, item_key(start)));
+      } else {
+        PLY_CHECK(tree_->put(m, item_key(start),
+                             encode_item(item->nblocks.get(), static_cast<uint32_t>(refs),
+                                         static_cast<ExtentKind>(item->kind.get()))));
+      }
+    }
+  }
+  return Error::corrupt(Error::kNoBlock, "space fold did not converge");
+}
+
+void SpaceManager::durable(Generation gen) {
+  std::lock_guard lk(mu_);
+  auto end = deferred_by_gen_.upper_bound(gen.v);
+  for (auto it = deferred_by_gen_.begin(); it != end; ++it) {
+    for (auto [start, len] : it->second) {
+      deferred_.erase(start);
+      deferred_blocks_ -= len;
+      free_range_locked(start, len);
+    }
+  }
+  deferred_by_gen_.erase(deferred_by_gen_.begin(), end);
+}
+
+}  // namespace plyfs

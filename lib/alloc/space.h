@@ -1,0 +1,144 @@
+// Space: which blocks are in use, by how many references, and which are free
+// (format.md#space).
+//
+// Every allocated extent (a tree node is a one-block extent; file data comes
+// later) has an item in the space tree: start block -> length, references,
+// kind. Free space is what the tree does not cover. Changes are not written
+// into the tree as they happen; they queue here as per-extent deltas and are
+// folded into the tree when the generation is frozen for commit. Folding
+// itself allocates and frees space-tree nodes, which queues more deltas; the
+// fold repeats until none remain (each node is shadowed at most once per
+// generation, so this ends after a few rounds).
+//
+// Invariants (format.md#space-invariants, checked by verify and fsck):
+//   A1 a block reachable from the last durable generation, or from a
+//      generation being committed, is never handed out.
+//   A2 an extent freed in generation G becomes allocatable only once G is
+//      durable; an extent allocated and freed within the open generation, and
+//      never written, is allocatable at once.
+//   A3 after a fold, an extent's references equal the number of parent
+//      pointers, root pointers and value references to it (T6).
+//   A4 used_blocks equals the sum of the lengths of all items.
+//   A5 an operation takes every block it may need (a reservation) before it
+//      changes anything, so ENOSPC never leaves an operation half done; the
+//      last `reserve_blocks` are kept for deletions and for commits.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "alloc/disk_space.h"
+#include "btree/btree.h"
+
+namespace plyfs {
+
+enum class ExtentKind : uint16_t { Meta = 1, Data = 2 };
+
+struct SpaceCounters {
+  uint64_t used_blocks = 0;  // A4
+  uint64_t meta_blocks = 0;
+  uint64_t data_blocks = 0;
+};
+
+struct SpaceGeometry {
+  uint64_t first_block = 0;   // blocks below are the reserved area (format.md#layout)
+  uint64_t total_blocks = 0;  // blocks the filesystem spans
+  uint64_t reserve_blocks = 0;
+};
+
+struct SpaceStats {
+  uint64_t usable_blocks;  // total - first
+  uint64_t used_blocks;    // referenced now
+  uint64_t pending_free;   // freed, allocatable once their generation is durable
+  uint64_t free_blocks;    // allocatable now
+  uint64_t reserved;       // promised to running operations
+  uint64_t reserve_blocks; // kept for deletions and commits
+  uint64_t meta_blocks, data_blocks;
+};
+
+class SpaceManager {
+ public:
+  static constexpr TreeId kTreeId{2};
+  // Group of blocks whose free map is built on first use (not a format unit).
+  static constexpr uint64_t kGroupBlocks = 32768;
+
+  // An existing space tree (open), or an empty device (mkfs: call
+  // create_tree() next).
+  SpaceManager(BlockCache& cache, uint64_t fs_id, SpaceGeometry geo, RootPtr root,
+               SpaceCounters counters);
+  ~SpaceManager();
+  static std::unique_ptr<SpaceManager> fresh(BlockCache& cache, uint64_t fs_id, SpaceGeometry geo);
+  Result<void> create_tree(Generation gen);
+
+  // Reservations (A5). `for_delete` may dig into half of the reserve.
+  Result<void> reserve(uint64_t nblocks, bool for_delete);
+  void unreserve(uint64_t nblocks);
+
+  // Allocation and references. alloc() draws on a reservation made before
+  // (`reserved`), or, at commit time, on any free block.
+  Result<BlockNo> alloc(uint64_t nblocks, ExtentKind kind, bool reserved);
+  Result<uint32_t> refcount(BlockNo start);
+  Result<void> inc_ref(BlockNo start);
+  Result<NodeSpace::Freed> dec_ref(BlockNo start, Generation gen);
+
+  // For trees that are never shared (root and space trees): their nodes have
+  // exactly one reference, so no lookup is needed. Draws on any free block:
+  // these trees change only while generation `gen` is frozen for commit.
+  NodeSpace& unshared(Generation gen);
+
+  // Commit protocol (format.md#commit): fold the queued deltas into the
+  // space tree (gate closed), then, once `gen` is durable, release what it
+  // freed (A2).
+  Result<void> fold(Generation gen);
+  void durable(Generation gen);
+
+  RootPtr root() const;
+  SpaceCounters counters() const;
+  SpaceStats stats() const;
+  const SpaceGeometry& geometry() const { return geo_; }
+  // A read-only view of the space tree for checks.
+  const BTree& tree() const { return *tree_; }
+
+ private:
+  struct Delta {
+    int64_t refs = 0;      // change of the reference count this generation
+    uint64_t nblocks = 0;
+    ExtentKind kind = ExtentKind::Meta;
+    bool is_new = false;   // allocated in the open generation (no item yet)
+  };
+  struct Group {
+    bool loaded = false;
+    std::map<uint64_t, uint64_t> free;  // start -> length
+  };
+  class Unshared;
+
+  Result<void> load_group_locked(size_t g);
+  Result<BlockNo> alloc_locked(uint64_t nblocks, ExtentKind kind);
+  Result<std::optional<disk::SpaceItem>> item_locked(BlockNo start);
+  void free_range_locked(uint64_t start, uint64_t len);
+  void account_locked(ExtentKind kind, int64_t nblocks);
+  Result<NodeSpace::Freed> free_unshared_locked(BlockNo b, Generation gen);
+  uint64_t free_now_locked() const;
+
+  BlockCache& cache_;
+  const uint64_t fs_id_;
+  const SpaceGeometry geo_;
+  std::unique_ptr<BTree> tree_;
+  std::unique_ptr<Unshared> unshared_;
+  Generation fold_gen_{0};
+
+  mutable std::mutex mu_;
+  SpaceCounters counters_;
+  std::unordered_map<uint64_t, Delta> pending_;  // the open generation's deltas
+  std::vector<Group> groups_;
+  uint64_t cursor_ = 0;                          // next-fit position
+  uint64_t outstanding_ = 0;                     // reserved, not yet allocated
+  std::map<uint64_t, uint64_t> deferred_;        // start -> length, freed not durable
+  std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> deferred_by_gen_;
+  uint64_t deferred_blocks_ = 0;
+};
+
+}  // namespace plyfs
