@@ -1,0 +1,214 @@
+#include "commit/superblock.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "commit/disk_superblock.h"
+#include "util/checksum.h"
+
+namespace plyfs {
+
+namespace {
+
+void put_root(disk::RootPtr& d, const RootPtr& r) {
+  std::memset(&d, 0, sizeof d);
+  d.block.set(r.block.v);
+  d.generation.set(r.gen.v);
+  d.level = r.level;
+}
+RootPtr get_root(const disk::RootPtr& d) {
+  return RootPtr{BlockNo{d.block.get()}, Generation{d.generation.get()}, d.level};
+}
+bool all_zero(const uint8_t* p, size_t n) {
+  return std::all_of(p, p + n, [](uint8_t b) { return b == 0; });
+}
+uint64_t stamp_of(const disk::Superblock& sb, int sector) {
+  if (sector == 0) return sb.s0.stamp.get();
+  if (sector == 7) return sb.s7.stamp.get();
+  return sb.s[sector - 1].stamp.get();
+}
+
+}  // namespace
+
+const char* slot_state_name(SlotState s) {
+  switch (s) {
+    case SlotState::Valid: return "valid";
+    case SlotState::Empty: return "empty";
+    case SlotState::Foreign: return "not plyfs";
+    case SlotState::Torn: return "torn";
+    case SlotState::BadChecksum: return "bad checksum";
+    case SlotState::BadFields: return "bad fields";
+    case SlotState::Unsupported: return "unsupported version";
+    case SlotState::Unreadable: return "unreadable";
+  }
+  return "?";
+}
+
+std::vector<std::byte> encode_superblock(const SuperInfo& s) {
+  std::vector<std::byte> out(disk::kSuperSize);
+  auto* sb = reinterpret_cast<disk::Superblock*>(out.data());
+  auto& h = sb->s0;
+  std::memcpy(h.magic, disk::kSuperMagic, 8);
+  h.version_major.set(s.version_major);
+  h.version_minor.set(s.version_minor);
+  h.compat.set(s.compat);
+  h.ro_compat.set(s.ro_compat);
+  h.incompat.set(s.incompat);
+  std::memcpy(h.uuid, s.uuid.data(), 16);
+  std::memcpy(h.label, s.label.data(), std::min<size_t>(s.label.size(), sizeof h.label));
+  h.block_size.set(s.block_size);
+  h.sector_size.set(s.sector_size);
+  h.total_blocks.set(s.total_blocks);
+  h.generation.set(s.generation.v);
+  h.slot.set(static_cast<uint32_t>(s.generation.v % 2));
+  h.flags.set(0);
+  h.fs_id.set(s.fs_id);
+  put_root(h.root_tree, s.root_tree);
+  put_root(h.space_tree, s.space_tree);
+  h.next_tree_id.set(s.next_tree_id);
+  h.next_inode.set(s.next_inode);
+  h.first_block.set(s.first_block);
+  h.used_blocks.set(s.used_blocks);
+  h.meta_blocks.set(s.meta_blocks);
+  h.data_blocks.set(s.data_blocks);
+  h.reserve_blocks.set(s.reserve_blocks);
+  h.mkfs_time_ns.set(s.mkfs_time_ns);
+  h.commit_time_ns.set(s.commit_time_ns);
+  // The generation in every sector (format.md#superblock, invariant C2).
+  h.stamp.set(s.generation.v);
+  for (auto& sec : sb->s) sec.stamp.set(s.generation.v);
+  sb->s7.stamp.set(s.generation.v);
+  sb->s7.checksum.set(xxh3(out.data(), disk::kSuperSize - 16));
+  return out;
+}
+
+SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_t device_bytes) {
+  SlotReport r;
+  const auto* sb = reinterpret_cast<const disk::Superblock*>(bytes.data());
+  const auto& h = sb->s0;
+  auto fail = [&](SlotState st, std::string why) {
+    r.state = st;
+    r.detail = std::move(why);
+    return r;
+  };
+  if (all_zero(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()))
+    return fail(SlotState::Empty, "the slot is all zeroes");
+  if (std::memcmp(h.magic, disk::kSuperMagic, 8) != 0)
+    return fail(SlotState::Foreign, "no plyfs magic");
+  // Torn first: a mix of two generations is the expected result of a crash
+  // during the superblock write, and names the first sector that differs.
+  const uint64_t gen = h.generation.get();
+  for (int i = 0; i < 8; i++) {
+    if (stamp_of(*sb, i) != gen) {
+      r.torn_sector = i;
+      return fail(SlotState::Torn, "sector " + std::to_string(i) + " carries generation " +
+                                       std::to_string(stamp_of(*sb, i)) + ", the header " +
+                                       std::to_string(gen));
+    }
+  }
+  if (sb->s7.checksum.get() != xxh3(bytes.data(), disk::kSuperSize - 16))
+    return fail(SlotState::BadChecksum, "checksum mismatch");
+  if (h.version_major.get() != kVersionMajor)
+    return fail(SlotState::Unsupported,
+                "format version " + std::to_string(h.version_major.get()) + "." +
+                    std::to_string(h.version_minor.get()) + ", this build reads " +
+                    std::to_string(kVersionMajor) + ".x");
+
+  SuperInfo s;
+  s.version_major = h.version_major.get();
+  s.version_minor = h.version_minor.get();
+  s.compat = h.compat.get();
+  s.ro_compat = h.ro_compat.get();
+  s.incompat = h.incompat.get();
+  std::memcpy(s.uuid.data(), h.uuid, 16);
+  s.label.assign(reinterpret_cast<const char*>(h.label), strnlen(reinterpret_cast<const char*>(h.label), sizeof h.label));
+  s.block_size = h.block_size.get();
+  s.sector_size = h.sector_size.get();
+  s.total_blocks = h.total_blocks.get();
+  s.generation = Generation{gen};
+  s.fs_id = h.fs_id.get();
+  s.root_tree = get_root(h.root_tree);
+  s.space_tree = get_root(h.space_tree);
+  s.next_tree_id = h.next_tree_id.get();
+  s.next_inode = h.next_inode.get();
+  s.first_block = h.first_block.get();
+  s.used_blocks = h.used_blocks.get();
+  s.meta_blocks = h.meta_blocks.get();
+  s.data_blocks = h.data_blocks.get();
+  s.reserve_blocks = h.reserve_blocks.get();
+  s.mkfs_time_ns = h.mkfs_time_ns.get();
+  s.commit_time_ns = h.commit_time_ns.get();
+
+  const uint32_t bs = s.block_size;
+  if (bs < 4096 || bs > 65536 || (bs & (bs - 1)) != 0)
+    return fail(SlotState::BadFields, "block size " + std::to_string(bs) + " out of range");
+  if (h.slot.get() != static_cast<uint32_t>(slot) || gen % 2 != static_cast<uint64_t>(slot))
+    return fail(SlotState::BadFields, "generation " + std::to_string(gen) +
+                                          " does not belong in slot " + std::to_string(slot));
+  if (gen == 0) return fail(SlotState::BadFields, "generation zero");
+  if (s.first_block != disk::kReservedBytes / bs)
+    return fail(SlotState::BadFields, "first block does not follow the reserved area");
+  if (s.total_blocks <= s.first_block || s.total_blocks > (~0ull / bs))
+    return fail(SlotState::BadFields, "total block count out of range");
+  if (s.total_blocks * bs > device_bytes)
+    return fail(SlotState::BadFields,
+                "the filesystem spans " + std::to_string(s.total_blocks * bs) +
+                    " bytes but the device has " + std::to_string(device_bytes));
+  if (s.fs_id != xxh3(s.uuid.data(), 16)) return fail(SlotState::BadFields, "fs_id does not match the uuid");
+  for (const RootPtr* rp : {&s.root_tree, &s.space_tree}) {
+    if (rp->block.v < s.first_block || rp->block.v >= s.total_blocks || rp->gen.v > gen ||
+        rp->gen.v == 0 || rp->level > 16)
+      return fail(SlotState::BadFields, "a tree root points outside the filesystem or the future");
+  }
+  if (s.used_blocks > s.total_blocks || s.meta_blocks + s.data_blocks != s.used_blocks ||
+      s.reserve_blocks > s.total_blocks)
+    return fail(SlotState::BadFields, "space counters are inconsistent");
+  if (h.flags.get() != 0 || !all_zero(h.reserved, sizeof h.reserved) ||
+      !all_zero(h.root_tree.reserved, 7) || !all_zero(h.space_tree.reserved, 7))
+    return fail(SlotState::BadFields, "reserved fields are not zero");
+  r.state = SlotState::Valid;
+  r.info = std::move(s);
+  return r;
+}
+
+Result<SuperChoice> read_superblocks(BlockDevice& dev) {
+  SuperChoice c;
+  if (dev.size_bytes() < disk::kReservedBytes)
+    return Error::invalid("the device is too small to hold a plyfs filesystem");
+  for (int slot = 0; slot < 2; slot++) {
+    std::vector<std::byte> buf(disk::kSuperSize);
+    auto r = dev.read(disk::kSuperOffset[slot], buf);
+    if (!r) {
+      c.reports[slot].state = SlotState::Unreadable;
+      c.reports[slot].detail = r.error().message();
+      continue;
+    }
+    c.reports[slot] = decode_superblock(buf, slot, dev.size_bytes());
+  }
+  int best = -1;
+  for (int slot = 0; slot < 2; slot++) {
+    if (c.reports[slot].state != SlotState::Valid) continue;
+    if (best < 0 || c.reports[slot].info->generation > c.reports[best].info->generation)
+      best = slot;
+  }
+  if (best < 0) {
+    const auto& a = c.reports[0];
+    const auto& b = c.reports[1];
+    auto plain = [](SlotState s) { return s == SlotState::Empty || s == SlotState::Foreign; };
+    if (plain(a.state) && plain(b.state)) return Error::invalid("no plyfs filesystem found");
+    for (const auto* rep : {&a, &b})
+      if (rep->state == SlotState::Unsupported) return Error::io(EOPNOTSUPP, rep->detail);
+    return Error::corrupt(Error::kNoBlock, std::string("both superblocks are damaged (slot 0: ") +
+                                               slot_state_name(a.state) + ", " + a.detail +
+                                               "; slot 1: " + slot_state_name(b.state) + ", " +
+                                               b.detail + ")");
+  }
+  c.slot = best;
+  c.info = *c.reports[best].info;
+  // The other slot is torn or damaged where a newer commit was being written.
+  const auto& other = c.reports[1 - best];
+  c.fell_back = other.state != SlotState::Valid && other.state != SlotState::Empty;
+  return c;
+}
+
+}  // namespace plyfs

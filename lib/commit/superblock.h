@@ -1,0 +1,75 @@
+// Superblock encoding, validation and the choice between the two slots
+// (format.md#superblock, format.md#recovery).
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blockdev/blockdev.h"
+#include "btree/btree.h"
+
+namespace plyfs {
+
+// Feature flags this build understands (format.md#features). None defined yet.
+inline constexpr uint64_t kCompatKnown = 0;
+inline constexpr uint64_t kRoCompatKnown = 0;
+inline constexpr uint64_t kIncompatKnown = 0;
+inline constexpr uint32_t kVersionMajor = 1;
+inline constexpr uint32_t kVersionMinor = 0;
+
+// The superblock in host form.
+struct SuperInfo {
+  uint32_t version_major = kVersionMajor, version_minor = kVersionMinor;
+  uint64_t compat = 0, ro_compat = 0, incompat = 0;
+  std::array<uint8_t, 16> uuid{};
+  std::string label;
+  uint32_t block_size = 4096;
+  uint32_t sector_size = 512;
+  uint64_t total_blocks = 0;
+  Generation generation;
+  uint64_t fs_id = 0;
+  RootPtr root_tree, space_tree;
+  uint64_t next_tree_id = 0;
+  uint64_t next_inode = 0;
+  uint64_t first_block = 0;
+  uint64_t used_blocks = 0, meta_blocks = 0, data_blocks = 0;
+  uint64_t reserve_blocks = 0;
+  uint64_t mkfs_time_ns = 0, commit_time_ns = 0;
+};
+
+std::vector<std::byte> encode_superblock(const SuperInfo& s);
+
+enum class SlotState {
+  Valid,
+  Empty,        // all zero: never written (or wiped)
+  Foreign,      // no plyfs magic
+  Torn,         // the sectors carry different generations
+  BadChecksum,
+  BadFields,    // checksum good, but a field is out of range
+  Unsupported,  // a version this build cannot read
+  Unreadable,   // the device returned an error
+};
+const char* slot_state_name(SlotState s);
+
+struct SlotReport {
+  SlotState state = SlotState::Unreadable;
+  std::string detail;      // why, for a state other than Valid
+  int torn_sector = -1;    // Torn: the first sector whose stamp differs
+  std::optional<SuperInfo> info;  // Valid
+};
+
+// Decodes one slot's 4096 bytes read from byte offset kSuperOffset[slot].
+SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_t device_bytes);
+
+struct SuperChoice {
+  SuperInfo info;
+  int slot = 0;
+  bool fell_back = false;  // the other slot is damaged (torn, corrupt): a commit was cut short
+  SlotReport reports[2];
+};
+// Reads both slots and picks the valid one with the higher generation.
+Result<SuperChoice> read_superblocks(BlockDevice& dev);
+
+}  // namespace plyfs

@@ -1,0 +1,169 @@
+#include "commit/verify.h"
+
+#include <cstring>
+#include <unordered_map>
+
+#include "alloc/disk_space.h"
+#include "commit/disk_root.h"
+
+namespace plyfs {
+
+std::string VerifyReport::summary() const {
+  std::string s;
+  for (const auto& p : problems) {
+    s += p.code;
+    if (p.block != Error::kNoBlock) s += " block " + std::to_string(p.block);
+    s += ": " + p.message + "\n";
+  }
+  return s;
+}
+
+namespace {
+
+struct Extent {
+  uint64_t nblocks;
+  uint32_t refs;
+  uint16_t kind;
+};
+
+}  // namespace
+
+Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
+  VerifyReport rep;
+  rep.choice = PLY_TRY(read_superblocks(dev));
+  const SuperInfo sb = opts.super ? *opts.super : rep.choice.info;
+  auto problem = [&](const char* code, uint64_t block, std::string msg) {
+    rep.problems.push_back(Problem{code, block, std::move(msg)});
+  };
+  for (int slot = 0; slot < 2; slot++) {
+    const auto& r = rep.choice.reports[slot];
+    if (r.state != SlotState::Valid)
+      problem("S-slot", Error::kNoBlock,
+              "superblock slot " + std::to_string(slot) + " is " + slot_state_name(r.state) + ": " +
+                  r.detail);
+  }
+
+  BlockCache cache(dev, sb.block_size, opts.cache_bytes);
+  WalkMemo memo;
+  // Expected references per block: parent pointers, root pointers, value
+  // references (A3). Blocks reached as tree nodes must be metadata extents.
+  std::unordered_map<uint64_t, uint64_t> expected;
+  std::unordered_map<uint64_t, uint16_t> expected_kind;
+  auto node_hooks = [&](std::function<void(Key, std::span<const std::byte>)> on_item) {
+    WalkHooks h;
+    h.on_node = [&](BlockNo b, int, Generation, uint64_t, bool first) {
+      expected[b.v]++;
+      expected_kind[b.v] = 1;
+      if (first) rep.nodes++;
+    };
+    h.on_item = std::move(on_item);
+    return h;
+  };
+
+  // The root tree, collecting the root records.
+  std::vector<TreeInfo> trees;
+  check_tree(cache, sb.fs_id, sb.root_tree, sb.generation,
+             node_hooks([&](Key k, std::span<const std::byte> v) {
+               if (k.lo != 0) {
+                 problem("R-key", Error::kNoBlock, "root tree item with an unknown key type");
+                 return;
+               }
+               if (v.size() != sizeof(disk::RootRecord)) {
+                 problem("R-size", Error::kNoBlock,
+                         "root record of tree " + std::to_string(k.hi) + " has the wrong size");
+                 return;
+               }
+               disk::RootRecord r;
+               std::memcpy(&r, v.data(), sizeof r);
+               TreeInfo t{TreeId{k.hi}, r.kind,
+                          RootPtr{BlockNo{r.root_block.get()}, Generation{r.root_gen.get()}, r.level},
+                          Generation{r.created_gen.get()}, Generation{r.last_shared_gen.get()},
+                          TreeId{r.cloned_from.get()}};
+               if (k.hi < kFirstTreeId || k.hi >= sb.next_tree_id)
+                 problem("R-id", Error::kNoBlock,
+                         "tree id " + std::to_string(k.hi) + " is outside [256, next_tree_id)");
+               if (t.created > sb.generation || t.last_shared > sb.generation ||
+                   t.root.gen > sb.generation)
+                 problem("R-gen", Error::kNoBlock,
+                         "tree " + std::to_string(k.hi) + " has generations newer than the superblock");
+               if (t.root.block.v < sb.first_block || t.root.block.v >= sb.total_blocks ||
+                   t.kind == 0 || t.root.level > 16) {
+                 problem("R-range", Error::kNoBlock,
+                         "root record of tree " + std::to_string(k.hi) + " is out of range");
+                 return;
+               }
+               trees.push_back(t);
+             }),
+             memo, rep.problems);
+
+  // The space tree, collecting the extents.
+  std::map<uint64_t, Extent> extents;
+  check_tree(cache, sb.fs_id, sb.space_tree, sb.generation,
+             node_hooks([&](Key k, std::span<const std::byte> v) {
+               if (v.size() != sizeof(disk::SpaceItem) || k.lo != 0) {
+                 problem("A-item", k.hi, "space item with a bad key or size");
+                 return;
+               }
+               disk::SpaceItem it;
+               std::memcpy(&it, v.data(), sizeof it);
+               extents[k.hi] = Extent{it.nblocks.get(), it.refs.get(), it.kind.get()};
+             }),
+             memo, rep.problems);
+
+  // Every tree.
+  for (const TreeInfo& t : trees) {
+    rep.trees++;
+    auto kit = opts.kinds.find(t.kind);
+    const ValueRefs refs = kit == opts.kinds.end() ? ValueRefs{} : kit->second;
+    std::vector<BlockNo> ext;
+    check_tree(cache, sb.fs_id, t.root, sb.generation,
+               node_hooks([&](Key k, std::span<const std::byte> v) {
+                 rep.items++;
+                 if (!refs) return;
+                 ext.clear();
+                 refs(k, v, ext);
+                 for (BlockNo e : ext) {
+                   expected[e.v]++;
+                   expected_kind[e.v] = 2;
+                 }
+               }),
+               memo, rep.problems);
+  }
+
+  // A3, A4: the space tree against what was found.
+  uint64_t used = 0, meta = 0, data = 0, prev_end = sb.first_block;
+  for (const auto& [start, e] : extents) {
+    rep.extents++;
+    used += e.nblocks;
+    (e.kind == 1 ? meta : data) += e.nblocks;
+    if (start < prev_end || e.nblocks == 0 || start + e.nblocks > sb.total_blocks)
+      problem("A-overlap", start, "extent overlaps another or lies outside the filesystem");
+    prev_end = std::max(prev_end, start + e.nblocks);
+    if (e.kind != 1 && e.kind != 2) problem("A-kind", start, "extent of unknown kind");
+    auto it = expected.find(start);
+    const uint64_t want = it == expected.end() ? 0 : it->second;
+    if (want == 0) {
+      problem("A3-leak", start, "extent of " + std::to_string(e.nblocks) + " blocks with " +
+                                    std::to_string(e.refs) + " references is not referenced");
+    } else if (want != e.refs) {
+      problem(want > e.refs ? "A3-refs-low" : "A3-refs-high", start,
+              "extent has " + std::to_string(e.refs) + " references, " + std::to_string(want) +
+                  " found");
+    }
+    if (want && expected_kind[start] == 1 && (e.kind != 1 || e.nblocks != 1))
+      problem("A-kind", start, "a tree node's extent is not a one-block metadata extent");
+    if (want && expected_kind[start] == 2 && e.kind != 2)
+      problem("A-kind", start, "a data extent is recorded as metadata");
+  }
+  for (const auto& [b, n] : expected)
+    if (!extents.count(b))
+      problem("A3-missing", b, "referenced " + std::to_string(n) + " times but free in the space tree");
+  if (used != sb.used_blocks || meta != sb.meta_blocks || data != sb.data_blocks)
+    problem("A4-counters", Error::kNoBlock,
+            "superblock counts " + std::to_string(sb.used_blocks) + " used blocks (" +
+                std::to_string(sb.meta_blocks) + " metadata), the space tree " +
+                std::to_string(used) + " (" + std::to_string(meta) + ")");
+  return rep;
+}
+
+}  // namespace plyfs

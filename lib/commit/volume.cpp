@@ -1,0 +1,639 @@
+#include "commit/volume.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+
+#include "commit/disk_root.h"
+#include "commit/disk_superblock.h"
+#include "util/checksum.h"
+
+namespace plyfs {
+
+namespace {
+
+constexpr uint64_t kMinUsableBlocks = 256;
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The reserve (A5) must cover the metadata a commit of a full filesystem
+// writes: about one space-tree leaf per 64 blocks if every extent changed.
+uint64_t reserve_for(uint64_t usable) { return std::clamp<uint64_t>(usable / 64, 64, 262144); }
+
+std::vector<std::byte> encode_record(const TreeInfo& t) {
+  std::vector<std::byte> out(sizeof(disk::RootRecord));
+  auto* r = reinterpret_cast<disk::RootRecord*>(out.data());
+  r->root_block.set(t.root.block.v);
+  r->root_gen.set(t.root.gen.v);
+  r->level = t.root.level;
+  r->kind = t.kind;
+  r->created_gen.set(t.created.v);
+  r->last_shared_gen.set(t.last_shared.v);
+  r->cloned_from.set(t.cloned_from.v);
+  return out;
+}
+
+Result<TreeInfo> decode_record(TreeId id, std::span<const std::byte> v, uint64_t total_blocks) {
+  if (v.size() != sizeof(disk::RootRecord))
+    return Error::corrupt(Error::kNoBlock, "root record of tree " + std::to_string(id.v) +
+                                               " has the wrong size");
+  disk::RootRecord r;
+  std::memcpy(&r, v.data(), sizeof r);
+  TreeInfo t;
+  t.id = id;
+  t.kind = r.kind;
+  t.root = RootPtr{BlockNo{r.root_block.get()}, Generation{r.root_gen.get()}, r.level};
+  t.created = Generation{r.created_gen.get()};
+  t.last_shared = Generation{r.last_shared_gen.get()};
+  t.cloned_from = TreeId{r.cloned_from.get()};
+  if (t.root.block.v >= total_blocks || t.root.level > 16 || t.kind == 0)
+    return Error::corrupt(t.root.block.v,
+                          "root record of tree " + std::to_string(id.v) + " is out of range");
+  return t;
+}
+
+Result<void> write_generation_to(BlockDevice& dev, BlockCache& cache,
+                                 const std::vector<BlockCache::Ref>& dirty, const SuperInfo& sb) {
+  // C1: every node of the generation, then a flush, before its superblock.
+  PLY_CHECK(cache.write_back(dirty));
+  PLY_CHECK(dev.flush());
+  // C2: the slot that does not hold the newest durable superblock.
+  const auto bytes = encode_superblock(sb);
+  PLY_CHECK(dev.write(disk::kSuperOffset[sb.generation.v % 2], bytes));
+  // C4: durable only after this flush.
+  PLY_CHECK(dev.flush());
+  return ok();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------- gate
+
+void Volume::Gate::enter() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return !closed_; });
+  active_++;
+}
+void Volume::Gate::leave() {
+  std::lock_guard lk(mu_);
+  if (--active_ == 0) cv_.notify_all();
+}
+void Volume::Gate::close() {
+  std::unique_lock lk(mu_);
+  closed_ = true;
+  cv_.wait(lk, [&] { return active_ == 0; });
+}
+void Volume::Gate::open() {
+  std::lock_guard lk(mu_);
+  closed_ = false;
+  cv_.notify_all();
+}
+
+// ------------------------------------------------------------- formatting
+
+Result<SuperInfo> Volume::plan(const BlockDevice& dev, const FormatOptions& o) {
+  const uint32_t bs = o.block_size;
+  if (bs < 4096 || bs > 65536 || (bs & (bs - 1)) != 0)
+    return Error::invalid("block size must be a power of two from 4096 to 65536");
+  const uint32_t lss = dev.logical_sector_size();
+  if (lss > 4096 || lss > bs)
+    return Error::invalid("the device's sector size (" + std::to_string(lss) +
+                          ") is larger than the block size");
+  uint64_t size = o.size_bytes ? o.size_bytes : dev.size_bytes();
+  if (size > dev.size_bytes())
+    return Error::invalid("requested size " + std::to_string(size) + " is larger than the device (" +
+                          std::to_string(dev.size_bytes()) + " bytes)");
+  SuperInfo s;
+  s.block_size = bs;
+  s.sector_size = lss;
+  s.total_blocks = size / bs;
+  s.first_block = disk::kReservedBytes / bs;
+  if (s.total_blocks < s.first_block + kMinUsableBlocks)
+    return Error::invalid("too small: a plyfs filesystem needs at least " +
+                          std::to_string((s.first_block + kMinUsableBlocks) * bs) + " bytes");
+  if (o.label.size() > 64 || o.label.find('\0') != std::string::npos)
+    return Error::invalid("the label must be at most 64 bytes, without NUL");
+  s.label = o.label;
+  s.uuid = o.uuid;
+  if (std::all_of(s.uuid.begin(), s.uuid.end(), [](uint8_t b) { return b == 0; })) {
+    if (getrandom(s.uuid.data(), s.uuid.size(), 0) != 16)
+      return Error::io(errno, "cannot get random bytes for the uuid");
+    s.uuid[6] = static_cast<uint8_t>((s.uuid[6] & 0x0f) | 0x40);  // RFC 4122 version 4
+    s.uuid[8] = static_cast<uint8_t>((s.uuid[8] & 0x3f) | 0x80);
+  }
+  s.fs_id = xxh3(s.uuid.data(), 16);
+  s.reserve_blocks = reserve_for(s.total_blocks - s.first_block);
+  s.next_tree_id = kFirstTreeId;
+  s.next_inode = kFirstInode;
+  s.mkfs_time_ns = o.time_ns ? o.time_ns : now_ns();
+  s.commit_time_ns = s.mkfs_time_ns;
+  return s;
+}
+
+Result<SuperInfo> Volume::format(BlockDevice& dev, const FormatOptions& o) {
+  SuperInfo s = PLY_TRY(plan(dev, o));
+  const uint32_t bs = s.block_size;
+  // Wipe the reserved area (both superblock slots) and flush first: a crash
+  // during mkfs then leaves no superblock at all, never an old one in front
+  // of half-written new trees.
+  std::vector<std::byte> zero(64 * 1024);
+  for (uint64_t off = 0; off < s.first_block * bs; off += zero.size())
+    PLY_CHECK(dev.write(off, std::span(zero).first(std::min<uint64_t>(zero.size(),
+                                                                       s.first_block * bs - off))));
+  PLY_CHECK(dev.flush());
+
+  BlockCache cache(dev, bs, 64ull << 20);
+  auto space = SpaceManager::fresh(cache, s.fs_id,
+                                   SpaceGeometry{s.first_block, s.total_blocks, s.reserve_blocks});
+  const Generation g1{1};
+  PLY_CHECK(space->create_tree(g1));
+  MutCtx m{g1, space->unshared(g1)};
+  s.root_tree = PLY_TRY(BTree::create(cache, s.fs_id, kRootTreeId, m));
+  PLY_CHECK(space->fold(g1));
+  auto dirty = cache.dirty_blocks();
+  for (auto& b : dirty) seal_node(b->bytes());
+  s.space_tree = space->root();
+  const SpaceCounters c = space->counters();
+  s.used_blocks = c.used_blocks;
+  s.meta_blocks = c.meta_blocks;
+  s.data_blocks = c.data_blocks;
+  s.generation = g1;
+  PLY_CHECK(write_generation_to(dev, cache, dirty, s));
+  // Generation 2 into the other slot, same trees: from the start both slots
+  // hold a valid superblock.
+  s.generation = Generation{2};
+  PLY_CHECK(write_generation_to(dev, cache, {}, s));
+  return s;
+}
+
+// ---------------------------------------------------------------- opening
+
+Volume::Volume(BlockDevice& dev, VolumeOptions opts) : dev_(dev), opts_(std::move(opts)) {}
+
+Result<std::unique_ptr<Volume>> Volume::open(BlockDevice& dev, VolumeOptions opts) {
+  SuperChoice choice = PLY_TRY(read_superblocks(dev));
+  const SuperInfo& s = choice.info;
+  if (s.incompat & ~kIncompatKnown)
+    return Error::io(EOPNOTSUPP, "the filesystem uses incompatible features this build lacks");
+  if ((s.ro_compat & ~kRoCompatKnown) && !opts.read_only)
+    return Error::io(EROFS, "the filesystem uses features this build can only read");
+  if (dev.logical_sector_size() > s.block_size)
+    return Error::invalid("the device's sector size is larger than the filesystem's block size");
+
+  std::unique_ptr<Volume> v(new Volume(dev, std::move(opts)));
+  v->info_ = s;
+  v->recovery_ = choice;
+  v->cache_ = std::make_unique<BlockCache>(dev, s.block_size, v->opts_.cache_bytes);
+  v->space_ = std::make_unique<SpaceManager>(
+      *v->cache_, s.fs_id, SpaceGeometry{s.first_block, s.total_blocks, s.reserve_blocks},
+      s.space_tree, SpaceCounters{s.used_blocks, s.meta_blocks, s.data_blocks});
+  v->root_tree_ = std::make_unique<BTree>(
+      *v->cache_, s.fs_id, TreeConfig{kRootTreeId, false, Generation{0}, {}}, s.root_tree);
+  // Read both roots now, so that a damaged root shows at open, not later.
+  (void)PLY_TRY(v->root_tree_->contains(Key{}));
+  (void)PLY_TRY(v->space_->tree().contains(Key{}));
+  v->open_gen_ = next(s.generation);
+  v->durable_gen_ = s.generation;
+  v->next_tree_id_ = s.next_tree_id;
+  v->next_inode_ = s.next_inode;
+  if (!v->opts_.read_only && (v->opts_.commit_interval_ms || v->opts_.dirty_limit_bytes))
+    v->committer_ = std::thread([p = v.get()] { p->committer_loop(); });
+  return v;
+}
+
+Volume::~Volume() {
+  {
+    std::lock_guard lk(cmt_mu_);
+    cmt_stop_ = true;
+  }
+  cmt_cv_.notify_all();
+  if (committer_.joinable()) committer_.join();
+}
+
+Result<void> Volume::close() {
+  {
+    std::lock_guard lk(cmt_mu_);
+    cmt_stop_ = true;
+  }
+  cmt_cv_.notify_all();
+  if (committer_.joinable()) committer_.join();
+  if (opts_.read_only) return ok();
+  PLY_CHECK(writable());
+  (void)PLY_TRY(commit());
+  return ok();
+}
+
+Generation Volume::durable_generation() const {
+  std::lock_guard lk(state_mu_);
+  return durable_gen_;
+}
+Generation Volume::open_generation() const {
+  std::lock_guard lk(state_mu_);
+  return open_gen_;
+}
+SuperInfo Volume::super() const {
+  std::lock_guard lk(state_mu_);
+  return info_;
+}
+std::optional<Error> Volume::failure() const {
+  std::lock_guard lk(state_mu_);
+  return failure_;
+}
+
+void Volume::fail(const Error& e) {
+  std::lock_guard lk(state_mu_);
+  if (!failure_) failure_ = e;
+}
+
+Result<void> Volume::writable() const {
+  if (opts_.read_only) return Error::io(EROFS, "the volume is open read-only");
+  std::lock_guard lk(state_mu_);
+  if (failure_)
+    return Error::io(EROFS, "the volume turned read-only after an error: " + failure_->message());
+  return ok();
+}
+
+TreeConfig Volume::config_for(const TreeInfo& info) const {
+  auto it = opts_.kinds.find(info.kind);
+  return TreeConfig{info.id, true, info.last_shared,
+                    it == opts_.kinds.end() ? ValueRefs{} : it->second};
+}
+
+Result<Volume::Slot*> Volume::slot(TreeId id) {
+  std::lock_guard lk(trees_mu_);
+  auto it = trees_.find(id.v);
+  if (it != trees_.end()) {
+    if (it->second->dropped) return Error::io(ENOENT, "tree " + std::to_string(id.v) + " was dropped");
+    return it->second.get();
+  }
+  if (id.v < kFirstTreeId) return Error::invalid("tree id " + std::to_string(id.v) + " is reserved");
+  auto v = PLY_TRY(root_tree_->get(Key{id.v, 0}));
+  if (!v) return Error::io(ENOENT, "no tree " + std::to_string(id.v));
+  TreeInfo info = PLY_TRY(decode_record(id, *v, info_.total_blocks));
+  auto s = std::make_unique<Slot>();
+  s->info = info;
+  s->tree = std::make_unique<BTree>(*cache_, info_.fs_id, config_for(info), info.root);
+  Slot* p = s.get();
+  trees_[id.v] = std::move(s);
+  return p;
+}
+
+// ------------------------------------------------------------------ commit
+
+Result<void> Volume::freeze(Generation g, std::vector<BlockCache::Ref>& dirty, SuperInfo& sb) {
+  MutCtx m{g, space_->unshared(g)};
+  {
+    std::lock_guard lk(trees_mu_);
+    for (auto it = trees_.begin(); it != trees_.end();) {
+      Slot& s = *it->second;
+      const Key k{it->first, 0};
+      if (s.dropped) {
+        (void)PLY_TRY(root_tree_->erase(m, k));
+        it = trees_.erase(it);
+        continue;
+      }
+      if (s.dirty) {
+        s.info.root = s.tree->root();
+        PLY_CHECK(root_tree_->put(m, k, encode_record(s.info)));
+        s.dirty = false;
+      }
+      ++it;
+    }
+  }
+  PLY_CHECK(space_->fold(g));
+  dirty = cache_->dirty_blocks();
+  for (auto& b : dirty) seal_node(b->bytes());
+  {
+    std::lock_guard lk(state_mu_);
+    sb = info_;
+  }
+  sb.generation = g;
+  sb.root_tree = root_tree_->root();
+  sb.space_tree = space_->root();
+  const SpaceCounters c = space_->counters();
+  sb.used_blocks = c.used_blocks;
+  sb.meta_blocks = c.meta_blocks;
+  sb.data_blocks = c.data_blocks;
+  sb.next_tree_id = next_tree_id_.load();
+  sb.next_inode = next_inode_.load();
+  sb.commit_time_ns = now_ns();
+  return ok();
+}
+
+Result<void> Volume::write_generation(const std::vector<BlockCache::Ref>& dirty,
+                                      const SuperInfo& sb) {
+  return write_generation_to(dev_, *cache_, dirty, sb);
+}
+
+Result<Generation> Volume::commit() {
+  std::lock_guard cl(commit_mu_);
+  PLY_CHECK(writable());
+  if (!changed_.load()) return durable_generation();
+
+  gate_.close();
+  const Generation g = open_generation();
+  changed_ = false;
+  std::vector<BlockCache::Ref> dirty;
+  SuperInfo sb;
+  auto fr = freeze(g, dirty, sb);
+  if (!fr) {
+    fail(fr.error());
+    gate_.open();
+    return fr.error();
+  }
+  {
+    std::lock_guard lk(state_mu_);
+    open_gen_ = next(g);
+  }
+  gate_.open();  // generation g+1 runs while g is written
+
+  auto wr = write_generation(dirty, sb);
+  if (!wr) {
+    fail(wr.error());  // C5
+    return wr.error();
+  }
+  space_->durable(g);
+  cache_->mark_clean(dirty);
+  std::lock_guard lk(state_mu_);
+  info_ = sb;
+  durable_gen_ = g;
+  return g;
+}
+
+void Volume::committer_loop() {
+  std::unique_lock lk(cmt_mu_);
+  while (!cmt_stop_) {
+    auto wake = [&] { return cmt_stop_ || cmt_kick_; };
+    if (opts_.commit_interval_ms)
+      cmt_cv_.wait_for(lk, std::chrono::milliseconds(opts_.commit_interval_ms), wake);
+    else
+      cmt_cv_.wait(lk, wake);
+    if (cmt_stop_) break;
+    cmt_kick_ = false;
+    lk.unlock();
+    if (changed_.load() && !failure()) (void)commit();  // an error stays in failure()
+    lk.lock();
+  }
+}
+
+// -------------------------------------------------------------------- Txn
+
+struct Volume::Txn::State final : NodeSpace {
+  Volume* v = nullptr;
+  Generation gen;
+  bool for_delete = false;
+  uint64_t reserved = 0;
+
+  Result<BlockNo> alloc_node() override {
+    if (reserved == 0) {  // every tree operation tops up first; this is a fallback
+      PLY_CHECK(v->space_->reserve(1, for_delete));
+      reserved = 1;
+    }
+    reserved--;
+    return v->space_->alloc(1, ExtentKind::Meta, true);
+  }
+  Result<uint32_t> refcount(BlockNo b) override { return v->space_->refcount(b); }
+  Result<void> inc_ref(BlockNo b) override { return v->space_->inc_ref(b); }
+  Result<Freed> dec_ref(BlockNo b) override { return v->space_->dec_ref(b, gen); }
+};
+
+Result<Volume::Txn> Volume::begin(TxnOptions o) {
+  gate_.enter();
+  auto st = std::make_unique<Txn::State>();
+  st->v = this;
+  st->gen = open_generation();
+  st->for_delete = o.for_delete;
+  Txn t(std::move(st));
+  if (o.reserve_blocks) PLY_CHECK(t.reserve(o.reserve_blocks));
+  return t;
+}
+
+Volume::Txn::Txn(std::unique_ptr<State> s) : s_(std::move(s)) {}
+Volume::Txn::Txn(Txn&& o) noexcept : s_(std::move(o.s_)) {}
+
+Volume::Txn::~Txn() {
+  if (!s_) return;
+  Volume* v = s_->v;
+  if (s_->reserved) v->space_->unreserve(s_->reserved);
+  v->gate_.leave();
+  if (v->opts_.dirty_limit_bytes && v->cache_->dirty_bytes() >= v->opts_.dirty_limit_bytes) {
+    std::lock_guard lk(v->cmt_mu_);
+    v->cmt_kick_ = true;
+    v->cmt_cv_.notify_all();
+  }
+}
+
+Generation Volume::Txn::gen() const { return s_->gen; }
+
+Result<void> Volume::Txn::reserve(uint64_t nblocks) {
+  PLY_CHECK(s_->v->writable());
+  PLY_CHECK(s_->v->space_->reserve(nblocks, s_->for_delete));
+  s_->reserved += nblocks;
+  return ok();
+}
+
+Result<void> Volume::Txn::top_up(uint64_t nblocks) {
+  if (s_->reserved >= nblocks) return ok();
+  PLY_CHECK(s_->v->space_->reserve(nblocks - s_->reserved, s_->for_delete));
+  s_->reserved = nblocks;
+  return ok();
+}
+
+// A change that failed after it started may have left a tree half changed in
+// memory: the volume must never commit that (C5). A change refused before it
+// started (EINVAL) leaves nothing behind.
+Result<void> Volume::Txn::mutated(const Result<void>& r, Slot* s) {
+  if (!r) {
+    if (r.error().code != EINVAL) s_->v->fail(r.error());
+    return r.error();
+  }
+  if (s) s->dirty = true;
+  s_->v->changed_ = true;
+  return ok();
+}
+
+static Result<void> check_kind(const VolumeOptions& o, const TreeInfo& info) {
+  if (info.kind != kKindPlain && !o.kinds.count(info.kind))
+    return Error::io(EOPNOTSUPP, "tree " + std::to_string(info.id.v) + " is of kind " +
+                                     std::to_string(info.kind) +
+                                     ", which this program cannot change safely");
+  return ok();
+}
+
+Result<TreeId> Volume::Txn::create_tree(uint8_t kind) {
+  Volume* v = s_->v;
+  PLY_CHECK(v->writable());
+  if (kind == 0) return Error::invalid("tree kind 0 is not valid");
+  PLY_CHECK(top_up(1));
+  const TreeId id{v->next_tree_id_++};
+  MutCtx m{s_->gen, *s_};
+  auto root = BTree::create(*v->cache_, v->info_.fs_id, id, m);
+  if (!root) return mutated(root.error(), nullptr).error();
+  auto s = std::make_unique<Slot>();
+  s->info = TreeInfo{id, kind, *root, s_->gen, Generation{0}, TreeId{0}};
+  s->tree = std::make_unique<BTree>(*v->cache_, v->info_.fs_id, v->config_for(s->info), *root);
+  s->dirty = true;
+  {
+    std::lock_guard lk(v->trees_mu_);
+    v->trees_[id.v] = std::move(s);
+  }
+  PLY_CHECK(mutated(ok(), nullptr));
+  return id;
+}
+
+Result<TreeId> Volume::Txn::clone_tree(TreeId src) {
+  Volume* v = s_->v;
+  PLY_CHECK(v->writable());
+  Slot* s = PLY_TRY(v->slot(src));
+  TreeInfo info;
+  {
+    std::unique_lock lk(s->mu);
+    PLY_CHECK(check_kind(v->opts_, s->info));
+    PLY_CHECK(mutated(BTree::clone_root(*s_, s->tree->root()), s));
+    // Both trees may now share every node written up to this generation.
+    s->tree->set_last_shared(s_->gen);
+    s->info.last_shared = s_->gen;
+    info = s->info;
+    info.root = s->tree->root();
+  }
+  info.id = TreeId{v->next_tree_id_++};
+  info.created = s_->gen;
+  info.cloned_from = src;
+  auto c = std::make_unique<Slot>();
+  c->info = info;
+  c->tree = std::make_unique<BTree>(*v->cache_, v->info_.fs_id, v->config_for(info), info.root);
+  c->dirty = true;
+  std::lock_guard lk(v->trees_mu_);
+  v->trees_[info.id.v] = std::move(c);
+  return info.id;
+}
+
+Result<void> Volume::Txn::drop_tree(TreeId id) {
+  Volume* v = s_->v;
+  PLY_CHECK(v->writable());
+  Slot* s = PLY_TRY(v->slot(id));
+  std::unique_lock lk(s->mu);
+  PLY_CHECK(check_kind(v->opts_, s->info));
+  MutCtx m{s_->gen, *s_};
+  PLY_CHECK(mutated(BTree::drop(*v->cache_, v->info_.fs_id, s->tree->config(), s->tree->root(), m),
+                    s));
+  s->dropped = true;
+  return ok();
+}
+
+Result<TreeInfo> Volume::Txn::tree_info(TreeId id) {
+  Slot* s = PLY_TRY(s_->v->slot(id));
+  std::shared_lock lk(s->mu);
+  TreeInfo info = s->info;
+  info.root = s->tree->root();
+  return info;
+}
+
+Result<std::vector<TreeInfo>> Volume::Txn::list_trees() {
+  Volume* v = s_->v;
+  std::vector<uint64_t> ids;
+  PLY_CHECK(v->root_tree_->scan(Key{kFirstTreeId, 0}, Key::max(),
+                                [&](Key k, std::span<const std::byte>) {
+                                  if (k.lo == 0) ids.push_back(k.hi);
+                                  return true;
+                                }));
+  {
+    std::lock_guard lk(v->trees_mu_);
+    for (const auto& [id, s] : v->trees_) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::vector<TreeInfo> out;
+  for (uint64_t id : ids) {
+    auto info = tree_info(TreeId{id});
+    if (info) out.push_back(*info);
+    else if (info.error().code != ENOENT) return info.error();
+  }
+  return out;
+}
+
+Result<std::optional<std::vector<std::byte>>> Volume::Txn::get(TreeId t, Key k) {
+  Slot* s = PLY_TRY(s_->v->slot(t));
+  std::shared_lock lk(s->mu);
+  return s->tree->get(k);
+}
+
+Result<void> Volume::Txn::scan(TreeId t, Key from, Key to,
+                               const std::function<bool(Key, std::span<const std::byte>)>& fn) {
+  Slot* s = PLY_TRY(s_->v->slot(t));
+  std::shared_lock lk(s->mu);
+  return s->tree->scan(from, to, fn);
+}
+
+Result<void> Volume::Txn::put(TreeId t, Key k, std::span<const std::byte> val) {
+  PLY_CHECK(s_->v->writable());
+  Slot* s = PLY_TRY(s_->v->slot(t));
+  std::unique_lock lk(s->mu);
+  PLY_CHECK(check_kind(s_->v->opts_, s->info));
+  PLY_CHECK(top_up(s->tree->max_new_nodes()));
+  MutCtx m{s_->gen, *s_};
+  return mutated(s->tree->put(m, k, val), s);
+}
+
+Result<bool> Volume::Txn::insert(TreeId t, Key k, std::span<const std::byte> val) {
+  PLY_CHECK(s_->v->writable());
+  Slot* s = PLY_TRY(s_->v->slot(t));
+  std::unique_lock lk(s->mu);
+  PLY_CHECK(check_kind(s_->v->opts_, s->info));
+  PLY_CHECK(top_up(s->tree->max_new_nodes()));
+  MutCtx m{s_->gen, *s_};
+  auto r = s->tree->insert(m, k, val);
+  if (!r) return mutated(r.error(), s).error();
+  if (*r) PLY_CHECK(mutated(ok(), s));
+  return *r;
+}
+
+Result<bool> Volume::Txn::erase(TreeId t, Key k) {
+  PLY_CHECK(s_->v->writable());
+  Slot* s = PLY_TRY(s_->v->slot(t));
+  std::unique_lock lk(s->mu);
+  PLY_CHECK(check_kind(s_->v->opts_, s->info));
+  PLY_CHECK(top_up(s->tree->max_new_nodes()));
+  MutCtx m{s_->gen, *s_};
+  auto r = s->tree->erase(m, k);
+  if (!r) return mutated(r.error(), s).error();
+  if (*r) PLY_CHECK(mutated(ok(), s));
+  return *r;
+}
+
+Result<BlockNo> Volume::Txn::alloc_extent(uint64_t nblocks) {
+  Volume* v = s_->v;
+  PLY_CHECK(v->writable());
+  PLY_CHECK(top_up(nblocks));
+  // Nothing has changed yet when this fails (fragmented free space): the
+  // caller may retry with a shorter extent.
+  BlockNo b = PLY_TRY(v->space_->alloc(nblocks, ExtentKind::Data, true));
+  s_->reserved -= nblocks;
+  v->changed_ = true;
+  return b;
+}
+
+Result<void> Volume::Txn::inc_extent(BlockNo start) {
+  PLY_CHECK(s_->v->writable());
+  return mutated(s_->v->space_->inc_ref(start), nullptr);
+}
+
+Result<void> Volume::Txn::dec_extent(BlockNo start) {
+  PLY_CHECK(s_->v->writable());
+  auto r = s_->v->space_->dec_ref(start, s_->gen);
+  if (!r) return mutated(r.error(), nullptr);
+  return mutated(ok(), nullptr);
+}
+
+uint64_t Volume::Txn::take_inode_number() {
+  s_->v->changed_ = true;
+  return s_->v->next_inode_++;
+}
+
+}  // namespace plyfs

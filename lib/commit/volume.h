@@ -1,0 +1,217 @@
+// The volume: one plyfs image opened for use. It owns the stack (device,
+// cache, space, trees) and runs the generation protocol (format.md#commit).
+//
+// Every operation runs inside one generation through a Txn: it takes the
+// blocks it may need before it changes anything (A5), and a commit never
+// splits it. Commit (format.md#commit):
+//   1. freeze: close the gate (wait for running Txns), persist changed tree
+//      roots into the root tree, fold the space deltas, checksum every dirty
+//      node, build the superblock; the open generation becomes G+1 and the
+//      gate reopens. CPU only: the world stops for microseconds, not I/O.
+//   2. write every dirty node of G; flush;
+//   3. write the superblock of G into slot G % 2; flush;
+//   4. G is durable: release what G freed (A2), mark its blocks clean.
+// Operations of G+1 run during 2-4 (the paper's forking of the superblock);
+// they never change a node of G in place, because its generation is not
+// theirs (format.md#btree-cow).
+//
+// Invariants (format.md#commit-invariants; the crash tests cite them):
+//   C1 every block reachable from generation G is written and flushed before
+//      the superblock of G is written.
+//   C2 the superblock of G goes to slot G % 2, so the newest durable
+//      superblock, in the other slot, is never overwritten by this commit.
+//   C3 no write touches a block reachable from the newest durable generation
+//      or from the generation being committed (A1, A2).
+//   C4 commit() returns success only after the flush that follows the
+//      superblock write.
+//   C5 an I/O error during a commit fails it and every later one (the volume
+//      turns read-only): a failed flush leaves the covered writes unknown
+//      (blockdev.h D4), so nothing may be acknowledged on top of them.
+//   C6 opening never writes: recovery is choosing the valid superblock with
+//      the highest generation.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+
+#include "alloc/space.h"
+#include "commit/superblock.h"
+
+namespace plyfs {
+
+inline constexpr TreeId kRootTreeId{1};
+inline constexpr uint64_t kFirstTreeId = 256;
+inline constexpr uint64_t kFirstInode = 256;
+
+// Tree kinds (format.md#tree-kinds). Higher layers add theirs.
+inline constexpr uint8_t kKindPlain = 1;  // plain key-value tree, no references in values
+
+struct FormatOptions {
+  uint32_t block_size = 4096;
+  std::array<uint8_t, 16> uuid{};  // all zero: random
+  std::string label;
+  uint64_t size_bytes = 0;         // 0: the whole device
+  uint64_t time_ns = 0;            // 0: now
+};
+
+struct VolumeOptions {
+  bool read_only = false;
+  uint64_t cache_bytes = 256ull << 20;
+  uint32_t commit_interval_ms = 0;  // periodic commits; 0: none
+  uint64_t dirty_limit_bytes = 0;   // commit when this much metadata is dirty; 0: none
+  std::map<uint8_t, ValueRefs> kinds;  // what the values of each tree kind reference
+};
+
+struct TreeInfo {
+  TreeId id;
+  uint8_t kind = 0;
+  RootPtr root;
+  Generation created, last_shared;
+  TreeId cloned_from;
+};
+
+class Volume {
+ public:
+  // The superblock mkfs would write, without writing (mkfs -n).
+  static Result<SuperInfo> plan(const BlockDevice& dev, const FormatOptions& opts);
+  // Writes an empty filesystem: root and space trees, both superblocks.
+  static Result<SuperInfo> format(BlockDevice& dev, const FormatOptions& opts);
+  static Result<std::unique_ptr<Volume>> open(BlockDevice& dev, VolumeOptions opts = {});
+  // Stops the committer. Does not commit: what was not committed is lost, as
+  // in a crash. Call close() to keep it.
+  ~Volume();
+  // Commits (read-write) and stops the committer.
+  Result<void> close();
+
+  class Txn;
+  struct TxnOptions {
+    bool for_delete = false;      // may dig into half of the reserve (A5)
+    uint64_t reserve_blocks = 0;  // blocks to reserve up front
+  };
+  Result<Txn> begin(TxnOptions o);
+  Result<Txn> begin();
+
+  // Makes every operation that ended before the call durable; returns the
+  // generation that holds them. Concurrent callers are serialized.
+  Result<Generation> commit();
+
+  Generation durable_generation() const;
+  Generation open_generation() const;
+  SuperInfo super() const;                       // the newest durable superblock
+  const SuperChoice& recovery() const { return recovery_; }
+  SpaceStats space_stats() const { return space_->stats(); }
+  CacheStats cache_stats() const { return cache_->stats(); }
+  bool read_only() const { return opts_.read_only; }
+  // The error that failed a commit and turned the volume read-only (C5).
+  std::optional<Error> failure() const;
+  uint32_t block_size() const { return info_.block_size; }
+
+ private:
+  struct Slot {
+    std::shared_mutex mu;
+    std::unique_ptr<BTree> tree;
+    TreeInfo info;
+    bool dirty = false;    // the root record must be written at the next freeze
+    bool dropped = false;
+  };
+  // Lets a Txn's block demands wait for a commit's gate, and a commit wait
+  // for the Txns of the generation it freezes.
+  class Gate {
+   public:
+    void enter();
+    void leave();
+    void close();
+    void open();
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    int active_ = 0;
+    bool closed_ = false;
+  };
+
+  Volume(BlockDevice& dev, VolumeOptions opts);
+  Result<Slot*> slot(TreeId id);
+  Result<void> freeze(Generation g, std::vector<BlockCache::Ref>& dirty, SuperInfo& sb);
+  Result<void> write_generation(const std::vector<BlockCache::Ref>& dirty, const SuperInfo& sb);
+  void fail(const Error& e);
+  Result<void> writable() const;
+  TreeConfig config_for(const TreeInfo& info) const;
+  void committer_loop();
+
+  BlockDevice& dev_;
+  VolumeOptions opts_;
+  SuperInfo info_;  // the newest durable superblock (guarded by state_mu_)
+  SuperChoice recovery_;
+  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<SpaceManager> space_;
+  std::unique_ptr<BTree> root_tree_;
+
+  Gate gate_;
+  std::mutex commit_mu_;  // one commit at a time
+  mutable std::mutex state_mu_;
+  Generation open_gen_, durable_gen_;
+  std::optional<Error> failure_;
+  std::atomic<bool> changed_{false};  // the open generation has something to commit
+  std::atomic<uint64_t> next_tree_id_{0}, next_inode_{0};
+
+  std::mutex trees_mu_;
+  std::map<uint64_t, std::unique_ptr<Slot>> trees_;
+
+  std::thread committer_;
+  std::mutex cmt_mu_;
+  std::condition_variable cmt_cv_;
+  bool cmt_stop_ = false, cmt_kick_ = false;
+
+  friend class Txn;
+};
+
+// One operation's context: a generation, the blocks reserved for it, and the
+// tree operations. Ends when destroyed. Keep it short: a commit waits for it.
+// One thread uses a Txn at a time, and a thread holds one Txn at a time.
+class Volume::Txn {
+ public:
+  Txn(Txn&&) noexcept;
+  Txn& operator=(Txn&&) = delete;
+  ~Txn();
+
+  Generation gen() const;
+  // Reserve blocks now so that later steps cannot fail with ENOSPC halfway.
+  Result<void> reserve(uint64_t nblocks);
+
+  Result<TreeId> create_tree(uint8_t kind);
+  Result<TreeId> clone_tree(TreeId src);  // O(1), shares every block (Rodeh)
+  Result<void> drop_tree(TreeId id);      // frees what no other tree shares
+  Result<TreeInfo> tree_info(TreeId id);
+  Result<std::vector<TreeInfo>> list_trees();
+
+  Result<std::optional<std::vector<std::byte>>> get(TreeId t, Key k);
+  Result<void> put(TreeId t, Key k, std::span<const std::byte> v);
+  Result<bool> insert(TreeId t, Key k, std::span<const std::byte> v);
+  Result<bool> erase(TreeId t, Key k);
+  Result<void> scan(TreeId t, Key from, Key to,
+                    const std::function<bool(Key, std::span<const std::byte>)>& fn);
+
+  // Extents that tree values reference (file data). Length in blocks.
+  Result<BlockNo> alloc_extent(uint64_t nblocks);
+  Result<void> inc_extent(BlockNo start);
+  Result<void> dec_extent(BlockNo start);
+
+  uint64_t take_inode_number();
+
+ private:
+  friend class Volume;
+  struct State;
+  explicit Txn(std::unique_ptr<State> s);
+  Result<void> top_up(uint64_t nblocks);
+  Result<void> mutated(const Result<void>& r, Slot* s);
+  std::unique_ptr<State> s_;
+};
+
+inline Result<Volume::Txn> Volume::begin() { return begin(TxnOptions{}); }
+
+}  // namespace plyfs
