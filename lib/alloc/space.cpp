@@ -85,6 +85,11 @@ NodeSpace& SpaceManager::unshared(Generation gen) {
 
 RootPtr SpaceManager::root() const { return tree_->root(); }
 
+uint64_t SpaceManager::pending_changes() const {
+  std::lock_guard lk(mu_);
+  return pending_.size();
+}
+
 SpaceCounters SpaceManager::counters() const {
   std::lock_guard lk(mu_);
   return counters_;
@@ -151,6 +156,11 @@ Result<void> SpaceManager::load_group_locked(size_t g) {
     }
     const auto* it = reinterpret_cast<const disk::SpaceItem*>(v.data());
     const uint64_t n = it->nblocks.get();
+    const uint16_t kind = it->kind.get();
+    if (k.lo != 0 || it->refs.get() == 0 || (kind != 1 && kind != 2) || it->reserved.get() != 0) {
+      bad = Error::corrupt(k.hi, "malformed space item");
+      return false;
+    }
     if (k.hi < pos || n == 0 || n > ge - k.hi) {
       bad = Error::corrupt(k.hi, "space items overlap or cross a group boundary");
       return false;
@@ -230,10 +240,12 @@ Result<BlockNo> SpaceManager::alloc_locked(uint64_t nblocks, ExtentKind kind) {
 }
 
 Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool reserved) {
+  if (nblocks == 0 || nblocks > kGroupBlocks)
+    return Error::invalid("extent length " + std::to_string(nblocks) + " out of range");
   std::lock_guard lk(mu_);
   if (reserved) {
     if (outstanding_ < nblocks)
-      return Error::invalid("allocation beyond the operation's reservation");
+      return Error::io(EFAULT, "allocation beyond the operation's reservation");
   } else if (free_now_locked() < outstanding_ + nblocks) {
     return Error::no_space("no space left for the commit");
   }
@@ -254,7 +266,8 @@ Result<std::optional<disk::SpaceItem>> SpaceManager::item_locked(BlockNo start) 
   disk::SpaceItem it;
   std::memcpy(&it, v->data(), sizeof it);
   const uint16_t kind = it.kind.get();
-  if (it.nblocks.get() == 0 || it.refs.get() == 0 || (kind != 1 && kind != 2))
+  if (it.nblocks.get() == 0 || it.refs.get() == 0 || (kind != 1 && kind != 2) ||
+      it.reserved.get() != 0)
     return Error::corrupt(start.v, "space item with a zero length, zero references or bad kind");
   return std::optional<disk::SpaceItem>(it);
 }
@@ -279,7 +292,7 @@ Result<void> SpaceManager::inc_ref(BlockNo start) {
   auto item = PLY_TRY(item_locked(start));
   int64_t refs = (item ? item->refs.get() : 0) + (p != pending_.end() ? p->second.refs : 0);
   if (!item || refs <= 0) return Error::corrupt(start.v, "reference taken on a free extent");
-  if (refs >= 0xffffffffll) return Error::invalid("reference count overflow");
+  if (refs >= 0xffffffffll) return Error::io(EOVERFLOW, "reference count overflow");
   Delta& d = pending_[start.v];
   d.nblocks = item->nblocks.get();
   d.kind = static_cast<ExtentKind>(item->kind.get());

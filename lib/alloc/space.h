@@ -62,7 +62,8 @@ struct SpaceStats {
 class SpaceManager {
  public:
   static constexpr TreeId kTreeId{2};
-  // Group of blocks whose free map is built on first use (not a format unit).
+  // Blocks are grouped by 32768 from first_block; a group's free map is
+  // built on first use. No extent crosses a group boundary (format.md#space).
   static constexpr uint64_t kGroupBlocks = 32768;
 
   // An existing space tree (open), or an empty device (mkfs: call
@@ -94,6 +95,10 @@ class SpaceManager {
   // freed (A2).
   Result<void> fold(Generation gen);
   void durable(Generation gen);
+
+  // Extents with changes queued in the open generation. A commit folds
+  // them; the Volume commits before this outgrows what the reserve can fold.
+  uint64_t pending_changes() const;
 
   RootPtr root() const;
   SpaceCounters counters() const;

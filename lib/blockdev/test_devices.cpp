@@ -93,6 +93,8 @@ std::unique_ptr<MemDevice> MemDevice::clone() const {
     p.reset(new std::byte[kPage]);
     std::memcpy(p.get(), buf.get(), kPage);
   }
+  c->track_ = track_;
+  c->unflushed_ = unflushed_;
   return c;
 }
 
@@ -227,8 +229,9 @@ const FaultDevice::Rule* FaultDevice::hit(Op op) {
   std::lock_guard lk(mu_);
   uint64_t n = ++counts_[static_cast<int>(op)];
   uint64_t any = ++counts_[static_cast<int>(Op::Any)];
+  uint64_t modify = op == Op::Read ? 0 : ++counts_[static_cast<int>(Op::Modify)];
   for (const auto& r : rules_) {
-    uint64_t c = r.op == Op::Any ? any : (r.op == op ? n : 0);
+    uint64_t c = r.op == Op::Any ? any : r.op == Op::Modify ? modify : (r.op == op ? n : 0);
     if (c == 0) continue;
     if (c == r.nth || (r.sticky && c > r.nth)) {
       fired_++;

@@ -35,8 +35,8 @@ class MemDevice final : public BlockDevice {
   uint32_t logical_sector_size() const override { return lss_; }
   uint32_t physical_sector_size() const override { return pss_; }
 
-  // A deep copy of the current content (what a crash right now after a flush
-  // would leave).
+  // A deep copy, with the writes not yet flushed when tracking is on, so
+  // that several power cuts can be tried from one state.
   std::unique_ptr<MemDevice> clone() const;
   // Overwrite bytes directly, bypassing the contract (to craft corruption).
   void poke(uint64_t offset, std::span<const std::byte> bytes);
@@ -100,7 +100,9 @@ class RecordingDevice final : public BlockDevice {
 // Injects failures into calls to an inner device.
 class FaultDevice final : public BlockDevice {
  public:
-  enum class Op : uint8_t { Read, Write, Flush, Discard, Any };
+  // Modify counts writes, flushes and discards together: a power cut at the
+  // Nth change, whatever reads happen meanwhile.
+  enum class Op : uint8_t { Read, Write, Flush, Discard, Any, Modify };
   enum class Kind : uint8_t {
     Eio,     // nothing happens, EIO
     Enospc,  // nothing happens, ENOSPC
@@ -135,7 +137,7 @@ class FaultDevice final : public BlockDevice {
   BlockDevice& inner_;
   mutable std::mutex mu_;
   std::vector<Rule> rules_;
-  uint64_t counts_[5] = {};
+  uint64_t counts_[6] = {};
   uint64_t fired_ = 0;
 };
 

@@ -34,7 +34,8 @@ Result<void> verify_node(std::span<const std::byte> block, BlockNo b, uint64_t f
                std::to_string(expect_gen.v) + " (lost or stale write)");
   if (h.level != expect_level || h.level > kMaxLevel)
     return bad("level " + std::to_string(h.level) + ", expected " + std::to_string(expect_level));
-  if (h.flags != 0) return bad("unknown flags");
+  if (h.flags != 0 || h.reserved0.get() != 0 || h.reserved1.get() != 0)
+    return bad("unknown flags or non-zero reserved fields");
   const uint32_t n = h.nitems.get();
   if (v.leaf()) {
     const uint32_t vs = h.value_start.get();

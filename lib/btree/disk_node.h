@@ -19,9 +19,9 @@ struct NodeHeader {        // format.md#btree-node
   le64 generation;         // generation in which the node was written
   le64 blockno;            // the node's own block number
   le64 fs_id;              // superblock fs_id: rejects blocks of an older mkfs
-  le32 value_start;        // leaf: lowest offset used by values; inner: 0
-  le32 reserved0;
-  le64 reserved1;
+  le32 value_start;        // leaf: values lie in [value_start, block end); inner: 0
+  le32 reserved0;          // 0
+  le64 reserved1;          // 0
 };
 static_assert(sizeof(NodeHeader) == 64);
 

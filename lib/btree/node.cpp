@@ -88,7 +88,9 @@ std::vector<Item> NodeView::items() const {
 }
 
 void NodeView::rebuild(const Item* first, size_t count) const {
-  // Zero the body so that no stale bytes of moved items linger on disk.
+  // Zero the body: moved items leave no copies behind in this node. (Holes
+  // left by leaf_erase/leaf_replace keep old bytes until the next compaction
+  // or rebuild; readers ignore them, format.md#btree-node.)
   std::memset(b_.data() + kHeader, 0, bs() - kHeader);
   h().nitems.set(static_cast<uint16_t>(count));
   if (!leaf()) {

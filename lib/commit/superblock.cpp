@@ -163,9 +163,16 @@ SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_
   if (s.used_blocks > s.total_blocks || s.meta_blocks + s.data_blocks != s.used_blocks ||
       s.reserve_blocks > s.total_blocks)
     return fail(SlotState::BadFields, "space counters are inconsistent");
-  if (h.flags.get() != 0 || !all_zero(h.reserved, sizeof h.reserved) ||
-      !all_zero(h.root_tree.reserved, 7) || !all_zero(h.space_tree.reserved, 7))
-    return fail(SlotState::BadFields, "reserved fields are not zero");
+  if (s.next_tree_id < 256 || s.next_inode < 256)
+    return fail(SlotState::BadFields, "next_tree_id or next_inode below 256");
+  if (s.used_blocks > s.total_blocks - s.first_block ||
+      s.reserve_blocks > s.total_blocks - s.first_block)
+    return fail(SlotState::BadFields, "space counters exceed the usable blocks");
+  bool zero = h.flags.get() == 0 && all_zero(h.reserved, sizeof h.reserved) &&
+              all_zero(h.root_tree.reserved, 7) && all_zero(h.space_tree.reserved, 7) &&
+              all_zero(sb->s7.reserved, sizeof sb->s7.reserved);
+  for (const auto& sec : sb->s) zero = zero && all_zero(sec.reserved, sizeof sec.reserved);
+  if (!zero) return fail(SlotState::BadFields, "reserved fields are not zero");
   r.state = SlotState::Valid;
   r.info = std::move(s);
   return r;
@@ -173,6 +180,9 @@ SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_
 
 Result<SuperChoice> read_superblocks(BlockDevice& dev) {
   SuperChoice c;
+  if (dev.logical_sector_size() > disk::kSuperSize)
+    return Error::invalid("the device's " + std::to_string(dev.logical_sector_size()) +
+                          "-byte sectors are larger than plyfs blocks can be");
   if (dev.size_bytes() < disk::kReservedBytes)
     return Error::invalid("the device is too small to hold a plyfs filesystem");
   for (int slot = 0; slot < 2; slot++) {
@@ -185,6 +195,10 @@ Result<SuperChoice> read_superblocks(BlockDevice& dev) {
     }
     c.reports[slot] = decode_superblock(buf, slot, dev.size_bytes());
   }
+  // A newer program wrote a whole superblock this one cannot read: falling
+  // back to the older slot would roll its work back at the next commit.
+  for (const auto& rep : c.reports)
+    if (rep.state == SlotState::Unsupported) return Error::io(EOPNOTSUPP, rep.detail);
   int best = -1;
   for (int slot = 0; slot < 2; slot++) {
     if (c.reports[slot].state != SlotState::Valid) continue;
@@ -196,8 +210,6 @@ Result<SuperChoice> read_superblocks(BlockDevice& dev) {
     const auto& b = c.reports[1];
     auto plain = [](SlotState s) { return s == SlotState::Empty || s == SlotState::Foreign; };
     if (plain(a.state) && plain(b.state)) return Error::invalid("no plyfs filesystem found");
-    for (const auto* rep : {&a, &b})
-      if (rep->state == SlotState::Unsupported) return Error::io(EOPNOTSUPP, rep->detail);
     return Error::corrupt(Error::kNoBlock, std::string("both superblocks are damaged (slot 0: ") +
                                                slot_state_name(a.state) + ", " + a.detail +
                                                "; slot 1: " + slot_state_name(b.state) + ", " +

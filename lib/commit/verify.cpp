@@ -1,5 +1,6 @@
 #include "commit/verify.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
@@ -87,7 +88,9 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
                  problem("R-gen", Error::kNoBlock,
                          "tree " + std::to_string(k.hi) + " has generations newer than the superblock");
                if (t.root.block.v < sb.first_block || t.root.block.v >= sb.total_blocks ||
-                   t.kind == 0 || t.root.level > 16) {
+                   t.kind == 0 || t.root.level > 16 || r.flags.get() != 0 ||
+                   r.reserved0.get() != 0 || r.reserved1[0].get() != 0 ||
+                   r.reserved1[1].get() != 0) {
                  problem("R-range", Error::kNoBlock,
                          "root record of tree " + std::to_string(k.hi) + " is out of range");
                  return;
@@ -106,6 +109,8 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
                }
                disk::SpaceItem it;
                std::memcpy(&it, v.data(), sizeof it);
+               if (it.reserved.get() != 0)
+                 problem("A-item", k.hi, "space item with non-zero reserved bytes");
                extents[k.hi] = Extent{it.nblocks.get(), it.refs.get(), it.kind.get()};
              }),
              memo, rep.problems);
@@ -140,6 +145,11 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
       problem("A-overlap", start, "extent overlaps another or lies outside the filesystem");
     prev_end = std::max(prev_end, start + e.nblocks);
     if (e.kind != 1 && e.kind != 2) problem("A-kind", start, "extent of unknown kind");
+    if (e.nblocks && start >= sb.first_block &&
+        (start - sb.first_block) / SpaceManager::kGroupBlocks !=
+            (start + e.nblocks - 1 - sb.first_block) / SpaceManager::kGroupBlocks)
+      problem("A-group", start, "extent crosses a 32768-block group boundary");
+    if (e.refs == 0) problem("A-item", start, "extent with zero references");
     auto it = expected.find(start);
     const uint64_t want = it == expected.end() ? 0 : it->second;
     if (want == 0) {
@@ -154,6 +164,13 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
       problem("A-kind", start, "a tree node's extent is not a one-block metadata extent");
     if (want && expected_kind[start] == 2 && e.kind != 2)
       problem("A-kind", start, "a data extent is recorded as metadata");
+  }
+  if (opts.collect_reachable) {
+    for (const auto& [b, n] : expected) {
+      auto e = extents.find(b);
+      rep.reachable.emplace_back(b, e == extents.end() ? 1 : e->second.nblocks);
+    }
+    std::sort(rep.reachable.begin(), rep.reachable.end());
   }
   for (const auto& [b, n] : expected)
     if (!extents.count(b))

@@ -13,12 +13,17 @@ struct VerifyOptions {
   uint64_t cache_bytes = 64ull << 20;
   // Check this superblock's generation instead of the newest valid one.
   std::optional<SuperInfo> super;
+  // Fill VerifyReport::reachable.
+  bool collect_reachable = false;
 };
 
 struct VerifyReport {
   SuperChoice choice;            // which superblock, and both slots' states
   std::vector<Problem> problems; // empty: the image is consistent
   uint64_t trees = 0, nodes = 0, items = 0, extents = 0;
+  // Every extent the generation reaches (start, length): nodes and the
+  // extents tree values reference (with collect_reachable).
+  std::vector<std::pair<uint64_t, uint64_t>> reachable;
   bool clean() const { return problems.empty(); }
   std::string summary() const;   // one line per problem
 };

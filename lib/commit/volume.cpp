@@ -39,7 +39,8 @@ std::vector<std::byte> encode_record(const TreeInfo& t) {
   return out;
 }
 
-Result<TreeInfo> decode_record(TreeId id, std::span<const std::byte> v, uint64_t total_blocks) {
+Result<TreeInfo> decode_record(TreeId id, std::span<const std::byte> v, const SuperInfo& sb,
+                               Generation newest) {
   if (v.size() != sizeof(disk::RootRecord))
     return Error::corrupt(Error::kNoBlock, "root record of tree " + std::to_string(id.v) +
                                                " has the wrong size");
@@ -52,9 +53,14 @@ Result<TreeInfo> decode_record(TreeId id, std::span<const std::byte> v, uint64_t
   t.created = Generation{r.created_gen.get()};
   t.last_shared = Generation{r.last_shared_gen.get()};
   t.cloned_from = TreeId{r.cloned_from.get()};
-  if (t.root.block.v >= total_blocks || t.root.level > 16 || t.kind == 0)
+  if (t.root.block.v < sb.first_block || t.root.block.v >= sb.total_blocks ||
+      t.root.level > 16 || t.kind == 0 || r.flags.get() != 0 || r.reserved0.get() != 0 ||
+      r.reserved1[0].get() != 0 || r.reserved1[1].get() != 0)
     return Error::corrupt(t.root.block.v,
                           "root record of tree " + std::to_string(id.v) + " is out of range");
+  if (t.root.gen > newest || t.created > newest || t.last_shared > newest)
+    return Error::corrupt(t.root.block.v, "root record of tree " + std::to_string(id.v) +
+                                              " has generations from the future");
   return t;
 }
 
@@ -275,7 +281,7 @@ Result<Volume::Slot*> Volume::slot(TreeId id) {
   if (id.v < kFirstTreeId) return Error::invalid("tree id " + std::to_string(id.v) + " is reserved");
   auto v = PLY_TRY(root_tree_->get(Key{id.v, 0}));
   if (!v) return Error::io(ENOENT, "no tree " + std::to_string(id.v));
-  TreeInfo info = PLY_TRY(decode_record(id, *v, info_.total_blocks));
+  TreeInfo info = PLY_TRY(decode_record(id, *v, info_, open_generation()));
   auto s = std::make_unique<Slot>();
   s->info = info;
   s->tree = std::make_unique<BTree>(*cache_, info_.fs_id, config_for(info), info.root);
@@ -403,7 +409,17 @@ struct Volume::Txn::State final : NodeSpace {
   Result<Freed> dec_ref(BlockNo b) override { return v->space_->dec_ref(b, gen); }
 };
 
+// The space changes one generation may queue: their fold must fit in half
+// the reserve (A5). A space-tree leaf holds at least 25 items (T4), and a
+// fold shadows each leaf once; 16 changes per block leaves ample margin.
+static uint64_t change_budget(uint64_t reserve_blocks) {
+  return std::max<uint64_t>(64, (reserve_blocks / 2 > 16 ? reserve_blocks / 2 - 16 : 0) * 16);
+}
+
 Result<Volume::Txn> Volume::begin(TxnOptions o) {
+  if (!opts_.read_only && space_->pending_changes() > change_budget(info_.reserve_blocks) &&
+      !failure())
+    (void)PLY_TRY(commit());
   gate_.enter();
   auto st = std::make_unique<Txn::State>();
   st->v = this;
@@ -446,15 +462,23 @@ Result<void> Volume::Txn::top_up(uint64_t nblocks) {
 }
 
 // A change that failed after it started may have left a tree half changed in
-// memory: the volume must never commit that (C5). A change refused before it
-// started (EINVAL) leaves nothing behind.
+// memory: the volume must never commit that (C5). Everything that can refuse
+// a change without side effects (reservations, value sizes, kinds) is
+// checked before the change starts, so any error here fails the volume.
 Result<void> Volume::Txn::mutated(const Result<void>& r, Slot* s) {
   if (!r) {
-    if (r.error().code != EINVAL) s_->v->fail(r.error());
+    s_->v->fail(r.error());
     return r.error();
   }
   if (s) s->dirty = true;
   s_->v->changed_ = true;
+  return ok();
+}
+
+static Result<void> check_value(const Volume& v, std::span<const std::byte> val) {
+  if (val.size() > BTree::max_value_len(v.block_size()))
+    return Error::invalid("value of " + std::to_string(val.size()) + " bytes exceeds the " +
+                          std::to_string(BTree::max_value_len(v.block_size())) + "-byte limit");
   return ok();
 }
 
@@ -472,6 +496,10 @@ Result<TreeId> Volume::Txn::create_tree(uint8_t kind) {
   if (kind == 0) return Error::invalid("tree kind 0 is not valid");
   PLY_CHECK(top_up(1));
   const TreeId id{v->next_tree_id_++};
+  // A damaged next_tree_id must not make two trees share an id.
+  if (PLY_TRY(v->root_tree_->contains(Key{id.v, 0})))
+    return Error::corrupt(Error::kNoBlock, "tree id " + std::to_string(id.v) +
+                                               " is already in use: next_tree_id is damaged");
   MutCtx m{s_->gen, *s_};
   auto root = BTree::create(*v->cache_, v->info_.fs_id, id, m);
   if (!root) return mutated(root.error(), nullptr).error();
@@ -573,6 +601,7 @@ Result<void> Volume::Txn::scan(TreeId t, Key from, Key to,
 
 Result<void> Volume::Txn::put(TreeId t, Key k, std::span<const std::byte> val) {
   PLY_CHECK(s_->v->writable());
+  PLY_CHECK(check_value(*s_->v, val));
   Slot* s = PLY_TRY(s_->v->slot(t));
   std::unique_lock lk(s->mu);
   PLY_CHECK(check_kind(s_->v->opts_, s->info));
@@ -583,6 +612,7 @@ Result<void> Volume::Txn::put(TreeId t, Key k, std::span<const std::byte> val) {
 
 Result<bool> Volume::Txn::insert(TreeId t, Key k, std::span<const std::byte> val) {
   PLY_CHECK(s_->v->writable());
+  PLY_CHECK(check_value(*s_->v, val));
   Slot* s = PLY_TRY(s_->v->slot(t));
   std::unique_lock lk(s->mu);
   PLY_CHECK(check_kind(s_->v->opts_, s->info));

@@ -60,11 +60,19 @@ void run_model(uint32_t block_size, uint64_t nops, const char* name) {
   const uint64_t space = 600000;
   Model model, committed = model;
   uint64_t next_commit = 1 + rng() % 40000;
-  uint64_t commits = 0, reopens = 0, crashes = 0, scans = 0;
+  uint64_t commits = 0, reopens = 0, crashes = 0, scans = 0, auto_commits = 0;
 
+  Generation durable = vol->durable_generation();
   for (uint64_t i = 0; i < nops; i++) {
     const uint32_t op = rng() % 100;
     auto txn = must(vol->begin());
+    // begin() commits by itself when the generation's space changes reach
+    // their budget: everything before this operation is durable then.
+    if (vol->durable_generation() != durable) {
+      durable = vol->durable_generation();
+      committed = model;
+      auto_commits++;
+    }
     if (op < 40) {  // put: insert or replace
       Key k = (rng() % 4 == 0) ? pick_existing(rng, model, space) : random_key(rng, space);
       auto val = value_for(rng, max_len);
@@ -116,6 +124,7 @@ void run_model(uint32_t block_size, uint64_t nops, const char* name) {
         must(vol->commit());
         commits++;
         committed = model;
+        durable = vol->durable_generation();
         require_clean(*dev);
         if (what < 3) {  // clean close and reopen
           must(vol->close());
@@ -125,6 +134,7 @@ void run_model(uint32_t block_size, uint64_t nops, const char* name) {
       }
       if (!vol) {
         vol = must(Volume::open(*dev, vo));
+        durable = vol->durable_generation();
         require_same(*vol, t, model);
       }
     }
@@ -132,8 +142,10 @@ void run_model(uint32_t block_size, uint64_t nops, const char* name) {
   require_same(*vol, t, model);
   must(vol->close());
   require_clean(*dev);
-  std::printf("[%s] %llu ops, %llu commits, %llu reopens, %llu crashes, %llu scans, %zu keys\n",
+  std::printf("[%s] %llu ops, %llu commits (+%llu by the change budget), %llu reopens, "
+              "%llu crashes, %llu scans, %zu keys\n",
               name, (unsigned long long)nops, (unsigned long long)commits,
+              (unsigned long long)auto_commits,
               (unsigned long long)reopens, (unsigned long long)crashes, (unsigned long long)scans,
               model.size());
 }
