@@ -1,0 +1,419 @@
+// mkfs.plyfs: writes an empty plyfs filesystem to a block device or an image
+// file, following mkfs(8) conventions (mkfs -t plyfs finds it in /sbin).
+//
+// Promises the tests check (tests/mkfs/):
+//   M1 nothing is written, created or wiped before every option has been
+//      validated, and nothing at all with -n (Volume::plan does the checks);
+//   M2 without -f, a device or file that holds a filesystem or partition table
+//      libblkid knows, or a plyfs superblock, is left untouched;
+//   M3 a mounted or busy block device is refused before any probe or wipe:
+//      FileDevice opens it with O_EXCL, which also keeps it from being
+//      mounted while we write;
+//   M4 success means both superblocks are durable (Volume::format flushes).
+#include <blkid/blkid.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uuid/uuid.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <libgen.h>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "blockdev/blockdev.h"
+#include "blockdev/test_devices.h"
+#include "commit/superblock.h"
+#include "commit/volume.h"
+
+#ifndef PLYFS_VERSION
+#define PLYFS_VERSION "unknown"
+#endif
+
+namespace plyfs {
+namespace {
+
+constexpr const char* kProg = "mkfs.plyfs";
+
+// The command line as typed; values are checked in resolve().
+struct Args {
+  bool force = false, dry_run = false, quiet = false, help = false, version = false;
+  std::string label, path;
+  std::optional<std::string> uuid, block_size, size;  // empty when not given
+};
+
+struct Options {
+  bool force = false, dry_run = false, quiet = false;
+  FormatOptions format;  // size_bytes 0: the whole device or existing file
+  std::string path;
+};
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "Usage: %s [options] DEVICE|IMAGE\n"
+               "Create a plyfs filesystem on a block device or an image file.\n\n"
+               "Options:\n"
+               "  -f            overwrite an existing filesystem or partition table\n"
+               "  -L LABEL      volume label (at most 64 bytes)\n"
+               "  -U UUID       filesystem UUID, or 'random' (the default)\n"
+               "  -b SIZE       block size, a power of two from 4096 to 65536 (default 4096)\n"
+               "  -s SIZE       filesystem size; creates or extends an image file\n"
+               "  -n            show what would be done; write nothing\n"
+               "  -q            quiet: print nothing on success\n"
+               "  -V            print the version and exit\n"
+               "  -h            print this help and exit\n\n"
+               "SIZE is in bytes, or with a binary suffix: K, M, G, T (or KiB, MiB, GiB, TiB).\n",
+               kProg);
+}
+
+Result<Args> parse_args(int argc, char** argv) {
+  Args a;
+  opterr = 0;  // our own messages, so that each starts with "mkfs.plyfs: "
+  static const option kLong[] = {
+      {"help", no_argument, nullptr, 'h'}, {"version", no_argument, nullptr, 'V'}, {}};
+  for (int c; (c = getopt_long(argc, argv, ":fL:U:b:s:nqVh", kLong, nullptr)) != -1;) {
+    switch (c) {
+      case 'f': a.force = true; break;
+      case 'L': a.label = optarg; break;
+      case 'U': a.uuid = optarg; break;
+      case 'b': a.block_size = optarg; break;
+      case 's': a.size = optarg; break;
+      case 'n': a.dry_run = true; break;
+      case 'q': a.quiet = true; break;
+      case 'V': a.version = true; break;
+      case 'h': a.help = true; break;
+      case ':': return Error::invalid(std::string("option -") + char(optopt) + " needs a value");
+      default:
+        if (optopt == 0) return Error::invalid(std::string("unknown option ") + argv[optind - 1]);
+        return Error::invalid(std::string("unknown option -") + char(optopt));
+    }
+  }
+  if (a.help || a.version) return a;
+  if (optind == argc) return Error::invalid("no device or image file given");
+  if (argc - optind > 1) return Error::invalid("more than one device given");
+  a.path = argv[optind];
+  return a;
+}
+
+// Bytes, or a number with a binary suffix. Anything else is refused rather
+// than guessed at: a typo must not become a filesystem of the wrong size.
+Result<uint64_t> parse_size(const std::string& s, const char* what) {
+  auto bad = [&](const char* why) {
+    return Error::invalid(std::string("invalid ") + what + " '" + s + "': " + why);
+  };
+  size_t digits = 0;
+  while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9') digits++;
+  if (digits == 0) return bad("expected a number");
+  if (digits > 19) return bad("too large");
+  const uint64_t n = std::stoull(s.substr(0, digits));
+  const std::string suffix = s.substr(digits);
+  static constexpr const char* kUnits = "KMGT";
+  unsigned shift = 0;
+  if (!suffix.empty()) {
+    const char* u = std::strchr(kUnits, suffix[0]);
+    if (!u || (suffix.size() != 1 && suffix.substr(1) != "iB"))
+      return bad("unknown suffix (use K, M, G, T or KiB, MiB, GiB, TiB)");
+    shift = 10 * static_cast<unsigned>(u - kUnits + 1);
+  }
+  if (n == 0) return bad("must be greater than zero");
+  if (n > (~uint64_t{0} >> shift)) return bad("too large");
+  return n << shift;
+}
+
+Result<std::array<uint8_t, 16>> parse_uuid(const std::string& s) {
+  std::array<uint8_t, 16> out{};  // all zero: the library picks a random one
+  if (s == "random") return out;
+  if (uuid_parse(s.c_str(), out.data()) != 0)
+    return Error::invalid("invalid UUID '" + s +
+                          "' (expected xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or 'random')");
+  if (uuid_is_null(out.data())) return Error::invalid("the nil UUID cannot name a filesystem");
+  return out;
+}
+
+Result<Options> resolve(const Args& a) {
+  Options o;
+  o.force = a.force;
+  o.dry_run = a.dry_run;
+  o.quiet = a.quiet;
+  o.path = a.path;
+  o.format.label = a.label;
+  if (a.uuid) o.format.uuid = PLY_TRY(parse_uuid(*a.uuid));
+  if (a.size) o.format.size_bytes = PLY_TRY(parse_size(*a.size, "size"));
+  if (a.block_size) {
+    const uint64_t bs = PLY_TRY(parse_size(*a.block_size, "block size"));
+    if (bs > UINT32_MAX) return Error::invalid("invalid block size '" + *a.block_size + "'");
+    o.format.block_size = static_cast<uint32_t>(bs);  // the library checks the range
+  }
+  return o;
+}
+
+// ---------------------------------------------------------------- output
+
+std::string human_bytes(uint64_t n) {  // "64.00 MiB"; a filesystem is at least 1 MiB
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(n) / 1024;
+  int i = 0;
+  for (; v >= 1024 && i < 5; i++) v /= 1024;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[i]);
+  return buf;
+}
+
+void print_summary(const Options& o, const SuperInfo& s) {
+  if (o.quiet) return;
+  char uuid[37];
+  uuid_unparse_lower(s.uuid.data(), uuid);
+  std::printf("%s a plyfs filesystem on %s%s\n", o.dry_run ? "Would create" : "Creating",
+              o.path.c_str(), o.dry_run ? " (dry run: nothing written)" : "");
+  std::printf("  UUID        %s\n", uuid);
+  std::printf("  Label       %s\n", s.label.empty() ? "(none)" : s.label.c_str());
+  std::printf("  Size        %s (%" PRIu64 " blocks of %u bytes)\n",
+              human_bytes(s.total_blocks * s.block_size).c_str(), s.total_blocks, s.block_size);
+  std::printf("  Reserved    %" PRIu64 " blocks for deletions and commits\n", s.reserve_blocks);
+  // A plan has no generation yet; format writes 1 and then 2 (volume.cpp).
+  if (!o.dry_run) std::printf("  Generation  %" PRIu64 "\n", s.generation.v);
+}
+
+// ------------------------------------------------------------- signatures
+
+// A libblkid probe over our own descriptor: read-only to look, read-write to
+// wipe. For a block device the descriptor is not O_EXCL, because the
+// FileDevice we hold already has the exclusive claim (M3).
+class Probe {
+ public:
+  static Result<Probe> open(const std::string& path, bool writable) {
+    Probe p;
+    p.fd_ = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (p.fd_ < 0) return Error::io(errno, "cannot open " + path + " to probe it");
+    p.pr_ = blkid_new_probe();
+    if (!p.pr_ || blkid_probe_set_device(p.pr_, p.fd_, 0, 0) != 0)
+      return Error::io(EIO, "libblkid cannot probe " + path);
+    blkid_probe_enable_superblocks(p.pr_, 1);
+    blkid_probe_set_superblocks_flags(p.pr_, BLKID_SUBLKS_TYPE | BLKID_SUBLKS_LABEL |
+                                                 BLKID_SUBLKS_MAGIC | BLKID_SUBLKS_USAGE |
+                                                 BLKID_SUBLKS_BADCSUM);
+    blkid_probe_enable_partitions(p.pr_, 1);
+    blkid_probe_set_partitions_flags(p.pr_, BLKID_PARTS_MAGIC | BLKID_PARTS_FORCE_GPT);
+    return p;
+  }
+  Probe(Probe&& o) noexcept : fd_(std::exchange(o.fd_, -1)), pr_(std::exchange(o.pr_, nullptr)) {}
+  ~Probe() {
+    if (pr_) blkid_free_probe(pr_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  std::string value(const char* name) const {
+    const char* data = nullptr;
+    if (blkid_probe_lookup_value(pr_, name, &data, nullptr) != 0 || !data) return {};
+    return data;
+  }
+  // "a ext4 file system labelled 'x'", or nothing when the device is blank.
+  // Worded as mke2fs words it; RAID members and the like are "signatures".
+  Result<std::optional<std::string>> describe(const std::string& path) {
+    const int r = blkid_do_safeprobe(pr_);
+    if (r == 1) return std::optional<std::string>{};
+    if (r == -2) return std::optional<std::string>{"several conflicting signatures"};
+    if (r < 0) return Error::io(EIO, "libblkid failed to probe " + path);
+    if (std::string pt = value("PTTYPE"); !pt.empty())
+      return std::optional<std::string>{"a " + pt + " partition table"};
+    const bool fs = value("USAGE") == "filesystem";
+    std::string d = "a " + value("TYPE") + (fs ? " file system" : " signature");
+    if (std::string label = value("LABEL"); !label.empty()) d += " labelled '" + label + "'";
+    return std::optional<std::string>{d};
+  }
+  // As wipefs(8) does: erase each signature found, then probe again.
+  Result<void> wipe_all(const std::string& path) {
+    while (blkid_do_probe(pr_) == 0) {
+      std::string what = value("TYPE");
+      if (what.empty()) what = value("PTTYPE");
+      errno = 0;  // libblkid does not always set it
+      if (blkid_do_wipe(pr_, 0) != 0)
+        return Error::io(errno ? errno : EIO, "cannot wipe the " + what + " signature on " + path);
+    }
+    if (::fsync(fd_) != 0) return Error::io(errno, "fsync of " + path + " failed");
+    return ok();
+  }
+
+ private:
+  Probe() = default;
+  int fd_ = -1;
+  blkid_probe pr_ = nullptr;
+};
+
+// M2. libblkid does not know plyfs, so our own superblocks are checked too;
+// a damaged plyfs filesystem still counts as one (it may be worth repairing).
+Result<void> refuse_if_in_use(FileDevice& dev, const std::string& path) {
+  const std::string tail = "; use -f to overwrite";
+  auto sb = read_superblocks(dev);
+  if (sb) {
+    std::string d = path + " contains a plyfs file system";
+    if (!sb->info.label.empty()) d += " labelled '" + sb->info.label + "'";
+    return Error{EEXIST, d + tail};
+  }
+  if (sb.error().code == EUCLEAN || sb.error().code == EOPNOTSUPP)
+    return Error{EEXIST, path + " contains a plyfs file system that cannot be read (" +
+                             sb.error().reason + ")" + tail};
+  if (sb.error().code != EINVAL) return sb.error();  // an I/O error: do not guess
+  Probe probe = PLY_TRY(Probe::open(path, false));
+  auto found = PLY_TRY(probe.describe(path));
+  if (found) return Error{EEXIST, path + " contains " + *found + tail};
+  return ok();
+}
+
+// ------------------------------------------------------------- formatting
+
+Result<SuperInfo> plan_for(const FileDevice& dev, const Options& o) {
+  // An image file about to grow to -s: plan on a sparse stand-in of that size.
+  if (!dev.is_block_device() && o.format.size_bytes > dev.size_bytes()) {
+    MemDevice grown(o.format.size_bytes, dev.logical_sector_size(), dev.physical_sector_size());
+    return Volume::plan(grown, o.format);
+  }
+  return Volume::plan(dev, o.format);
+}
+
+Result<SuperInfo> write_filesystem(FileDevice& dev, const Options& o, const SuperInfo& plan) {
+  FormatOptions f = o.format;
+  f.uuid = plan.uuid;  // the plan drew the random uuid; write exactly what was checked
+  return Volume::format(dev, f);
+}
+
+// The directory entry of a new image must be durable too, not only its blocks.
+Result<void> sync_parent(const std::string& path) {
+  std::string copy = path;
+  const int fd = ::open(::dirname(copy.data()), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Error::io(errno, "cannot open the directory of " + path);
+  const int r = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  if (r != 0) return Error::io(e, "fsync of the directory of " + path + " failed");
+  return ok();
+}
+
+Result<SuperInfo> format_new(const Options& o, const SuperInfo& plan) {
+  auto dev = PLY_TRY(FileDevice::open(o.path));
+  const SuperInfo done = PLY_TRY(write_filesystem(*dev, o, plan));
+  PLY_CHECK(sync_parent(o.path));
+  return done;
+}
+
+Result<void> make_new_image(const Options& o) {
+  // A mistyped device name must not turn into a regular file under /dev.
+  if (o.path.starts_with("/dev/")) return Error::io(ENOENT, "no such device " + o.path);
+  if (o.format.size_bytes == 0)
+    return Error::invalid(o.path + " does not exist; give -s SIZE to create an image file");
+  MemDevice sized(o.format.size_bytes);
+  const SuperInfo plan = PLY_TRY(Volume::plan(sized, o.format));
+  if (o.dry_run) {
+    print_summary(o, plan);
+    return ok();
+  }
+  const int fd = ::open(o.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) return Error::io(errno, "cannot create " + o.path);
+  const bool sized_ok = ::ftruncate(fd, static_cast<off_t>(o.format.size_bytes)) == 0;
+  const int e = errno;
+  ::close(fd);
+  auto r = sized_ok ? format_new(o, plan)
+                     : Result<SuperInfo>(Error::io(e, "cannot size " + o.path));
+  if (!r) {
+    ::unlink(o.path.c_str());  // leave no half-made image behind
+    return r.error();
+  }
+  print_summary(o, *r);
+  return ok();
+}
+
+// A dry run opens read-only, without the exclusive claim; ask for it here so
+// that -n refuses a busy device as the real run would (M3).
+Result<void> check_not_busy(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC);
+  if (fd < 0 && errno == EBUSY)
+    return Error::io(EBUSY, path + " is busy: mounted, or open by another program");
+  if (fd < 0) return Error::io(errno, "cannot open " + path);
+  ::close(fd);
+  return ok();
+}
+
+Result<void> make_on_existing(const Options& o) {
+  auto dev = PLY_TRY(FileDevice::open(o.path, FileOpenOptions{.read_only = o.dry_run}));
+  if (o.dry_run && dev->is_block_device()) PLY_CHECK(check_not_busy(o.path));
+  if (!o.force) PLY_CHECK(refuse_if_in_use(*dev, o.path));
+  const SuperInfo plan = PLY_TRY(plan_for(*dev, o));  // M1: every check before a write
+  if (o.dry_run) {
+    print_summary(o, plan);
+    return ok();
+  }
+  const bool grow = !dev->is_block_device() && o.format.size_bytes > dev->size_bytes();
+  if (o.force) {
+    Probe probe = PLY_TRY(Probe::open(o.path, true));
+    PLY_CHECK(probe.wipe_all(o.path));
+  }
+  if (grow) {  // an image file only: reopen to see its new size
+    dev.reset();
+    if (::truncate(o.path.c_str(), static_cast<off_t>(o.format.size_bytes)) != 0)
+      return Error::io(errno, "cannot extend " + o.path);
+    dev = PLY_TRY(FileDevice::open(o.path));
+  }
+  print_summary(o, PLY_TRY(write_filesystem(*dev, o, plan)));
+  return ok();
+}
+
+Result<void> run(const Options& o) {
+  struct stat st {};
+  if (::stat(o.path.c_str(), &st) == 0) return make_on_existing(o);
+  if (errno != ENOENT) return Error::io(errno, "cannot access " + o.path);
+  return make_new_image(o);
+}
+
+// One line. strerror adds nothing to our own validation messages.
+void print_error(const Error& e) {
+  const bool plain = e.code == EINVAL || e.code == EEXIST;
+  std::fprintf(stderr, "%s: %s\n", kProg, plain ? e.reason.c_str() : e.message().c_str());
+}
+
+int real_main(int argc, char** argv) {
+  auto args = parse_args(argc, argv);
+  if (!args) {
+    print_error(args.error());
+    std::fprintf(stderr, "Try '%s -h' for more information.\n", kProg);
+    return 1;
+  }
+  if (args->help) {
+    usage(stdout);
+    return 0;
+  }
+  if (args->version) {
+    std::printf("%s (plyfs) %s\n", kProg, PLYFS_VERSION);
+    return 0;
+  }
+  auto opts = resolve(*args);
+  if (!opts) {
+    print_error(opts.error());
+    return 1;
+  }
+  auto r = run(*opts);
+  if (!r) {
+    print_error(r.error());
+    return 1;
+  }
+  if (std::fflush(stdout) != 0) {
+    std::fprintf(stderr, "%s: cannot write the summary: %s\n", kProg, std::strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace plyfs
+
+int main(int argc, char** argv) {
+  try {
+    return plyfs::real_main(argc, argv);
+  } catch (const std::exception& e) {  // out of memory; never a crash
+    std::fprintf(stderr, "mkfs.plyfs: %s\n", e.what());
+    return 1;
+  }
+}
