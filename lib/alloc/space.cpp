@@ -78,6 +78,67 @@ Result<void> SpaceManager::create_tree(Generation gen) {
   return ok();
 }
 
+Result<void> SpaceManager::take_range_locked(uint64_t start, uint64_t nblocks) {
+  if (nblocks == 0 || start < geo_.first_block || start + nblocks > geo_.total_blocks ||
+      (start - geo_.first_block) / kGroupBlocks !=
+          (start + nblocks - 1 - geo_.first_block) / kGroupBlocks)
+    return Error::corrupt(start, "extent outside the filesystem or across a group boundary");
+  const size_t g = (start - geo_.first_block) / kGroupBlocks;
+  PLY_CHECK(load_group_locked(g));
+  auto& fm = groups_[g].free;
+  auto it = fm.upper_bound(start);
+  if (it == fm.begin()) return Error::corrupt(start, "extent is claimed twice");
+  --it;
+  const uint64_t es = it->first, el = it->second;
+  if (start + nblocks > es + el) return Error::corrupt(start, "extent is claimed twice");
+  fm.erase(it);
+  if (start > es) fm[es] = start - es;
+  if (es + el > start + nblocks) fm[start + nblocks] = es + el - (start + nblocks);
+  return ok();
+}
+
+Result<void> SpaceManager::claim(BlockNo start, uint64_t nblocks, uint32_t refs,
+                                 ExtentKind kind) {
+  std::lock_guard lk(mu_);
+  if (refs == 0) return Error::invalid("an extent in use has at least one reference");
+  PLY_CHECK(take_range_locked(start.v, nblocks));
+  pending_[start.v] = Delta{refs, nblocks, kind, true};
+  account_locked(kind, static_cast<int64_t>(nblocks));
+  return ok();
+}
+
+Result<void> SpaceManager::hold(BlockNo start, uint64_t nblocks, Generation gen) {
+  std::lock_guard lk(mu_);
+  PLY_CHECK(take_range_locked(start.v, nblocks));
+  deferred_[start.v] = nblocks;
+  deferred_by_gen_[gen.v].emplace_back(start.v, nblocks);
+  deferred_blocks_ += nblocks;
+  return ok();
+}
+
+Result<void> SpaceManager::hold_free_parts(BlockNo start, uint64_t nblocks, Generation gen) {
+  const uint64_t end = std::min(start.v + nblocks, geo_.total_blocks);
+  for (uint64_t pos = std::max(start.v, geo_.first_block); pos < end;) {
+    const size_t g = (pos - geo_.first_block) / kGroupBlocks;
+    const uint64_t group_end = std::min(end, geo_.first_block + (g + 1) * kGroupBlocks);
+    std::vector<std::pair<uint64_t, uint64_t>> parts;
+    {
+      std::lock_guard lk(mu_);
+      PLY_CHECK(load_group_locked(g));
+      const auto& fm = groups_[g].free;
+      auto it = fm.upper_bound(pos);
+      if (it != fm.begin()) --it;
+      for (; it != fm.end() && it->first < group_end; ++it) {
+        const uint64_t s = std::max(it->first, pos), e = std::min(it->first + it->second, group_end);
+        if (s < e) parts.emplace_back(s, e - s);
+      }
+    }
+    for (auto [s, n] : parts) PLY_CHECK(hold(BlockNo{s}, n, gen));
+    pos = group_end;
+  }
+  return ok();
+}
+
 NodeSpace& SpaceManager::unshared(Generation gen) {
   fold_gen_ = gen;
   return *unshared_;
@@ -86,8 +147,7 @@ NodeSpace& SpaceManager::unshared(Generation gen) {
 RootPtr SpaceManager::root() const { return tree_->root(); }
 
 uint64_t SpaceManager::pending_changes() const {
-  std::lock_guard lk(mu_);
-  return pending_.size();
+  return pending_size_.load(std::memory_order_relaxed);
 }
 
 SpaceCounters SpaceManager::counters() const {
@@ -232,6 +292,7 @@ Result<BlockNo> SpaceManager::alloc_locked(uint64_t nblocks, ExtentKind kind) {
       if (pending_.count(s))
         return Error::corrupt(s, "allocator handed out an extent with queued changes");
       pending_[s] = Delta{1, nblocks, kind, true};
+      pending_size_.store(pending_.size(), std::memory_order_relaxed);
       account_locked(kind, static_cast<int64_t>(nblocks));
       return BlockNo{s};
     }
@@ -297,6 +358,7 @@ Result<void> SpaceManager::inc_ref(BlockNo start) {
   d.nblocks = item->nblocks.get();
   d.kind = static_cast<ExtentKind>(item->kind.get());
   d.refs++;
+  pending_size_.store(pending_.size(), std::memory_order_relaxed);
   return ok();
 }
 
@@ -320,6 +382,7 @@ Result<NodeSpace::Freed> SpaceManager::dec_ref(BlockNo start, Generation gen) {
   d.nblocks = item->nblocks.get();
   d.kind = static_cast<ExtentKind>(item->kind.get());
   d.refs--;
+  pending_size_.store(pending_.size(), std::memory_order_relaxed);
   if (refs > 1) return NodeSpace::Freed::No;
   account_locked(d.kind, -static_cast<int64_t>(d.nblocks));
   deferred_[start.v] = d.nblocks;
@@ -358,6 +421,7 @@ Result<void> SpaceManager::fold(Generation gen) {
       std::lock_guard lk(mu_);
       batch.assign(pending_.begin(), pending_.end());
       pending_.clear();
+      pending_size_.store(0, std::memory_order_relaxed);
     }
     if (batch.empty()) return ok();
     std::sort(batch.begin(), batch.end(),

@@ -24,6 +24,7 @@
 //      last `reserve_blocks` are kept for deletions and for commits.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,16 @@ class SpaceManager {
   static std::unique_ptr<SpaceManager> fresh(BlockCache& cache, uint64_t fs_id, SpaceGeometry geo);
   Result<void> create_tree(Generation gen);
 
+  // For rebuilding the space tree from what the trees reference (fsck), on a
+  // fresh() manager: claim() records an extent in use with its references,
+  // hold() keeps a range from being handed out until `gen` is durable (the
+  // blocks the previous generation reaches, A1). Both fail with EUCLEAN when
+  // the range is not free: two owners claim the same block.
+  Result<void> claim(BlockNo start, uint64_t nblocks, uint32_t refs, ExtentKind kind);
+  Result<void> hold(BlockNo start, uint64_t nblocks, Generation gen);
+  // hold() of just the parts of the range that are still free.
+  Result<void> hold_free_parts(BlockNo start, uint64_t nblocks, Generation gen);
+
   // Reservations (A5). `for_delete` may dig into half of the reserve.
   Result<void> reserve(uint64_t nblocks, bool for_delete);
   void unreserve(uint64_t nblocks);
@@ -121,6 +132,7 @@ class SpaceManager {
   class Unshared;
 
   Result<void> load_group_locked(size_t g);
+  Result<void> take_range_locked(uint64_t start, uint64_t nblocks);
   Result<BlockNo> alloc_locked(uint64_t nblocks, ExtentKind kind);
   Result<std::optional<disk::SpaceItem>> item_locked(BlockNo start);
   void free_range_locked(uint64_t start, uint64_t len);
@@ -138,6 +150,7 @@ class SpaceManager {
   mutable std::mutex mu_;
   SpaceCounters counters_;
   std::unordered_map<uint64_t, Delta> pending_;  // the open generation's deltas
+  std::atomic<uint64_t> pending_size_{0};         // pending_.size(), read without the lock
   std::vector<Group> groups_;
   uint64_t cursor_ = 0;                          // next-fit position
   uint64_t outstanding_ = 0;                     // reserved, not yet allocated

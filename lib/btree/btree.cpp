@@ -99,7 +99,7 @@ Result<Ref> BTree::cow(MutCtx& m, Ref node) {
 
   BlockNo nb = PLY_TRY(m.space.alloc_node());
   Ref copy = cache_.create(nb, m.gen);
-  std::memcpy(copy->data.get(), node->data.get(), node->size);
+  std::memcpy(copy->data(), node->data(), node->size);
   NodeView cv = view(copy);
   cv.h().generation.set(m.gen.v);
   cv.h().blockno.set(nb.v);
@@ -109,9 +109,9 @@ Result<Ref> BTree::cow(MutCtx& m, Ref node) {
     if (!v.leaf()) {
       for (uint32_t i = 0; i < v.n(); i++) PLY_CHECK(m.space.inc_ref(v.child(i)));
     } else if (cfg_.value_refs) {
-      std::vector<BlockNo> ext;
+      std::vector<ExtentRef> ext;
       for (uint32_t i = 0; i < v.n(); i++) cfg_.value_refs(v.key(i), v.value(i), ext);
-      for (BlockNo e : ext) PLY_CHECK(m.space.inc_ref(e));
+      for (const ExtentRef& e : ext) PLY_CHECK(m.space.inc_ref(e.start));
     }
     auto f = PLY_TRY(m.space.dec_ref(node->blockno));
     if (f != NodeSpace::Freed::No)
@@ -140,9 +140,35 @@ Result<Ref> BTree::cow_child(MutCtx& m, const Ref& parent, uint32_t slot) {
 // ------------------------------------------------------------------ reads
 
 Result<std::optional<std::vector<std::byte>>> BTree::get(Key k) const {
+  // Fast path: every node cached. The descent holds the cache's shared lock
+  // instead of a reference per node (see BlockCache::Pin).
+  {
+    auto pin = cache_.pin();
+    const CachedBlock* blk = pin.find(root_.block);
+    Generation g = root_.gen;
+    int level = root_.level;
+    while (blk) {
+      NodeView v(std::span<std::byte>(const_cast<std::byte*>(blk->data()), blk->size));
+      if (v.gen() != g || v.level() != level) break;  // the slow path reports it
+      v.prefetch_items();
+      if (v.leaf()) {
+        uint32_t i = v.lower_bound(k);
+        if (i < v.n() && v.key(i) == k) {
+          auto val = v.value(i);
+          return std::optional<std::vector<std::byte>>(std::in_place, val.begin(), val.end());
+        }
+        return std::optional<std::vector<std::byte>>();
+      }
+      uint32_t i = v.child_index(k);
+      g = v.child_gen(i);
+      level = v.level() - 1;
+      blk = pin.find(v.child(i));
+    }
+  }
   Ref node = PLY_TRY(read(root_.block, root_.gen, root_.level));
   for (;;) {
     NodeView v = view(node);
+    v.prefetch_items();
     if (v.leaf()) {
       uint32_t i = v.lower_bound(k);
       if (i < v.n() && v.key(i) == k) {
@@ -384,9 +410,9 @@ Result<void> drop_node(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
     for (uint32_t i = 0; i < v.n(); i++)
       PLY_CHECK(drop_node(cache, fs_id, cfg, v.child(i), v.child_gen(i), level - 1, m));
   } else if (cfg.value_refs) {
-    std::vector<BlockNo> ext;
+    std::vector<ExtentRef> ext;
     for (uint32_t i = 0; i < v.n(); i++) cfg.value_refs(v.key(i), v.value(i), ext);
-    for (BlockNo e : ext) (void)PLY_TRY(m.space.dec_ref(e));
+    for (const ExtentRef& e : ext) (void)PLY_TRY(m.space.dec_ref(e.start));
   }
   if (f == NodeSpace::Freed::Now) cache.discard(b);
   else cache.drop_clean(b);

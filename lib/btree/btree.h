@@ -71,9 +71,18 @@ class NodeSpace {
   virtual Result<Freed> dec_ref(BlockNo b) = 0;
 };
 
-// The extents a leaf value holds references to (file data, later). A tree
-// kind whose values hold none leaves it empty.
-using ValueRefs = std::function<void(Key, std::span<const std::byte>, std::vector<BlockNo>&)>;
+// An extent a leaf value references: its first block (the key of its space
+// item) and its length.
+struct ExtentRef {
+  BlockNo start;
+  uint64_t nblocks = 0;
+};
+// The extents a leaf value holds references to (file data). A tree kind whose
+// values hold none leaves it empty. A tree owns one reference per value
+// reference; a caller that removes or replaces a value drops its reference
+// after the tree change, because the change may first copy a shared leaf,
+// which takes references for the copy.
+using ValueRefs = std::function<void(Key, std::span<const std::byte>, std::vector<ExtentRef>&)>;
 
 struct TreeConfig {
   TreeId id;
@@ -96,6 +105,7 @@ struct Problem {
   std::string code;     // stable identifier, e.g. "T1-key-order"
   uint64_t block = Error::kNoBlock;
   std::string message;  // one plain sentence
+  uint64_t tree = 0;    // the tree it was found in (1 root, 2 space, >= 256 user), 0: none
 };
 
 class BTree {

@@ -2,69 +2,169 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 namespace plyfs {
 
-BlockCache::BlockCache(BlockDevice& dev, uint32_t block_size, uint64_t capacity_bytes)
-    : dev_(dev), block_size_(block_size), capacity_bytes_(capacity_bytes) {}
+// ------------------------------------------------------------------ BlockRef
 
-static BlockCache::Ref new_block(BlockNo b, uint32_t size) {
-  auto ref = std::make_shared<CachedBlock>();
-  ref->blockno = b;
-  ref->size = size;
-  ref->data.reset(new std::byte[size]);
-  return ref;
+void BlockRef::release() {
+  if (p_) BlockCache::unref(p_);
+  p_ = nullptr;
+}
+
+// ---------------------------------------------------------------- BlockCache
+
+BlockCache::BlockCache(BlockDevice& dev, uint32_t block_size, uint64_t capacity_bytes)
+    : dev_(dev), block_size_(block_size), capacity_bytes_(capacity_bytes), table_(1024) {}
+
+void BlockCache::unref(CachedBlock* blk) {
+  if (blk->refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    blk->~CachedBlock();
+    ::operator delete(blk, std::align_val_t{alignof(CachedBlock)});
+  }
+}
+
+BlockCache::~BlockCache() {
+  for (Slot& s : table_)
+    if (s.key) unref(s.blk());  // each slot holds one reference
+}
+
+CachedBlock* BlockCache::new_block(BlockNo b) const {
+  void* mem = ::operator new(sizeof(CachedBlock) + block_size_,
+                             std::align_val_t{alignof(CachedBlock)});
+  auto* blk = new (mem) CachedBlock();
+  blk->blockno = b;
+  blk->size = block_size_;
+  return blk;
+}
+
+size_t BlockCache::slot_of(uint64_t b) const {
+  // Fibonacci hashing: neighbouring block numbers spread over the table.
+  return static_cast<size_t>((b * 0x9e3779b97f4a7c15ull) >> 20) & (table_.size() - 1);
+}
+
+size_t BlockCache::index_locked(uint64_t b) const {
+  const uint64_t key = b + 1;
+  for (size_t i = slot_of(b);; i = (i + 1) & (table_.size() - 1)) {
+    if (table_[i].key == key) return i;
+    if (table_[i].key == 0) return table_.size();
+  }
+}
+
+CachedBlock* BlockCache::find_locked(uint64_t b) const {
+  const size_t i = index_locked(b);
+  if (i == table_.size()) return nullptr;
+  auto& ptr = const_cast<std::atomic<uintptr_t>&>(table_[i].ptr);
+  uintptr_t p = ptr.load(std::memory_order_relaxed);
+  // Store only when needed, so that hits on hot blocks do not dirty a line.
+  if (!(p & kReferenced)) ptr.fetch_or(kReferenced, std::memory_order_relaxed);
+  return reinterpret_cast<CachedBlock*>(p & ~kReferenced);
+}
+
+void BlockCache::grow_locked() {
+  std::vector<Slot> old(table_.size() * 2);
+  old.swap(table_);
+  for (const Slot& s : old)
+    if (s.key) {
+      size_t i = slot_of(s.key - 1);
+      while (table_[i].key) i = (i + 1) & (table_.size() - 1);
+      table_[i] = s;
+    }
+}
+
+// The table holds one reference to each block it finds.
+void BlockCache::insert_locked(CachedBlock* blk) {
+  if (2 * (count_ + 1) > table_.size()) grow_locked();
+  size_t i = slot_of(blk->blockno.v);
+  while (table_[i].key) i = (i + 1) & (table_.size() - 1);
+  table_[i].key = blk->blockno.v + 1;
+  table_[i].ptr.store(reinterpret_cast<uintptr_t>(blk) | kReferenced, std::memory_order_relaxed);
+  blk->refs_.fetch_add(1, std::memory_order_relaxed);
+  count_++;
+}
+
+void BlockCache::erase_locked(uint64_t b) {
+  const size_t mask = table_.size() - 1;
+  size_t i = slot_of(b);
+  for (;; i = (i + 1) & mask) {
+    if (table_[i].key == 0) return;
+    if (table_[i].key == b + 1) break;
+  }
+  CachedBlock* blk = table_[i].blk();
+  if (blk->in_lru_) lru_unlink_locked(blk);
+  if (blk->dirty_gen.v) dirty_count_--;
+  // Backward-shift deletion keeps every probe sequence unbroken.
+  for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+    if (table_[j].key == 0) break;
+    const size_t home = slot_of(table_[j].key - 1);
+    // Move j back into the hole at i if its home does not lie in (i, j].
+    if (((j - home) & mask) >= ((j - i) & mask)) {
+      table_[i] = table_[j];
+      i = j;
+    }
+  }
+  table_[i] = Slot{};
+  count_--;
+  unref(blk);
+}
+
+void BlockCache::lru_push_front_locked(CachedBlock* blk) {
+  blk->prev_ = nullptr;
+  blk->next_ = lru_head_;
+  if (lru_head_) lru_head_->prev_ = blk;
+  lru_head_ = blk;
+  if (!lru_tail_) lru_tail_ = blk;
+  blk->in_lru_ = true;
+}
+
+void BlockCache::lru_unlink_locked(CachedBlock* blk) {
+  (blk->prev_ ? blk->prev_->next_ : lru_head_) = blk->next_;
+  (blk->next_ ? blk->next_->prev_ : lru_tail_) = blk->prev_;
+  blk->prev_ = blk->next_ = nullptr;
+  blk->in_lru_ = false;
+}
+
+const CachedBlock* BlockCache::Pin::find(BlockNo b) const {
+  CachedBlock* blk = c_.find_locked(b.v);
+  if (blk) c_.hits_.fetch_add(1, std::memory_order_relaxed);
+  return blk;
 }
 
 Result<BlockCache::Ref> BlockCache::get(BlockNo b, const Verifier& verify) {
   {
-    std::lock_guard lk(mu_);
-    auto it = map_.find(b.v);
-    if (it != map_.end()) {
-      stats_.hits++;
-      if (it->second.in_lru) lru_.splice(lru_.begin(), lru_, it->second.lru);
-      return it->second.ref;
+    std::shared_lock lk(mu_);
+    if (CachedBlock* blk = find_locked(b.v)) {
+      hits_.fetch_add(1, std::memory_order_relaxed);
+      return Ref(blk);
     }
-    stats_.misses++;
   }
   // Read outside the lock so that misses on different blocks overlap.
-  if (b.v > dev_.size_bytes() / block_size_ - 1 || dev_.size_bytes() < block_size_)
+  if (dev_.size_bytes() < block_size_ || b.v > dev_.size_bytes() / block_size_ - 1)
     return Error::corrupt(b.v, "block number is beyond the end of the device");
-  Ref ref = new_block(b, block_size_);
+  Ref ref(new_block(b));
   PLY_CHECK(dev_.read(block_offset(b), ref->bytes()));
   if (verify.fn) PLY_CHECK(verify.fn(verify.ctx, b, ref->bytes()));
 
   std::lock_guard lk(mu_);
-  auto [it, inserted] = map_.try_emplace(b.v);
-  if (!inserted) return it->second.ref;  // another thread read it meanwhile
-  it->second.ref = ref;
-  lru_.push_front(b.v);
-  it->second.lru = lru_.begin();
-  it->second.in_lru = true;
+  stats_.misses++;
+  if (CachedBlock* other = find_locked(b.v)) return Ref(other);  // read meanwhile
+  insert_locked(ref.get());
+  lru_push_front_locked(ref.get());
   evict_locked();
   return ref;
 }
 
 BlockCache::Ref BlockCache::create(BlockNo b, Generation g) {
-  Ref ref = new_block(b, block_size_);
-  std::memset(ref->data.get(), 0, block_size_);
+  Ref ref(new_block(b));
+  std::memset(ref->data(), 0, block_size_);
   ref->dirty_gen = g;
   std::lock_guard lk(mu_);
   erase_locked(b.v);  // K3: a stale clean copy of a reused block number
-  auto& e = map_[b.v];
-  e.ref = ref;
-  e.in_lru = false;
-  dirty_.insert(b.v);
+  insert_locked(ref.get());
+  dirty_count_++;
   evict_locked();
   return ref;
-}
-
-void BlockCache::erase_locked(uint64_t b) {
-  auto it = map_.find(b);
-  if (it == map_.end()) return;
-  if (it->second.in_lru) lru_.erase(it->second.lru);
-  dirty_.erase(b);
-  map_.erase(it);
 }
 
 void BlockCache::discard(BlockNo b) {
@@ -74,33 +174,36 @@ void BlockCache::discard(BlockNo b) {
 
 void BlockCache::drop_clean(BlockNo b) {
   std::lock_guard lk(mu_);
-  auto it = map_.find(b.v);
-  if (it != map_.end() && it->second.in_lru) erase_locked(b.v);
+  CachedBlock* blk = find_locked(b.v);
+  if (blk && blk->in_lru_) erase_locked(b.v);
 }
 
 void BlockCache::evict_locked() {
-  // K1: only clean blocks are in the LRU list. A block someone still holds
-  // is skipped (it costs memory until released, but never correctness).
+  // K1: only clean blocks are on the list. A block someone still holds is
+  // skipped (it costs memory until released, never correctness).
   size_t budget = 64;
-  auto it = lru_.end();
-  while (map_.size() * uint64_t{block_size_} > capacity_bytes_ && it != lru_.begin() &&
-         budget-- > 0) {
-    --it;
-    auto m = map_.find(*it);
-    if (m->second.ref.use_count() == 1) {
-      auto victim = it++;
-      lru_.erase(victim);
-      map_.erase(m);
+  CachedBlock* blk = lru_tail_;
+  while (blk && count_ * uint64_t{block_size_} > capacity_bytes_ && budget-- > 0) {
+    CachedBlock* prev = blk->prev_;
+    auto& ptr = table_[index_locked(blk->blockno.v)].ptr;
+    if (ptr.load(std::memory_order_relaxed) & kReferenced) {
+      ptr.fetch_and(~kReferenced, std::memory_order_relaxed);  // second chance
+      lru_unlink_locked(blk);
+      lru_push_front_locked(blk);
+    } else if (blk->refs_.load(std::memory_order_acquire) == 1) {
+      erase_locked(blk->blockno.v);
       stats_.evictions++;
     }
+    blk = prev;
   }
 }
 
 std::vector<BlockCache::Ref> BlockCache::dirty_blocks() const {
-  std::lock_guard lk(mu_);
+  std::shared_lock lk(mu_);
   std::vector<Ref> out;
-  out.reserve(dirty_.size());
-  for (uint64_t b : dirty_) out.push_back(map_.at(b).ref);
+  out.reserve(dirty_count_);
+  for (const Slot& s : table_)
+    if (s.key && s.blk()->dirty_gen.v) out.emplace_back(s.blk());
   std::sort(out.begin(), out.end(),
             [](const Ref& a, const Ref& b) { return a->blockno < b->blockno; });
   return out;
@@ -121,7 +224,7 @@ Result<void> BlockCache::write_back(const std::vector<Ref>& blocks) {
     } else {
       staging.resize((j - i) * block_size_);
       for (size_t k = i; k < j; k++)
-        std::memcpy(staging.data() + (k - i) * block_size_, blocks[k]->data.get(), block_size_);
+        std::memcpy(staging.data() + (k - i) * block_size_, blocks[k]->data(), block_size_);
       PLY_CHECK(dev_.write(block_offset(blocks[i]->blockno), staging));
     }
     calls++;
@@ -136,28 +239,27 @@ Result<void> BlockCache::write_back(const std::vector<Ref>& blocks) {
 void BlockCache::mark_clean(const std::vector<Ref>& blocks) {
   std::lock_guard lk(mu_);
   for (const Ref& ref : blocks) {
+    if (!ref->dirty_gen.v) continue;
     ref->dirty_gen = Generation{0};
-    auto it = map_.find(ref->blockno.v);
     // The block may have been discarded and its number reused since.
-    if (it == map_.end() || it->second.ref != ref || it->second.in_lru) continue;
-    dirty_.erase(ref->blockno.v);
-    lru_.push_front(ref->blockno.v);
-    it->second.lru = lru_.begin();
-    it->second.in_lru = true;
+    if (find_locked(ref->blockno.v) != ref.get()) continue;
+    dirty_count_--;
+    if (!ref->in_lru_) lru_push_front_locked(ref.get());
   }
   evict_locked();
 }
 
 uint64_t BlockCache::dirty_bytes() const {
-  std::lock_guard lk(mu_);
-  return dirty_.size() * uint64_t{block_size_};
+  std::shared_lock lk(mu_);
+  return dirty_count_ * uint64_t{block_size_};
 }
 
 CacheStats BlockCache::stats() const {
-  std::lock_guard lk(mu_);
+  std::shared_lock lk(mu_);
   CacheStats s = stats_;
-  s.cached_blocks = map_.size();
-  s.dirty_blocks = dirty_.size();
+  s.hits = hits_.load(std::memory_order_relaxed);
+  s.cached_blocks = count_;
+  s.dirty_blocks = dirty_count_;
   return s;
 }
 

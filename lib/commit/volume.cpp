@@ -26,7 +26,9 @@ uint64_t now_ns() {
 // writes: about one space-tree leaf per 64 blocks if every extent changed.
 uint64_t reserve_for(uint64_t usable) { return std::clamp<uint64_t>(usable / 64, 64, 262144); }
 
-std::vector<std::byte> encode_record(const TreeInfo& t) {
+}  // namespace
+
+std::vector<std::byte> encode_root_record(const TreeInfo& t) {
   std::vector<std::byte> out(sizeof(disk::RootRecord));
   auto* r = reinterpret_cast<disk::RootRecord*>(out.data());
   r->root_block.set(t.root.block.v);
@@ -39,8 +41,8 @@ std::vector<std::byte> encode_record(const TreeInfo& t) {
   return out;
 }
 
-Result<TreeInfo> decode_record(TreeId id, std::span<const std::byte> v, const SuperInfo& sb,
-                               Generation newest) {
+Result<TreeInfo> decode_root_record(TreeId id, std::span<const std::byte> v, const SuperInfo& sb,
+                                    Generation newest) {
   if (v.size() != sizeof(disk::RootRecord))
     return Error::corrupt(Error::kNoBlock, "root record of tree " + std::to_string(id.v) +
                                                " has the wrong size");
@@ -64,6 +66,8 @@ Result<TreeInfo> decode_record(TreeId id, std::span<const std::byte> v, const Su
   return t;
 }
 
+namespace {
+
 Result<void> write_generation_to(BlockDevice& dev, BlockCache& cache,
                                  const std::vector<BlockCache::Ref>& dirty, const SuperInfo& sb) {
   // C1: every node of the generation, then a flush, before its superblock.
@@ -79,25 +83,44 @@ Result<void> write_generation_to(BlockDevice& dev, BlockCache& cache,
 
 }  // namespace
 
+Result<void> write_generation(BlockDevice& dev, BlockCache& cache, const SuperInfo& sb) {
+  auto dirty = cache.dirty_blocks();
+  for (auto& b : dirty) seal_node(b->bytes());
+  PLY_CHECK(write_generation_to(dev, cache, dirty, sb));
+  cache.mark_clean(dirty);
+  return ok();
+}
+
 // ------------------------------------------------------------------- gate
 
 void Volume::Gate::enter() {
-  std::unique_lock lk(mu_);
-  cv_.wait(lk, [&] { return !closed_; });
-  active_++;
+  for (;;) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    if (!(s & kClosed)) {
+      if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) return;
+      continue;
+    }
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return !(state_.load(std::memory_order_acquire) & kClosed); });
+  }
 }
 void Volume::Gate::leave() {
-  std::lock_guard lk(mu_);
-  if (--active_ == 0) cv_.notify_all();
+  const uint64_t s = state_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+  // The last Txn out of a closing gate wakes the commit. Notifying under the
+  // mutex pairs with close() checking the count under it: no lost wakeup.
+  if ((s & kClosed) && (s & ~kClosed) == 0) {
+    std::lock_guard lk(mu_);
+    cv_.notify_all();
+  }
 }
 void Volume::Gate::close() {
+  state_.fetch_or(kClosed, std::memory_order_acq_rel);
   std::unique_lock lk(mu_);
-  closed_ = true;
-  cv_.wait(lk, [&] { return active_ == 0; });
+  cv_.wait(lk, [&] { return (state_.load(std::memory_order_acquire) & ~kClosed) == 0; });
 }
 void Volume::Gate::open() {
+  state_.fetch_and(~kClosed, std::memory_order_acq_rel);
   std::lock_guard lk(mu_);
-  closed_ = false;
   cv_.notify_all();
 }
 
@@ -162,19 +185,17 @@ Result<SuperInfo> Volume::format(BlockDevice& dev, const FormatOptions& o) {
   MutCtx m{g1, space->unshared(g1)};
   s.root_tree = PLY_TRY(BTree::create(cache, s.fs_id, kRootTreeId, m));
   PLY_CHECK(space->fold(g1));
-  auto dirty = cache.dirty_blocks();
-  for (auto& b : dirty) seal_node(b->bytes());
   s.space_tree = space->root();
   const SpaceCounters c = space->counters();
   s.used_blocks = c.used_blocks;
   s.meta_blocks = c.meta_blocks;
   s.data_blocks = c.data_blocks;
   s.generation = g1;
-  PLY_CHECK(write_generation_to(dev, cache, dirty, s));
+  PLY_CHECK(plyfs::write_generation(dev, cache, s));
   // Generation 2 into the other slot, same trees: from the start both slots
   // hold a valid superblock.
   s.generation = Generation{2};
-  PLY_CHECK(write_generation_to(dev, cache, {}, s));
+  PLY_CHECK(plyfs::write_generation(dev, cache, s));
   return s;
 }
 
@@ -204,7 +225,7 @@ Result<std::unique_ptr<Volume>> Volume::open(BlockDevice& dev, VolumeOptions opt
   // Read both roots now, so that a damaged root shows at open, not later.
   (void)PLY_TRY(v->root_tree_->contains(Key{}));
   (void)PLY_TRY(v->space_->tree().contains(Key{}));
-  v->open_gen_ = next(s.generation);
+  v->open_gen_ = next(s.generation).v;
   v->durable_gen_ = s.generation;
   v->next_tree_id_ = s.next_tree_id;
   v->next_inode_ = s.next_inode;
@@ -240,8 +261,7 @@ Generation Volume::durable_generation() const {
   return durable_gen_;
 }
 Generation Volume::open_generation() const {
-  std::lock_guard lk(state_mu_);
-  return open_gen_;
+  return Generation{open_gen_.load(std::memory_order_acquire)};
 }
 SuperInfo Volume::super() const {
   std::lock_guard lk(state_mu_);
@@ -272,6 +292,15 @@ TreeConfig Volume::config_for(const TreeInfo& info) const {
 }
 
 Result<Volume::Slot*> Volume::slot(TreeId id) {
+  {
+    std::shared_lock lk(trees_mu_);
+    auto it = trees_.find(id.v);
+    if (it != trees_.end()) {
+      if (it->second->dropped)
+        return Error::io(ENOENT, "tree " + std::to_string(id.v) + " was dropped");
+      return it->second.get();
+    }
+  }
   std::lock_guard lk(trees_mu_);
   auto it = trees_.find(id.v);
   if (it != trees_.end()) {
@@ -281,7 +310,7 @@ Result<Volume::Slot*> Volume::slot(TreeId id) {
   if (id.v < kFirstTreeId) return Error::invalid("tree id " + std::to_string(id.v) + " is reserved");
   auto v = PLY_TRY(root_tree_->get(Key{id.v, 0}));
   if (!v) return Error::io(ENOENT, "no tree " + std::to_string(id.v));
-  TreeInfo info = PLY_TRY(decode_record(id, *v, info_, open_generation()));
+  TreeInfo info = PLY_TRY(decode_root_record(id, *v, info_, open_generation()));
   auto s = std::make_unique<Slot>();
   s->info = info;
   s->tree = std::make_unique<BTree>(*cache_, info_.fs_id, config_for(info), info.root);
@@ -306,7 +335,7 @@ Result<void> Volume::freeze(Generation g, std::vector<BlockCache::Ref>& dirty, S
       }
       if (s.dirty) {
         s.info.root = s.tree->root();
-        PLY_CHECK(root_tree_->put(m, k, encode_record(s.info)));
+        PLY_CHECK(root_tree_->put(m, k, encode_root_record(s.info)));
         s.dirty = false;
       }
       ++it;
@@ -353,10 +382,7 @@ Result<Generation> Volume::commit() {
     gate_.open();
     return fr.error();
   }
-  {
-    std::lock_guard lk(state_mu_);
-    open_gen_ = next(g);
-  }
+  open_gen_.store(next(g).v, std::memory_order_release);
   gate_.open();  // generation g+1 runs while g is written
 
   auto wr = write_generation(dirty, sb);
@@ -390,24 +416,19 @@ void Volume::committer_loop() {
 
 // -------------------------------------------------------------------- Txn
 
-struct Volume::Txn::State final : NodeSpace {
-  Volume* v = nullptr;
-  Generation gen;
-  bool for_delete = false;
-  uint64_t reserved = 0;
-
-  Result<BlockNo> alloc_node() override {
-    if (reserved == 0) {  // every tree operation tops up first; this is a fallback
-      PLY_CHECK(v->space_->reserve(1, for_delete));
-      reserved = 1;
-    }
-    reserved--;
-    return v->space_->alloc(1, ExtentKind::Meta, true);
+Result<BlockNo> Volume::Txn::State::alloc_node() {
+  if (reserved == 0) {  // every tree operation tops up first; this is a fallback
+    PLY_CHECK(v->space_->reserve(1, for_delete));
+    reserved = 1;
   }
-  Result<uint32_t> refcount(BlockNo b) override { return v->space_->refcount(b); }
-  Result<void> inc_ref(BlockNo b) override { return v->space_->inc_ref(b); }
-  Result<Freed> dec_ref(BlockNo b) override { return v->space_->dec_ref(b, gen); }
-};
+  reserved--;
+  return v->space_->alloc(1, ExtentKind::Meta, true);
+}
+Result<uint32_t> Volume::Txn::State::refcount(BlockNo b) { return v->space_->refcount(b); }
+Result<void> Volume::Txn::State::inc_ref(BlockNo b) { return v->space_->inc_ref(b); }
+Result<NodeSpace::Freed> Volume::Txn::State::dec_ref(BlockNo b) {
+  return v->space_->dec_ref(b, gen);
+}
 
 // The space changes one generation may queue: their fold must fit in half
 // the reserve (A5). A space-tree leaf holds at least 25 items (T4), and a
@@ -421,22 +442,27 @@ Result<Volume::Txn> Volume::begin(TxnOptions o) {
       !failure())
     (void)PLY_TRY(commit());
   gate_.enter();
-  auto st = std::make_unique<Txn::State>();
-  st->v = this;
-  st->gen = open_generation();
-  st->for_delete = o.for_delete;
-  Txn t(std::move(st));
+  Txn t(this, open_generation(), o.for_delete);
   if (o.reserve_blocks) PLY_CHECK(t.reserve(o.reserve_blocks));
   return t;
 }
 
-Volume::Txn::Txn(std::unique_ptr<State> s) : s_(std::move(s)) {}
-Volume::Txn::Txn(Txn&& o) noexcept : s_(std::move(o.s_)) {}
+Volume::Txn::Txn(Volume* v, Generation gen, bool for_delete) {
+  s_.v = v;
+  s_.gen = gen;
+  s_.for_delete = for_delete;
+}
+Volume::Txn::Txn(Txn&& o) noexcept {
+  s_.v = std::exchange(o.s_.v, nullptr);
+  s_.gen = o.s_.gen;
+  s_.for_delete = o.s_.for_delete;
+  s_.reserved = std::exchange(o.s_.reserved, 0);
+}
 
 Volume::Txn::~Txn() {
-  if (!s_) return;
-  Volume* v = s_->v;
-  if (s_->reserved) v->space_->unreserve(s_->reserved);
+  if (!s_.v) return;
+  Volume* v = s_.v;
+  if (s_.reserved) v->space_->unreserve(s_.reserved);
   v->gate_.leave();
   if (v->opts_.dirty_limit_bytes && v->cache_->dirty_bytes() >= v->opts_.dirty_limit_bytes) {
     std::lock_guard lk(v->cmt_mu_);
@@ -445,19 +471,19 @@ Volume::Txn::~Txn() {
   }
 }
 
-Generation Volume::Txn::gen() const { return s_->gen; }
+Generation Volume::Txn::gen() const { return s_.gen; }
 
 Result<void> Volume::Txn::reserve(uint64_t nblocks) {
-  PLY_CHECK(s_->v->writable());
-  PLY_CHECK(s_->v->space_->reserve(nblocks, s_->for_delete));
-  s_->reserved += nblocks;
+  PLY_CHECK(s_.v->writable());
+  PLY_CHECK(s_.v->space_->reserve(nblocks, s_.for_delete));
+  s_.reserved += nblocks;
   return ok();
 }
 
 Result<void> Volume::Txn::top_up(uint64_t nblocks) {
-  if (s_->reserved >= nblocks) return ok();
-  PLY_CHECK(s_->v->space_->reserve(nblocks - s_->reserved, s_->for_delete));
-  s_->reserved = nblocks;
+  if (s_.reserved >= nblocks) return ok();
+  PLY_CHECK(s_.v->space_->reserve(nblocks - s_.reserved, s_.for_delete));
+  s_.reserved = nblocks;
   return ok();
 }
 
@@ -467,11 +493,11 @@ Result<void> Volume::Txn::top_up(uint64_t nblocks) {
 // checked before the change starts, so any error here fails the volume.
 Result<void> Volume::Txn::mutated(const Result<void>& r, Slot* s) {
   if (!r) {
-    s_->v->fail(r.error());
+    s_.v->fail(r.error());
     return r.error();
   }
   if (s) s->dirty = true;
-  s_->v->changed_ = true;
+  s_.v->changed_ = true;
   return ok();
 }
 
@@ -491,7 +517,7 @@ static Result<void> check_kind(const VolumeOptions& o, const TreeInfo& info) {
 }
 
 Result<TreeId> Volume::Txn::create_tree(uint8_t kind) {
-  Volume* v = s_->v;
+  Volume* v = s_.v;
   PLY_CHECK(v->writable());
   if (kind == 0) return Error::invalid("tree kind 0 is not valid");
   PLY_CHECK(top_up(1));
@@ -500,11 +526,11 @@ Result<TreeId> Volume::Txn::create_tree(uint8_t kind) {
   if (PLY_TRY(v->root_tree_->contains(Key{id.v, 0})))
     return Error::corrupt(Error::kNoBlock, "tree id " + std::to_string(id.v) +
                                                " is already in use: next_tree_id is damaged");
-  MutCtx m{s_->gen, *s_};
+  MutCtx m{s_.gen, s_};
   auto root = BTree::create(*v->cache_, v->info_.fs_id, id, m);
   if (!root) return mutated(root.error(), nullptr).error();
   auto s = std::make_unique<Slot>();
-  s->info = TreeInfo{id, kind, *root, s_->gen, Generation{0}, TreeId{0}};
+  s->info = TreeInfo{id, kind, *root, s_.gen, Generation{0}, TreeId{0}};
   s->tree = std::make_unique<BTree>(*v->cache_, v->info_.fs_id, v->config_for(s->info), *root);
   s->dirty = true;
   {
@@ -516,22 +542,22 @@ Result<TreeId> Volume::Txn::create_tree(uint8_t kind) {
 }
 
 Result<TreeId> Volume::Txn::clone_tree(TreeId src) {
-  Volume* v = s_->v;
+  Volume* v = s_.v;
   PLY_CHECK(v->writable());
   Slot* s = PLY_TRY(v->slot(src));
   TreeInfo info;
   {
     std::unique_lock lk(s->mu);
     PLY_CHECK(check_kind(v->opts_, s->info));
-    PLY_CHECK(mutated(BTree::clone_root(*s_, s->tree->root()), s));
+    PLY_CHECK(mutated(BTree::clone_root(s_, s->tree->root()), s));
     // Both trees may now share every node written up to this generation.
-    s->tree->set_last_shared(s_->gen);
-    s->info.last_shared = s_->gen;
+    s->tree->set_last_shared(s_.gen);
+    s->info.last_shared = s_.gen;
     info = s->info;
     info.root = s->tree->root();
   }
   info.id = TreeId{v->next_tree_id_++};
-  info.created = s_->gen;
+  info.created = s_.gen;
   info.cloned_from = src;
   auto c = std::make_unique<Slot>();
   c->info = info;
@@ -543,12 +569,12 @@ Result<TreeId> Volume::Txn::clone_tree(TreeId src) {
 }
 
 Result<void> Volume::Txn::drop_tree(TreeId id) {
-  Volume* v = s_->v;
+  Volume* v = s_.v;
   PLY_CHECK(v->writable());
   Slot* s = PLY_TRY(v->slot(id));
   std::unique_lock lk(s->mu);
   PLY_CHECK(check_kind(v->opts_, s->info));
-  MutCtx m{s_->gen, *s_};
+  MutCtx m{s_.gen, s_};
   PLY_CHECK(mutated(BTree::drop(*v->cache_, v->info_.fs_id, s->tree->config(), s->tree->root(), m),
                     s));
   s->dropped = true;
@@ -556,7 +582,7 @@ Result<void> Volume::Txn::drop_tree(TreeId id) {
 }
 
 Result<TreeInfo> Volume::Txn::tree_info(TreeId id) {
-  Slot* s = PLY_TRY(s_->v->slot(id));
+  Slot* s = PLY_TRY(s_.v->slot(id));
   std::shared_lock lk(s->mu);
   TreeInfo info = s->info;
   info.root = s->tree->root();
@@ -564,7 +590,7 @@ Result<TreeInfo> Volume::Txn::tree_info(TreeId id) {
 }
 
 Result<std::vector<TreeInfo>> Volume::Txn::list_trees() {
-  Volume* v = s_->v;
+  Volume* v = s_.v;
   std::vector<uint64_t> ids;
   PLY_CHECK(v->root_tree_->scan(Key{kFirstTreeId, 0}, Key::max(),
                                 [&](Key k, std::span<const std::byte>) {
@@ -587,37 +613,37 @@ Result<std::vector<TreeInfo>> Volume::Txn::list_trees() {
 }
 
 Result<std::optional<std::vector<std::byte>>> Volume::Txn::get(TreeId t, Key k) {
-  Slot* s = PLY_TRY(s_->v->slot(t));
+  Slot* s = PLY_TRY(s_.v->slot(t));
   std::shared_lock lk(s->mu);
   return s->tree->get(k);
 }
 
 Result<void> Volume::Txn::scan(TreeId t, Key from, Key to,
                                const std::function<bool(Key, std::span<const std::byte>)>& fn) {
-  Slot* s = PLY_TRY(s_->v->slot(t));
+  Slot* s = PLY_TRY(s_.v->slot(t));
   std::shared_lock lk(s->mu);
   return s->tree->scan(from, to, fn);
 }
 
 Result<void> Volume::Txn::put(TreeId t, Key k, std::span<const std::byte> val) {
-  PLY_CHECK(s_->v->writable());
-  PLY_CHECK(check_value(*s_->v, val));
-  Slot* s = PLY_TRY(s_->v->slot(t));
+  PLY_CHECK(s_.v->writable());
+  PLY_CHECK(check_value(*s_.v, val));
+  Slot* s = PLY_TRY(s_.v->slot(t));
   std::unique_lock lk(s->mu);
-  PLY_CHECK(check_kind(s_->v->opts_, s->info));
+  PLY_CHECK(check_kind(s_.v->opts_, s->info));
   PLY_CHECK(top_up(s->tree->max_new_nodes()));
-  MutCtx m{s_->gen, *s_};
+  MutCtx m{s_.gen, s_};
   return mutated(s->tree->put(m, k, val), s);
 }
 
 Result<bool> Volume::Txn::insert(TreeId t, Key k, std::span<const std::byte> val) {
-  PLY_CHECK(s_->v->writable());
-  PLY_CHECK(check_value(*s_->v, val));
-  Slot* s = PLY_TRY(s_->v->slot(t));
+  PLY_CHECK(s_.v->writable());
+  PLY_CHECK(check_value(*s_.v, val));
+  Slot* s = PLY_TRY(s_.v->slot(t));
   std::unique_lock lk(s->mu);
-  PLY_CHECK(check_kind(s_->v->opts_, s->info));
+  PLY_CHECK(check_kind(s_.v->opts_, s->info));
   PLY_CHECK(top_up(s->tree->max_new_nodes()));
-  MutCtx m{s_->gen, *s_};
+  MutCtx m{s_.gen, s_};
   auto r = s->tree->insert(m, k, val);
   if (!r) return mutated(r.error(), s).error();
   if (*r) PLY_CHECK(mutated(ok(), s));
@@ -625,12 +651,12 @@ Result<bool> Volume::Txn::insert(TreeId t, Key k, std::span<const std::byte> val
 }
 
 Result<bool> Volume::Txn::erase(TreeId t, Key k) {
-  PLY_CHECK(s_->v->writable());
-  Slot* s = PLY_TRY(s_->v->slot(t));
+  PLY_CHECK(s_.v->writable());
+  Slot* s = PLY_TRY(s_.v->slot(t));
   std::unique_lock lk(s->mu);
-  PLY_CHECK(check_kind(s_->v->opts_, s->info));
+  PLY_CHECK(check_kind(s_.v->opts_, s->info));
   PLY_CHECK(top_up(s->tree->max_new_nodes()));
-  MutCtx m{s_->gen, *s_};
+  MutCtx m{s_.gen, s_};
   auto r = s->tree->erase(m, k);
   if (!r) return mutated(r.error(), s).error();
   if (*r) PLY_CHECK(mutated(ok(), s));
@@ -638,32 +664,32 @@ Result<bool> Volume::Txn::erase(TreeId t, Key k) {
 }
 
 Result<BlockNo> Volume::Txn::alloc_extent(uint64_t nblocks) {
-  Volume* v = s_->v;
+  Volume* v = s_.v;
   PLY_CHECK(v->writable());
   PLY_CHECK(top_up(nblocks));
   // Nothing has changed yet when this fails (fragmented free space): the
   // caller may retry with a shorter extent.
   BlockNo b = PLY_TRY(v->space_->alloc(nblocks, ExtentKind::Data, true));
-  s_->reserved -= nblocks;
+  s_.reserved -= nblocks;
   v->changed_ = true;
   return b;
 }
 
 Result<void> Volume::Txn::inc_extent(BlockNo start) {
-  PLY_CHECK(s_->v->writable());
-  return mutated(s_->v->space_->inc_ref(start), nullptr);
+  PLY_CHECK(s_.v->writable());
+  return mutated(s_.v->space_->inc_ref(start), nullptr);
 }
 
 Result<void> Volume::Txn::dec_extent(BlockNo start) {
-  PLY_CHECK(s_->v->writable());
-  auto r = s_->v->space_->dec_ref(start, s_->gen);
+  PLY_CHECK(s_.v->writable());
+  auto r = s_.v->space_->dec_ref(start, s_.gen);
   if (!r) return mutated(r.error(), nullptr);
   return mutated(ok(), nullptr);
 }
 
 uint64_t Volume::Txn::take_inode_number() {
-  s_->v->changed_ = true;
-  return s_->v->next_inode_++;
+  s_.v->changed_ = true;
+  return s_.v->next_inode_++;
 }
 
 }  // namespace plyfs

@@ -67,6 +67,7 @@ struct VolumeOptions {
   std::map<uint8_t, ValueRefs> kinds;  // what the values of each tree kind reference
 };
 
+
 struct TreeInfo {
   TreeId id;
   uint8_t kind = 0;
@@ -74,6 +75,17 @@ struct TreeInfo {
   Generation created, last_shared;
   TreeId cloned_from;
 };
+
+// Root records (format.md#root-record). decode refuses a record that does not
+// fit the superblock `sb` or names a generation newer than `newest`.
+std::vector<std::byte> encode_root_record(const TreeInfo& t);
+Result<TreeInfo> decode_root_record(TreeId id, std::span<const std::byte> v, const SuperInfo& sb,
+                                    Generation newest);
+
+// Writes a whole generation outside a Volume (mkfs, fsck repairs): seals
+// every dirty node in `cache`, writes them, flushes, writes `sb` into slot
+// sb.generation % 2, flushes (C1, C2, C4).
+Result<void> write_generation(BlockDevice& dev, BlockCache& cache, const SuperInfo& sb);
 
 class Volume {
  public:
@@ -119,8 +131,9 @@ class Volume {
     bool dirty = false;    // the root record must be written at the next freeze
     bool dropped = false;
   };
-  // Lets a Txn's block demands wait for a commit's gate, and a commit wait
-  // for the Txns of the generation it freezes.
+  // Lets a commit wait for the Txns of the generation it freezes, and new
+  // Txns wait for the freeze. Entering and leaving an open gate is one atomic
+  // operation; the mutex is only for waiting.
   class Gate {
    public:
     void enter();
@@ -128,10 +141,10 @@ class Volume {
     void close();
     void open();
    private:
+    static constexpr uint64_t kClosed = 1ull << 63;
+    std::atomic<uint64_t> state_{0};  // kClosed | number of Txns inside
     std::mutex mu_;
     std::condition_variable cv_;
-    int active_ = 0;
-    bool closed_ = false;
   };
 
   Volume(BlockDevice& dev, VolumeOptions opts);
@@ -154,12 +167,13 @@ class Volume {
   Gate gate_;
   std::mutex commit_mu_;  // one commit at a time
   mutable std::mutex state_mu_;
-  Generation open_gen_, durable_gen_;
+  std::atomic<uint64_t> open_gen_{0};  // changes only while the gate is closed
+  Generation durable_gen_;
   std::optional<Error> failure_;
   std::atomic<bool> changed_{false};  // the open generation has something to commit
   std::atomic<uint64_t> next_tree_id_{0}, next_inode_{0};
 
-  std::mutex trees_mu_;
+  std::shared_mutex trees_mu_;  // shared to find a slot, exclusive to add or remove one
   std::map<uint64_t, std::unique_ptr<Slot>> trees_;
 
   std::thread committer_;
@@ -205,11 +219,21 @@ class Volume::Txn {
 
  private:
   friend class Volume;
-  struct State;
-  explicit Txn(std::unique_ptr<State> s);
+  // The Txn's view of space, held inline (no allocation per operation).
+  struct State final : NodeSpace {
+    Volume* v = nullptr;  // null: moved from
+    Generation gen;
+    bool for_delete = false;
+    uint64_t reserved = 0;
+    Result<BlockNo> alloc_node() override;
+    Result<uint32_t> refcount(BlockNo b) override;
+    Result<void> inc_ref(BlockNo b) override;
+    Result<Freed> dec_ref(BlockNo b) override;
+  };
+  Txn(Volume* v, Generation gen, bool for_delete);
   Result<void> top_up(uint64_t nblocks);
   Result<void> mutated(const Result<void>& r, Slot* s);
-  std::unique_ptr<State> s_;
+  State s_;
 };
 
 inline Result<Volume::Txn> Volume::begin() { return begin(TxnOptions{}); }

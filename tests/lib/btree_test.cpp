@@ -316,11 +316,12 @@ namespace {
 
 constexpr uint8_t kKindExtents = 7;  // test kind: each value references one data extent
 
-void extent_refs(Key, std::span<const std::byte> v, std::vector<BlockNo>& out) {
+void extent_refs(Key, std::span<const std::byte> v, std::vector<ExtentRef>& out) {
   if (v.size() != 16) return;
-  uint64_t start;
+  uint64_t start, len;
   std::memcpy(&start, v.data(), 8);
-  out.push_back(BlockNo{start});
+  std::memcpy(&len, v.data() + 8, 8);
+  out.push_back(ExtentRef{BlockNo{start}, len});
 }
 
 std::vector<std::byte> extent_value(BlockNo start, uint64_t len) {

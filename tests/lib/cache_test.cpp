@@ -75,7 +75,7 @@ TEST_CASE("cache: write-back coalesces adjacent blocks and writes the right byte
   BlockCache cache(dev, 4096, 64 * 4096);
   for (uint64_t b : {10, 11, 12, 13, 30, 32, 33}) {
     auto r = cache.create(BlockNo{b}, Generation{1});
-    std::memset(r->data.get(), static_cast<int>(b), 4096);
+    std::memset(r->data(), static_cast<int>(b), 4096);
   }
   auto dirty = cache.dirty_blocks();
   REQUIRE(dirty.size() == 7);

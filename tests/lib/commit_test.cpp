@@ -85,7 +85,9 @@ struct Workload {
           (void)must(txn.erase(TreeId{id}, k));
           m.erase(k);
         } else {
-          auto v = bytes("v" + std::to_string(rng() % 100000));
+          std::string text = std::to_string(rng() % 100000);
+          text.insert(text.begin(), 'v');
+          auto v = bytes(text);
           must(txn.put(TreeId{id}, k, v));
           m[k] = v;
         }
