@@ -110,6 +110,20 @@ std::vector<std::byte> MemDevice::peek(uint64_t offset, size_t len) const {
   return out;
 }
 
+bool MemDevice::same_content(const MemDevice& other) const {
+  std::scoped_lock lk(mu_, other.mu_);
+  if (size_ != other.size_) return false;
+  static const std::byte zero[kPage] = {};
+  auto page_of = [](const MemDevice& d, uint64_t p) -> const std::byte* {
+    auto it = d.pages_.find(p);
+    return it == d.pages_.end() ? zero : it->second.get();
+  };
+  for (const auto* d : {this, &other})
+    for (const auto& [p, buf] : d->pages_)
+      if (std::memcmp(page_of(*this, p), page_of(other, p), kPage) != 0) return false;
+  return true;
+}
+
 uint64_t MemDevice::pages_in_use() const {
   std::lock_guard lk(mu_);
   return pages_.size();

@@ -196,7 +196,10 @@ void seal_node(std::span<std::byte> block);
 // once; later edges into it are still reported to on_node (for T6) and its
 // key range is still checked against the new parent.
 struct WalkMemo {
-  struct Summary { Key min, max; int level; bool ok; };
+  // ok: the node itself verified; clean: neither it nor anything below it
+  // had a problem (a tree reaching a shared subtree that is not clean is
+  // damaged too, and is told so).
+  struct Summary { Key min, max; int level; bool ok; bool clean = true; };
   std::unordered_map<uint64_t, Summary> nodes;
 };
 struct WalkHooks {

@@ -98,6 +98,8 @@ struct Walker {
     if (memo_it != memo.nodes.end()) {
       const auto s = memo_it->second;
       if (hooks.on_node) hooks.on_node(b, level, g, 0, false);
+      if (!s.clean)
+        problem("B-node-shared", b.v, "shares a subtree that was found damaged above");
       if (!s.ok) return std::nullopt;
       if (s.level != level) problem("T3-level", b.v, "shared node reached at two levels");
       bounds(b, s, low, high);
@@ -108,7 +110,7 @@ struct Walker {
     if (!r) {
       problem(r.error().is_corruption() ? "B-node-corrupt" : "B-node-unreadable", b.v,
               r.error().reason);
-      memo.nodes[b.v] = WalkMemo::Summary{{}, {}, level, false};
+      memo.nodes[b.v] = WalkMemo::Summary{{}, {}, level, false, false};
       return std::nullopt;
     }
     BlockCache::Ref ref = *r;
@@ -118,6 +120,7 @@ struct Walker {
       return std::nullopt;
     }
     if (hooks.on_node) hooks.on_node(b, level, g, v.h().owner.get(), true);
+    const size_t problems_before = problems.size();
     if (!is_root && v.used() < v.capacity() / 4)
       problem("T4-underfull", b.v,
               "node uses " + std::to_string(v.used()) + " of " + std::to_string(v.capacity()) +
@@ -141,6 +144,7 @@ struct Walker {
         if (cs && i + 1 == v.n()) s.max = cs->max;
       }
     }
+    s.clean = problems.size() == problems_before;
     memo.nodes[b.v] = s;
     if (v.n() > 0) bounds(b, s, low, high);
     return s;

@@ -97,8 +97,25 @@ SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_
     return fail(SlotState::Foreign, "no plyfs magic");
   // Torn first: a mix of two generations is the expected result of a crash
   // during the superblock write, and names the first sector that differs.
+  // Sector 0 holds both the generation and its own stamp: a write lands whole
+  // sectors (D1), so a sector 0 that disagrees with itself was not torn but
+  // damaged.
   const uint64_t gen = h.generation.get();
-  for (int i = 0; i < 8; i++) {
+  if (stamp_of(*sb, 0) != gen)
+    return fail(SlotState::BadChecksum, "sector 0 disagrees with itself: generation " +
+                                            std::to_string(gen) + ", stamp " +
+                                            std::to_string(stamp_of(*sb, 0)));
+  // A torn slot mixes this write's sectors with those of an earlier write to
+  // the same slot: an older generation of the same parity (slots alternate),
+  // or zero (never written). Any other stamp is damage.
+  for (int i = 1; i < 8; i++) {
+    const uint64_t st = stamp_of(*sb, i);
+    if (st != gen && st != 0 && (st > gen || st % 2 != gen % 2))
+      return fail(SlotState::BadChecksum, "sector " + std::to_string(i) + " carries generation " +
+                                              std::to_string(st) +
+                                              ", which no write to this slot could leave");
+  }
+  for (int i = 1; i < 8; i++) {
     if (stamp_of(*sb, i) != gen) {
       r.torn_sector = i;
       return fail(SlotState::Torn, "sector " + std::to_string(i) + " carries generation " +

@@ -50,19 +50,46 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
   // references (A3). Blocks reached as tree nodes must be metadata extents.
   std::unordered_map<uint64_t, uint64_t> expected;
   std::unordered_map<uint64_t, uint16_t> expected_kind;
+  std::unordered_map<uint64_t, uint64_t> expected_len;  // data extents: referenced length
+  auto reach = [&](uint64_t b, uint16_t kind, uint64_t len) {
+    expected[b]++;
+    auto [it, fresh] = expected_kind.try_emplace(b, kind);
+    if (!fresh && it->second != kind)
+      problem("A-double-use", b, "block is used both as a tree node and as file data");
+    if (kind == 2) {
+      auto [lit, first] = expected_len.try_emplace(b, len);
+      if (!first && lit->second != len)
+        problem("A-length", b, "values reference this extent with different lengths");
+    }
+  };
+  // A node's owner is the tree that wrote it: the root and space trees are
+  // never shared, so theirs is their own id; a user tree's node may have been
+  // written by a clone's source or a clone, so any user tree id will do.
+  uint64_t walking = 0;
   auto node_hooks = [&](std::function<void(Key, std::span<const std::byte>)> on_item) {
     WalkHooks h;
-    h.on_node = [&](BlockNo b, int, Generation, uint64_t, bool first) {
-      expected[b.v]++;
-      expected_kind[b.v] = 1;
-      if (first) rep.nodes++;
+    h.on_node = [&](BlockNo b, int, Generation, uint64_t owner, bool first) {
+      reach(b.v, 1, 1);
+      if (!first) return;
+      rep.nodes++;
+      const bool plausible = walking < kFirstTreeId ? owner == walking
+                                                     : owner >= kFirstTreeId && owner < sb.next_tree_id;
+      if (!plausible)
+        problem("B-owner", b.v, "node claims to be written by tree " + std::to_string(owner));
     };
     h.on_item = std::move(on_item);
     return h;
   };
 
+  // Problems found from here on are attributed to the tree being walked.
+  size_t attributed = rep.problems.size();
+  auto attribute = [&](uint64_t tree) {
+    for (; attributed < rep.problems.size(); attributed++) rep.problems[attributed].tree = tree;
+  };
+
   // The root tree, collecting the root records.
   std::vector<TreeInfo> trees;
+  walking = 1;
   check_tree(cache, sb.fs_id, sb.root_tree, sb.generation,
              node_hooks([&](Key k, std::span<const std::byte> v) {
                if (k.lo != 0) {
@@ -98,9 +125,11 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
                trees.push_back(t);
              }),
              memo, rep.problems);
+  attribute(1);
 
   // The space tree, collecting the extents.
   std::map<uint64_t, Extent> extents;
+  walking = 2;
   check_tree(cache, sb.fs_id, sb.space_tree, sb.generation,
              node_hooks([&](Key k, std::span<const std::byte> v) {
                if (v.size() != sizeof(disk::SpaceItem) || k.lo != 0) {
@@ -114,25 +143,29 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
                extents[k.hi] = Extent{it.nblocks.get(), it.refs.get(), it.kind.get()};
              }),
              memo, rep.problems);
+  attribute(2);
 
   // Every tree.
   for (const TreeInfo& t : trees) {
     rep.trees++;
+    if (t.kind != kKindPlain && !opts.kinds.count(t.kind))
+      problem("R-kind", t.root.block.v,
+              "tree " + std::to_string(t.id.v) + " is of kind " + std::to_string(t.kind) +
+                  ", unknown here: the extents its values reference cannot be counted");
     auto kit = opts.kinds.find(t.kind);
     const ValueRefs refs = kit == opts.kinds.end() ? ValueRefs{} : kit->second;
-    std::vector<BlockNo> ext;
+    std::vector<ExtentRef> ext;
+    walking = t.id.v;
     check_tree(cache, sb.fs_id, t.root, sb.generation,
                node_hooks([&](Key k, std::span<const std::byte> v) {
                  rep.items++;
                  if (!refs) return;
                  ext.clear();
                  refs(k, v, ext);
-                 for (BlockNo e : ext) {
-                   expected[e.v]++;
-                   expected_kind[e.v] = 2;
-                 }
+                 for (const ExtentRef& e : ext) reach(e.start.v, 2, e.nblocks);
                }),
                memo, rep.problems);
+    attribute(t.id.v);
   }
 
   // A3, A4: the space tree against what was found.
@@ -164,14 +197,23 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
       problem("A-kind", start, "a tree node's extent is not a one-block metadata extent");
     if (want && expected_kind[start] == 2 && e.kind != 2)
       problem("A-kind", start, "a data extent is recorded as metadata");
+    if (want && expected_kind[start] == 2 && expected_len[start] != e.nblocks)
+      problem("A-length", start, "a value references " + std::to_string(expected_len[start]) +
+                                     " blocks of an extent of " + std::to_string(e.nblocks));
   }
-  if (opts.collect_reachable) {
-    for (const auto& [b, n] : expected) {
-      auto e = extents.find(b);
-      rep.reachable.emplace_back(b, e == extents.end() ? 1 : e->second.nblocks);
-    }
-    std::sort(rep.reachable.begin(), rep.reachable.end());
+  // No two things the trees reach may share a block unless they are the same
+  // extent (shared through a reference count).
+  std::vector<std::pair<uint64_t, uint64_t>> reached;
+  reached.reserve(expected.size());
+  for (const auto& [b, n] : expected) {
+    auto l = expected_len.find(b);
+    reached.emplace_back(b, l == expected_len.end() ? 1 : std::max<uint64_t>(1, l->second));
   }
+  std::sort(reached.begin(), reached.end());
+  for (size_t i = 1; i < reached.size(); i++)
+    if (reached[i - 1].first + reached[i - 1].second > reached[i].first)
+      problem("A-double-use", reached[i].first, "two extents the trees reference overlap");
+  if (opts.collect_reachable) rep.reachable = std::move(reached);
   for (const auto& [b, n] : expected)
     if (!extents.count(b))
       problem("A3-missing", b, "referenced " + std::to_string(n) + " times but free in the space tree");

@@ -1,0 +1,258 @@
+#include "fsck/fsck.h"
+
+#include <algorithm>
+
+#include "fsck/rebuild.h"
+
+namespace plyfs {
+
+using fsck_internal::RebuildPlan;
+
+const char* fix_class_name(FixClass f) {
+  switch (f) {
+    case FixClass::Info: return "info";
+    case FixClass::Preen: return "preen";
+    case FixClass::Yes: return "yes";
+    case FixClass::None: return "none";
+  }
+  return "?";
+}
+
+size_t FsckReport::errors() const {
+  return std::count_if(problems.begin(), problems.end(),
+                       [](const FsckProblem& p) { return p.fix != FixClass::Info; });
+}
+size_t FsckReport::remaining() const {
+  return std::count_if(problems.begin(), problems.end(), [](const FsckProblem& p) {
+    return p.fix != FixClass::Info && !p.fixed;
+  });
+}
+
+namespace {
+
+bool starts(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+// The pass a problem belongs to, and which mode may repair it (fsck.h R2):
+// anything in the space tree is rebuilt (preen); a user tree rebuilt from
+// readable items loses nothing when only its shape is wrong (preen), and
+// loses the items under an unreadable node otherwise (yes); a block with two
+// owners cannot be given to one of them without losing the other (none).
+FsckProblem classify(const Problem& p) {
+  FsckProblem f{p.code, 0, p.block, p.tree, p.message, FixClass::None, false};
+  const std::string& c = p.code;
+  if (starts(c, "B-") || starts(c, "T5") || starts(c, "R-")) f.pass = 2;
+  else if (starts(c, "T")) f.pass = 3;
+  else if (starts(c, "A")) f.pass = 4;
+  else f.pass = 1;
+
+  // An unreadable node loses what is under it; a wrong owner loses nothing.
+  const bool lossy = starts(c, "B-node") || starts(c, "T5") || starts(c, "T1") || starts(c, "T3");
+  if (c == "A-double-use" || c == "R-kind") f.fix = FixClass::None;
+  else if (starts(c, "A")) f.fix = FixClass::Preen;
+  else if (c == "R-id") f.fix = FixClass::Preen;
+  else if (starts(c, "R-")) f.fix = FixClass::Yes;  // the record goes, and its tree with it
+  else if (p.tree == 2) f.fix = FixClass::Preen;   // the space tree is rebuilt anyway
+  else f.fix = lossy ? FixClass::Yes : FixClass::Preen;
+  return f;
+}
+
+// Pass 1: the slots. A torn copy that was not chosen is what a crash during
+// a superblock write leaves behind; the next commit rewrites it (info).
+void check_slots(const SuperChoice& ch, FsckReport& rep) {
+  for (int slot = 0; slot < 2; slot++) {
+    if (slot == ch.slot) continue;
+    const auto& r = ch.reports[slot];
+    const std::string where = "superblock slot " + std::to_string(slot);
+    switch (r.state) {
+      case SlotState::Valid:
+        break;
+      case SlotState::Torn:
+        rep.problems.push_back({"S-cut-short", 1, Error::kNoBlock, 0,
+                                where + " was being written when a commit was cut short (" +
+                                    r.detail + "); the next commit rewrites it",
+                                FixClass::Info, false});
+        break;
+      case SlotState::Empty:
+        rep.problems.push_back({"S-empty", 1, Error::kNoBlock, 0,
+                                where + " was never written; the next commit writes it",
+                                FixClass::Info, false});
+        break;
+      default:
+        rep.problems.push_back({"S-slot", 1, Error::kNoBlock, 0,
+                                where + " is " + slot_state_name(r.state) + ": " + r.detail,
+                                FixClass::Preen, false});
+    }
+  }
+}
+
+std::vector<FsckProblem> check_generation(BlockDevice& dev, const SuperInfo& sb,
+                                          const FsckOptions& opts, VerifyReport* out) {
+  VerifyOptions vo;
+  vo.kinds = opts.kinds;
+  vo.super = sb;
+  auto v = verify_image(dev, vo);
+  std::vector<FsckProblem> ps;
+  if (!v) {
+    ps.push_back({"B-unreadable", 2, Error::kNoBlock, 0, v.error().message(), FixClass::None, false});
+    return ps;
+  }
+  for (const Problem& p : v->problems)
+    if (!starts(p.code, "S-")) ps.push_back(classify(p));
+  if (out) *out = std::move(*v);
+  return ps;
+}
+
+bool cancelled(const FsckOptions& o) { return o.cancel && o.cancel->load(); }
+
+// Trees a repair must rebuild: user trees with damage to their nodes or shape.
+RebuildPlan plan_for(const std::vector<FsckProblem>& ps) {
+  RebuildPlan plan;
+  for (const auto& p : ps)
+    if (p.tree >= kFirstTreeId && (starts(p.code, "B-") || starts(p.code, "T")))
+      plan.rebuild.insert(p.tree);
+  return plan;
+}
+
+}  // namespace
+
+Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
+  FsckReport rep;
+  auto progress = [&](int pass, const char* what) {
+    if (opts.progress) opts.progress(pass, what);
+  };
+
+  progress(1, "superblocks");
+  auto ch = read_superblocks(dev);
+  if (!ch) {
+    if (ch.error().code != EUCLEAN) return ch.error();  // not plyfs, newer version, I/O
+    rep.problems.push_back({"S-both", 1, Error::kNoBlock, 0, ch.error().reason, FixClass::None, false});
+    rep.exit_code = kFsckUncorrected;
+    return rep;
+  }
+  rep.choice = *ch;
+  const SuperInfo& sb = ch->info;
+  rep.checked = sb.generation;
+  rep.total_blocks = sb.total_blocks;
+  if (sb.incompat & ~kIncompatKnown)
+    return Error::io(EOPNOTSUPP, "the filesystem uses incompatible features this fsck does not know");
+  if ((sb.ro_compat & ~kRoCompatKnown) && opts.mode != FsckMode::Check)
+    return Error::io(EROFS, "the filesystem uses features this fsck can only check (use -n)");
+  check_slots(*ch, rep);
+  if (sb.ro_compat & ~kRoCompatKnown)
+    rep.problems.push_back({"S-features", 1, Error::kNoBlock, 0,
+                            "the filesystem uses read-only-compatible features this fsck does "
+                            "not know: it can check, not repair",
+                            FixClass::Info, false});
+  if (ch->fell_back)
+    rep.problems.push_back({"S-recovered", 1, Error::kNoBlock, 0,
+                            "generation " + std::to_string(sb.generation.v) +
+                                " is the newest whole one: the last commit did not complete",
+                            FixClass::Info, false});
+
+  progress(2, "metadata blocks, B-trees and space");
+  VerifyReport vr;
+  auto found = check_generation(dev, sb, opts, &vr);
+  rep.trees = vr.trees;
+  rep.nodes = vr.nodes;
+  rep.items = vr.items;
+  rep.extents = vr.extents;
+  rep.used_blocks = sb.used_blocks;
+  rep.problems.insert(rep.problems.end(), found.begin(), found.end());
+  std::stable_sort(rep.problems.begin(), rep.problems.end(),
+                   [](const FsckProblem& a, const FsckProblem& b) { return a.pass < b.pass; });
+  if (cancelled(opts)) {
+    rep.cancelled = true;
+    rep.exit_code = kFsckCancelled;
+    return rep;
+  }
+
+  // R3: when this generation lost data, an older generation that is whole
+  // is the better repair.
+  const bool lossy = std::any_of(found.begin(), found.end(), [](const FsckProblem& p) {
+    return p.fix == FixClass::Yes || p.fix == FixClass::None;
+  });
+  std::optional<SuperInfo> fallback;
+  const auto& other = ch->reports[1 - ch->slot];
+  if (lossy && other.state == SlotState::Valid && other.info->generation < sb.generation) {
+    progress(2, "the older generation");
+    if (check_generation(dev, *other.info, opts, nullptr).empty()) {
+      fallback = *other.info;
+      rep.problems.push_back({"S-fallback", 1, Error::kNoBlock, 0,
+                              "generation " + std::to_string(sb.generation.v) +
+                                  " is damaged; generation " +
+                                  std::to_string(fallback->generation.v) +
+                                  " in the other superblock is whole and can replace it",
+                              FixClass::Yes, false});
+    }
+  }
+
+  if (rep.errors() == 0) {
+    rep.exit_code = kFsckClean;
+    return rep;
+  }
+  // Decide. Preen repairs only what loses nothing; -y everything that can be.
+  bool repair = false;
+  if (opts.mode == FsckMode::Preen)
+    repair = std::all_of(rep.problems.begin(), rep.problems.end(), [](const FsckProblem& p) {
+      return p.fix == FixClass::Info || p.fix == FixClass::Preen;
+    });
+  else if (opts.mode == FsckMode::Yes)
+    repair = fallback || std::none_of(rep.problems.begin(), rep.problems.end(),
+                                      [](const FsckProblem& p) { return p.fix == FixClass::None; });
+  if (!repair) {
+    rep.exit_code = kFsckUncorrected;
+    return rep;
+  }
+  if (cancelled(opts)) {
+    rep.cancelled = true;
+    rep.exit_code = kFsckCancelled;
+    return rep;
+  }
+
+  progress(5, "repairing");
+  if (fallback) {
+    // The older generation is whole: make it current again under the next
+    // generation number, written over the damaged copy's slot.
+    SuperInfo again = *fallback;
+    again.generation = next(fallback->generation);
+    BlockCache cache(dev, again.block_size, 1 << 20);
+    PLY_CHECK(write_generation(dev, cache, again));
+    rep.written = again.generation;
+    rep.actions.push_back("made generation " + std::to_string(fallback->generation.v) +
+                          " current again as generation " + std::to_string(again.generation.v) +
+                          "; the changes of generation " + std::to_string(sb.generation.v) +
+                          " are lost");
+  } else {
+    auto r = fsck_internal::rebuild_generation(dev, sb, plan_for(found), opts.kinds);
+    if (!r) {
+      rep.actions.push_back("repair refused: " + r.error().message());
+      rep.exit_code = kFsckUncorrected;
+      return rep;
+    }
+    rep.written = r->written;
+    rep.actions.push_back("wrote generation " + std::to_string(r->written.v) +
+                          ": root and space trees rebuilt, " + std::to_string(r->trees_kept) +
+                          " trees kept, " + std::to_string(r->trees_rebuilt) + " rebuilt (" +
+                          std::to_string(r->items_kept) + " items carried over), " +
+                          std::to_string(r->records_dropped) + " damaged root records dropped");
+  }
+
+  // The repaired image must check clean; whatever remains is reported.
+  progress(6, "checking the repair");
+  FsckOptions again = opts;
+  again.mode = FsckMode::Check;
+  again.progress = nullptr;
+  auto after = fsck_run(dev, again);
+  if (!after) return after.error();
+  const bool clean = after->errors() == 0;
+  for (auto& p : rep.problems)
+    if (p.fix != FixClass::Info) p.fixed = clean;
+  if (!clean)
+    for (auto& p : after->problems)
+      if (p.fix != FixClass::Info) rep.problems.push_back(p);
+  rep.used_blocks = after->choice.info.used_blocks;
+  rep.exit_code = clean ? kFsckCorrected : kFsckUncorrected;
+  return rep;
+}
+
+}  // namespace plyfs

@@ -1,0 +1,79 @@
+// fsck: check a whole image and repair it (the fsck.plyfs tool and the crash
+// tests call this; format.md is the reference for every check).
+//
+// Passes (format.md cites the invariants):
+//   1 superblocks: both slots, which is newer, torn sectors, checksums,
+//     fields, feature flags;
+//   2 metadata blocks: every reachable node verifies (checksum, header, own
+//     address, generation not newer than its parent or the superblock,
+//     inside the device); root records;
+//   3 B-tree invariants T1-T5: key order, separators, fill, equal depth;
+//   4 space: reference counts equal the references found by walking every
+//     tree (A3), counters (A4), no block with two owners that do not share it.
+//
+// Repairs write one new generation, built from what is readable (R1-R3):
+//   R1 a repair never writes a block that the generation it repairs reaches:
+//      a crash during the repair leaves the image as it was, and fsck runs
+//      again (format.md#commit, C3);
+//   R2 intact trees are kept node for node; damaged trees are rebuilt from
+//      their readable items; the root and space trees are always rebuilt, so
+//      reference counts and free space are recomputed, never patched;
+//   R3 when the newest generation has lost data and the older superblock's
+//      generation verifies clean, -y falls back to it instead.
+#pragma once
+
+#include <atomic>
+#include <functional>
+
+#include "commit/verify.h"
+
+namespace plyfs {
+
+enum class FsckMode { Check, Preen, Yes };  // -n, -p, -y
+
+// Which mode may fix a problem. Info is not an error.
+enum class FixClass { Info, Preen, Yes, None };
+
+struct FsckProblem {
+  std::string code;
+  int pass = 0;
+  uint64_t block = Error::kNoBlock;
+  uint64_t tree = 0;
+  std::string message;
+  FixClass fix = FixClass::None;
+  bool fixed = false;
+};
+
+struct FsckOptions {
+  FsckMode mode = FsckMode::Check;
+  std::map<uint8_t, ValueRefs> kinds;  // value references per tree kind
+  std::function<void(int pass, const std::string& what)> progress;
+  const std::atomic<bool>* cancel = nullptr;  // checked between passes and before writing
+};
+
+// fsck(8) exit codes.
+inline constexpr int kFsckClean = 0, kFsckCorrected = 1, kFsckUncorrected = 4,
+                     kFsckOperational = 8, kFsckUsage = 16, kFsckCancelled = 32;
+
+struct FsckReport {
+  SuperChoice choice;
+  Generation checked;                 // the generation that was checked
+  std::optional<Generation> written;  // the generation a repair wrote
+  std::vector<FsckProblem> problems;
+  std::vector<std::string> actions;   // what the repair did, one sentence each
+  uint64_t trees = 0, nodes = 0, items = 0, extents = 0;
+  uint64_t used_blocks = 0, total_blocks = 0;
+  int exit_code = kFsckClean;
+  bool cancelled = false;
+
+  size_t errors() const;     // problems that are not Info
+  size_t remaining() const;  // errors not fixed
+};
+
+// Fails only when the image cannot be examined at all (not plyfs, unknown
+// incompatible features, an I/O error on the device): exit code 8.
+Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts);
+
+const char* fix_class_name(FixClass f);
+
+}  // namespace plyfs

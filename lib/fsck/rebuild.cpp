@@ -1,0 +1,166 @@
+#include "fsck/rebuild.h"
+
+#include <ctime>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "alloc/space.h"
+
+namespace plyfs::fsck_internal {
+
+namespace {
+
+// What the walk of the repaired generation finds in use, and what the old
+// generation reaches but the new one does not (held until durable, R1).
+struct Census {
+  std::unordered_map<uint64_t, uint32_t> node_refs;  // node block -> parents and roots
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> data;  // start -> (length, references)
+  std::unordered_set<uint64_t> old_nodes;           // nodes of the old root/space/rebuilt trees
+  std::map<uint64_t, uint64_t> old_data;            // extents the old space tree lists
+};
+
+void count_values(const ValueRefs& refs, Key k, std::span<const std::byte> v,
+                  std::map<uint64_t, std::pair<uint64_t, uint32_t>>& data) {
+  if (!refs) return;
+  std::vector<ExtentRef> ext;
+  refs(k, v, ext);
+  for (const ExtentRef& e : ext) {
+    auto& d = data[e.start.v];
+    d.first = e.nblocks;
+    d.second++;
+  }
+}
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace
+
+Result<RebuildResult> rebuild_generation(BlockDevice& dev, const SuperInfo& base,
+                                         const RebuildPlan& plan,
+                                         const std::map<uint8_t, ValueRefs>& kinds) {
+  RebuildResult res;
+  const Generation g = next(base.generation);
+  BlockCache cache(dev, base.block_size, 256ull << 20);
+  Census c;
+  std::vector<Problem> ignored;  // the check already reported them
+  WalkMemo memo;
+  auto refs_of = [&](uint8_t kind) {
+    auto it = kinds.find(kind);
+    return it == kinds.end() ? ValueRefs{} : it->second;
+  };
+
+  // The old root and space trees: only their records and nodes matter.
+  std::vector<TreeInfo> records;
+  WalkHooks old_meta;
+  old_meta.on_node = [&](BlockNo b, int, Generation, uint64_t, bool) { c.old_nodes.insert(b.v); };
+  old_meta.on_item = [&](Key k, std::span<const std::byte> v) {
+    if (k.lo != 0) return;  // reserved keys are not carried over
+    auto t = decode_root_record(TreeId{k.hi}, v, base, base.generation);
+    if (t && k.hi >= kFirstTreeId) records.push_back(*t);
+    else res.records_dropped++;
+  };
+  check_tree(cache, base.fs_id, base.root_tree, base.generation, old_meta, memo, ignored);
+  // The old space tree lists what the old generation holds, including what
+  // is reachable only through nodes too damaged to read: all of it is held.
+  old_meta.on_item = [&](Key k, std::span<const std::byte> v) {
+    if (v.size() < 8 || k.lo != 0) return;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | static_cast<uint8_t>(v[i]);
+    c.old_data[k.hi] = std::min<uint64_t>(n, SpaceManager::kGroupBlocks);
+  };
+  check_tree(cache, base.fs_id, base.space_tree, base.generation, old_meta, memo, ignored);
+
+  // Kept trees: every node and value they reach is in use, with the
+  // references counted afresh (R2). They share one memo, so that a subtree
+  // shared by clones is entered once and each further parent edge into it
+  // counts one reference (T6). Rebuilt trees are read in full, each alone,
+  // so that shared leaves still give up all their items.
+  std::map<uint64_t, std::map<Key, std::vector<std::byte>>> salvaged;
+  WalkMemo kept_memo;
+  for (int pass = 0; pass < 2; pass++) {
+    for (const TreeInfo& t : records) {
+      const bool rebuild = plan.rebuild.count(t.id.v) > 0;
+      if (rebuild != (pass == 1)) continue;
+      const ValueRefs vr = refs_of(t.kind);
+      WalkHooks h;
+      WalkMemo own;
+      std::vector<Problem> found;
+      if (!rebuild) {
+        h.on_node = [&](BlockNo b, int, Generation, uint64_t, bool) { c.node_refs[b.v]++; };
+        h.on_item = [&](Key k, std::span<const std::byte> v) { count_values(vr, k, v, c.data); };
+        check_tree(cache, base.fs_id, t.root, base.generation, h, kept_memo, found);
+        if (!found.empty())
+          return Error::corrupt(t.root.block.v, "tree " + std::to_string(t.id.v) +
+                                                    " was to be kept but is damaged: " +
+                                                    found.front().message);
+        res.trees_kept++;
+      } else {
+        auto& items = salvaged[t.id.v];
+        h.on_node = [&](BlockNo b, int, Generation, uint64_t, bool) { c.old_nodes.insert(b.v); };
+        h.on_item = [&](Key k, std::span<const std::byte> v) { items[k].assign(v.begin(), v.end()); };
+        check_tree(cache, base.fs_id, t.root, base.generation, h, own, found);
+        res.trees_rebuilt++;
+      }
+    }
+  }
+  for (auto& [id, items] : salvaged) {
+    const TreeInfo* t = nullptr;
+    for (const auto& r : records) if (r.id.v == id) t = &r;
+    for (const auto& [k, v] : items) {
+      count_values(refs_of(t->kind), k, v, c.data);
+      res.items_kept++;
+    }
+  }
+
+  // The new space: claims for what is in use, holds for what only the old
+  // generation reaches (R1).
+  auto sm = SpaceManager::fresh(cache, base.fs_id,
+                                SpaceGeometry{base.first_block, base.total_blocks, base.reserve_blocks});
+  for (const auto& [b, n] : c.node_refs)
+    PLY_CHECK(sm->claim(BlockNo{b}, 1, n, ExtentKind::Meta));
+  for (const auto& [start, d] : c.data)
+    PLY_CHECK(sm->claim(BlockNo{start}, d.first, d.second, ExtentKind::Data));
+  for (uint64_t b : c.old_nodes)
+    if (!c.node_refs.count(b)) PLY_CHECK(sm->hold_free_parts(BlockNo{b}, 1, g));
+  for (const auto& [start, n] : c.old_data) PLY_CHECK(sm->hold_free_parts(BlockNo{start}, n, g));
+
+  // New root tree, new space tree, rebuilt trees: all fresh nodes of g.
+  PLY_CHECK(sm->create_tree(g));
+  MutCtx m{g, sm->unshared(g)};
+  BTree root(cache, base.fs_id, TreeConfig{kRootTreeId, false, Generation{0}, {}},
+             PLY_TRY(BTree::create(cache, base.fs_id, kRootTreeId, m)));
+  uint64_t max_id = 0;
+  for (TreeInfo t : records) {
+    max_id = std::max(max_id, t.id.v);
+    auto s = salvaged.find(t.id.v);
+    if (s != salvaged.end()) {
+      BTree fresh(cache, base.fs_id, TreeConfig{t.id, false, Generation{0}, {}},
+                  PLY_TRY(BTree::create(cache, base.fs_id, t.id, m)));
+      for (const auto& [k, v] : s->second) PLY_CHECK(fresh.put(m, k, v));
+      t.root = fresh.root();
+      t.last_shared = Generation{0};  // nothing shares the fresh nodes
+    }
+    PLY_CHECK(root.put(m, Key{t.id.v, 0}, encode_root_record(t)));
+  }
+  PLY_CHECK(sm->fold(g));
+
+  SuperInfo sb = base;
+  sb.generation = g;
+  sb.root_tree = root.root();
+  sb.space_tree = sm->root();
+  const SpaceCounters cnt = sm->counters();
+  sb.used_blocks = cnt.used_blocks;
+  sb.meta_blocks = cnt.meta_blocks;
+  sb.data_blocks = cnt.data_blocks;
+  sb.next_tree_id = std::max(base.next_tree_id, max_id + 1);
+  sb.commit_time_ns = now_ns();
+  PLY_CHECK(write_generation(dev, cache, sb));
+  res.written = g;
+  return res;
+}
+
+}  // namespace plyfs::fsck_internal

@@ -1,0 +1,166 @@
+#!/bin/bash
+# fsck.plyfs and plyctl as a user runs them: options, exit codes (fsck(8)),
+# messages, --json, damage made with plyctl debug corrupt, fsck -t plyfs.
+# Usage: fsck_cli.sh MKFS FSCK PLYCTL
+set -euo pipefail
+
+MKFS=$1
+FSCK=$2
+CTL=$3
+T=$(mktemp -d "${TMPDIR:-/tmp}/fsck_cli.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$T"' EXIT
+
+fails=0
+check() {  # check "what" command...
+  local what=$1; shift
+  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
+}
+# run PROG ARGS...: exit status in $rc, stdout in $T/out, stderr in $T/err.
+run() {
+  set +e
+  "$@" >"$T/out" 2>"$T/err"
+  rc=$?
+  set -e
+}
+rc_is() { [[ $rc -eq $1 ]] || { echo "  exit status $rc, expected $1"; cat "$T/out" "$T/err"; return 1; }; }
+out_has() { grep -q -- "$1" "$T/out" || { echo "  stdout lacks '$1':"; cat "$T/out"; return 1; }; }
+err_has() { grep -q -- "$1" "$T/err" || { echo "  stderr lacks '$1':"; cat "$T/err"; return 1; }; }
+sum() { sha256sum "$1" | cut -d' ' -f1; }
+fresh() { rm -f "$1"; "$MKFS" -q -s 32M "$1"; }
+json_field() { python3 -c "import json,sys; print(json.load(open('$T/out'))['$1'])"; }
+
+IMG=$T/img
+fresh "$IMG"
+
+# --- usage (exit 16), and what is not a plyfs filesystem (exit 8)
+run "$FSCK"
+check "no device: usage error 16" rc_is 16
+run "$FSCK" -n -y "$IMG"
+check "-n with -y: usage error 16" rc_is 16
+run "$FSCK" -x "$IMG"
+check "unknown option: 16" rc_is 16
+run "$FSCK" "$IMG" "$IMG"
+check "two devices: 16" rc_is 16
+run "$FSCK" -h
+check "-h exits 0" rc_is 0
+run "$FSCK" -V
+check "-V exits 0" rc_is 0
+run "$FSCK" "$T/missing"
+check "a missing image: operational error 8" rc_is 8
+truncate -s 32M "$T/zeros"
+run "$FSCK" "$T/zeros"
+check "not plyfs: 8" rc_is 8
+check "... says so" err_has "no plyfs filesystem found"
+
+# --- a clean image
+run "$FSCK" "$IMG"
+check "a fresh image is clean (0)" rc_is 0
+check "... and says clean" out_has "clean"
+run "$FSCK" -f -C -v "$IMG"
+check "-f -C -v: clean" rc_is 0
+check "-C shows the passes" out_has "pass 2"
+run "$FSCK" --json "$IMG"
+check "--json: clean" rc_is 0
+check "--json is JSON with exit_code 0" test "$(json_field exit_code)" = 0
+check "--json has no problems" test "$(json_field problems)" = "[]"
+before=$(sum "$IMG")
+run "$FSCK" -p "$IMG"
+check "-p on a clean image: 0" rc_is 0
+run "$FSCK" -y "$IMG"
+check "-y on a clean image: 0" rc_is 0
+check "... and writes nothing" test "$(sum "$IMG")" = "$before"
+
+# --- plyctl
+run "$CTL" show "$IMG"
+check "plyctl show" rc_is 0
+check "plyctl show: generation" out_has "Generation   2"
+run "$CTL" show "$IMG" --json
+check "plyctl show --json" test "$(json_field generation)" = 2
+run "$CTL" debug fields node
+check "plyctl debug fields node" out_has "nitems"
+run "$CTL" debug tree "$IMG" space
+check "plyctl debug tree space" rc_is 0
+run "$CTL" debug corrupt "$IMG" nosuch 1 refs --zero
+check "plyctl: unknown structure is a usage error (2)" rc_is 2
+run "$CTL" debug corrupt "$IMG" space-item 48 nosuch --zero
+check "plyctl: unknown field fails (1)" rc_is 1
+check "... and names it" err_has "nosuch"
+run "$CTL" frobnicate
+check "plyctl: unknown command (2)" rc_is 2
+check "plyctl refused changes nothing" test "$(sum "$IMG")" = "$before"
+
+# --- a leak: reference count too high. -n reports, -p repairs, -n is clean.
+run "$CTL" debug corrupt "$IMG" space-item 48 refs --add 1
+check "damage a reference count" rc_is 0
+before=$(sum "$IMG")
+run "$FSCK" -n "$IMG"
+check "-n reports it (4)" rc_is 4
+check "... as A3-refs-high" out_has "A3-refs-high"
+check "-n changed nothing" test "$(sum "$IMG")" = "$before"
+run "$FSCK" -p "$IMG"
+check "-p repairs it (1)" rc_is 1
+check "... and says so" out_has "corrected"
+run "$FSCK" -n "$IMG"
+check "then clean (0)" rc_is 0
+
+# --- a damaged superblock copy: -p rewrites it.
+gen=$("$CTL" show "$IMG" --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d['generation'])")
+other=$(( (gen + 1) % 2 ))
+run "$CTL" debug corrupt "$IMG" superblock $other checksum --flip 3 --keep-checksum
+run "$FSCK" "$IMG"
+check "a bad superblock copy: 4" rc_is 4
+check "... S-slot" out_has "S-slot"
+run "$FSCK" -p "$IMG"
+check "-p rewrites it (1)" rc_is 1
+run "$FSCK" "$IMG"
+check "then clean" rc_is 0
+
+# --- a torn copy, as a crash during a superblock write leaves it: no error.
+gen=$("$CTL" show "$IMG" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['generation'])")
+other=$(( (gen + 1) % 2 ))
+run "$CTL" debug corrupt "$IMG" superblock $other stamp.5 --set $((gen - 3)) --keep-checksum
+run "$FSCK" -v "$IMG"
+check "a torn copy is not an error (0)" rc_is 0
+check "... it is noted" out_has "S-cut-short"
+
+# --- an unreadable node: preen refuses (data would be lost), -y repairs.
+fresh "$IMG"
+root=$("$CTL" debug tree "$IMG" root | sed -n 's/^ *node \([0-9]*\).*/\1/p' | head -1)
+run "$CTL" debug corrupt "$IMG" node "$root" nitems --set 9999
+check "damage the root tree's node" rc_is 0
+run "$FSCK" -p "$IMG"
+check "-p refuses a lossy repair (4)" rc_is 4
+check "... and says to run -y" out_has "RUN fsck.plyfs -y MANUALLY"
+run "$FSCK" -y "$IMG"
+check "-y repairs (1)" rc_is 1
+run "$FSCK" "$IMG"
+check "then clean" rc_is 0
+
+# --- in use by another plyfs program (the lock a mount holds): 8
+fresh "$IMG"
+if command -v flock >/dev/null; then
+  flock -x "$IMG" sleep 30 &
+  sleep 0.3
+  run "$FSCK" "$IMG"
+  check "an image in use: 8" rc_is 8
+  check "... says it is in use" err_has "in use"
+  kill %1 2>/dev/null || true
+  wait 2>/dev/null || true
+fi
+
+# --- through fsck(8)
+if command -v fsck >/dev/null; then
+  fresh "$T/img2"
+  set +e
+  PATH="$(dirname "$FSCK"):$PATH" fsck -t plyfs -n "$T/img2" >"$T/out" 2>"$T/err"
+  rc=$?
+  set -e
+  check "fsck -t plyfs runs fsck.plyfs (0)" rc_is 0
+  check "... and prints its report" out_has "clean"
+fi
+
+if [[ $fails -ne 0 ]]; then
+  echo "$fails check(s) failed"
+  exit 1
+fi
+echo "all checks passed"
