@@ -105,12 +105,13 @@ SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_
     return fail(SlotState::BadChecksum, "sector 0 disagrees with itself: generation " +
                                             std::to_string(gen) + ", stamp " +
                                             std::to_string(stamp_of(*sb, 0)));
-  // A torn slot mixes this write's sectors with those of an earlier write to
-  // the same slot: an older generation of the same parity (slots alternate),
-  // or zero (never written). Any other stamp is damage.
+  // A torn slot mixes the sectors of two writes to the same slot, and either
+  // may have landed sector 0: the other sectors carry a generation of the same
+  // parity (a slot only ever holds one parity), older or newer, or zero (never
+  // written). A stamp of the other parity is damage.
   for (int i = 1; i < 8; i++) {
     const uint64_t st = stamp_of(*sb, i);
-    if (st != gen && st != 0 && (st > gen || st % 2 != gen % 2))
+    if (st != gen && st != 0 && st % 2 != gen % 2)
       return fail(SlotState::BadChecksum, "sector " + std::to_string(i) + " carries generation " +
                                               std::to_string(st) +
                                               ", which no write to this slot could leave");
