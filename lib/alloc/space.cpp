@@ -289,7 +289,7 @@ Result<BlockNo> SpaceManager::alloc_locked(uint64_t nblocks, ExtentKind kind) {
       if (s > es) fm[es] = s - es;
       if (es + el > s + nblocks) fm[s + nblocks] = es + el - (s + nblocks);
       cursor_ = s + nblocks;
-      if (pending_.count(s))
+      if (pending_.count(s) && !early_reuse_)
         return Error::corrupt(s, "allocator handed out an extent with queued changes");
       pending_[s] = Delta{1, nblocks, kind, true};
       pending_size_.store(pending_.size(), std::memory_order_relaxed);
@@ -385,6 +385,10 @@ Result<NodeSpace::Freed> SpaceManager::dec_ref(BlockNo start, Generation gen) {
   pending_size_.store(pending_.size(), std::memory_order_relaxed);
   if (refs > 1) return NodeSpace::Freed::No;
   account_locked(d.kind, -static_cast<int64_t>(d.nblocks));
+  if (early_reuse_) {  // planted bug: handed out again before `gen` is durable
+    free_range_locked(start.v, d.nblocks);
+    return NodeSpace::Freed::Deferred;
+  }
   deferred_[start.v] = d.nblocks;
   deferred_by_gen_[gen.v].emplace_back(start.v, d.nblocks);
   deferred_blocks_ += d.nblocks;
@@ -404,6 +408,10 @@ Result<NodeSpace::Freed> SpaceManager::free_unshared_locked(BlockNo b, Generatio
   d.kind = ExtentKind::Meta;
   d.refs--;
   account_locked(ExtentKind::Meta, -1);
+  if (early_reuse_) {  // planted bug, as in dec_ref
+    free_range_locked(b.v, 1);
+    return NodeSpace::Freed::Deferred;
+  }
   deferred_[b.v] = 1;
   deferred_by_gen_[gen.v].emplace_back(b.v, 1);
   deferred_blocks_ += 1;

@@ -111,6 +111,10 @@ class SpaceManager {
   // them; the Volume commits before this outgrows what the reserve can fold.
   uint64_t pending_changes() const;
 
+  // Planted bug for the crash harness (PlantedBug::ReuseFreedBlock): frees
+  // become allocatable at once, breaking A2.
+  void plant_early_reuse() { early_reuse_ = true; }
+
   RootPtr root() const;
   SpaceCounters counters() const;
   SpaceStats stats() const;
@@ -157,6 +161,7 @@ class SpaceManager {
   std::map<uint64_t, uint64_t> deferred_;        // start -> length, freed not durable
   std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> deferred_by_gen_;
   uint64_t deferred_blocks_ = 0;
+  bool early_reuse_ = false;
 };
 
 }  // namespace plyfs

@@ -124,6 +124,11 @@ bool MemDevice::same_content(const MemDevice& other) const {
   return true;
 }
 
+void MemDevice::peek_into(uint64_t offset, std::span<std::byte> out) const {
+  std::lock_guard lk(mu_);
+  read_locked(offset, out);
+}
+
 uint64_t MemDevice::pages_in_use() const {
   std::lock_guard lk(mu_);
   return pages_.size();

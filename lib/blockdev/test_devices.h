@@ -41,6 +41,7 @@ class MemDevice final : public BlockDevice {
   // Overwrite bytes directly, bypassing the contract (to craft corruption).
   void poke(uint64_t offset, std::span<const std::byte> bytes);
   std::vector<std::byte> peek(uint64_t offset, size_t len) const;
+  void peek_into(uint64_t offset, std::span<std::byte> out) const;
   // Same bytes everywhere (unwritten pages read as zeroes on both sides).
   bool same_content(const MemDevice& other) const;
   uint64_t pages_in_use() const;

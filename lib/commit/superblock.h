@@ -70,6 +70,8 @@ struct SuperChoice {
   SlotReport reports[2];
 };
 // Reads both slots and picks the valid one with the higher generation.
-Result<SuperChoice> read_superblocks(BlockDevice& dev);
+// trust_torn is a planted bug for the crash harness's self-test (it accepts
+// a slot whose stamps or checksum are wrong); never set it otherwise.
+Result<SuperChoice> read_superblocks(BlockDevice& dev, bool trust_torn = false);
 
 }  // namespace plyfs

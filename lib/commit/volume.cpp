@@ -69,10 +69,11 @@ Result<TreeInfo> decode_root_record(TreeId id, std::span<const std::byte> v, con
 namespace {
 
 Result<void> write_generation_to(BlockDevice& dev, BlockCache& cache,
-                                 const std::vector<BlockCache::Ref>& dirty, const SuperInfo& sb) {
+                                 const std::vector<BlockCache::Ref>& dirty, const SuperInfo& sb,
+                                 PlantedBug bug = PlantedBug::None) {
   // C1: every node of the generation, then a flush, before its superblock.
   PLY_CHECK(cache.write_back(dirty));
-  PLY_CHECK(dev.flush());
+  if (bug != PlantedBug::NoFlushBeforeSuper) PLY_CHECK(dev.flush());
   // C2: the slot that does not hold the newest durable superblock.
   const auto bytes = encode_superblock(sb);
   PLY_CHECK(dev.write(disk::kSuperOffset[sb.generation.v % 2], bytes));
@@ -204,8 +205,16 @@ Result<SuperInfo> Volume::format(BlockDevice& dev, const FormatOptions& o) {
 Volume::Volume(BlockDevice& dev, VolumeOptions opts) : dev_(dev), opts_(std::move(opts)) {}
 
 Result<std::unique_ptr<Volume>> Volume::open(BlockDevice& dev, VolumeOptions opts) {
-  SuperChoice choice = PLY_TRY(read_superblocks(dev));
+  SuperChoice choice =
+      PLY_TRY(read_superblocks(dev, opts.planted_bug == PlantedBug::TrustTornSuper));
   const SuperInfo& s = choice.info;
+  // A copy that cannot be read may hold a newer generation: writing would
+  // overwrite it and reuse its blocks, turning a read error into a rollback.
+  for (int slot = 0; slot < 2; slot++)
+    if (choice.reports[slot].state == SlotState::Unreadable && !opts.read_only)
+      return Error::io(EIO, "superblock slot " + std::to_string(slot) +
+                                " cannot be read (" + choice.reports[slot].detail +
+                                "); open read-only, or let fsck.plyfs -y rewrite it");
   if (s.incompat & ~kIncompatKnown)
     return Error::io(EOPNOTSUPP, "the filesystem uses incompatible features this build lacks");
   if ((s.ro_compat & ~kRoCompatKnown) && !opts.read_only)
@@ -222,6 +231,7 @@ Result<std::unique_ptr<Volume>> Volume::open(BlockDevice& dev, VolumeOptions opt
       s.space_tree, SpaceCounters{s.used_blocks, s.meta_blocks, s.data_blocks});
   v->root_tree_ = std::make_unique<BTree>(
       *v->cache_, s.fs_id, TreeConfig{kRootTreeId, false, Generation{0}, {}}, s.root_tree);
+  if (v->opts_.planted_bug == PlantedBug::ReuseFreedBlock) v->space_->plant_early_reuse();
   // Read both roots now, so that a damaged root shows at open, not later.
   (void)PLY_TRY(v->root_tree_->contains(Key{}));
   (void)PLY_TRY(v->space_->tree().contains(Key{}));
@@ -363,7 +373,7 @@ Result<void> Volume::freeze(Generation g, std::vector<BlockCache::Ref>& dirty, S
 
 Result<void> Volume::write_generation(const std::vector<BlockCache::Ref>& dirty,
                                       const SuperInfo& sb) {
-  return write_generation_to(dev_, *cache_, dirty, sb);
+  return write_generation_to(dev_, *cache_, dirty, sb, opts_.planted_bug);
 }
 
 Result<Generation> Volume::commit() {

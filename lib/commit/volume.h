@@ -59,12 +59,22 @@ struct FormatOptions {
   uint64_t time_ns = 0;            // 0: now
 };
 
+// Deliberate bugs for the crash harness's self-test (tests/crash): each must
+// be caught. Never set outside tests.
+enum class PlantedBug : uint8_t {
+  None,
+  NoFlushBeforeSuper,  // breaks C1: the superblock may land before its nodes
+  ReuseFreedBlock,     // breaks A2/C3: freed blocks are handed out at once
+  TrustTornSuper,      // breaks recovery: a torn superblock is accepted
+};
+
 struct VolumeOptions {
   bool read_only = false;
   uint64_t cache_bytes = 256ull << 20;
   uint32_t commit_interval_ms = 0;  // periodic commits; 0: none
   uint64_t dirty_limit_bytes = 0;   // commit when this much metadata is dirty; 0: none
   std::map<uint8_t, ValueRefs> kinds;  // what the values of each tree kind reference
+  PlantedBug planted_bug = PlantedBug::None;
 };
 
 

@@ -56,8 +56,12 @@ FsckProblem classify(const Problem& p) {
   return f;
 }
 
-// Pass 1: the slots. A torn copy that was not chosen is what a crash during
-// a superblock write leaves behind; the next commit rewrites it (info).
+// Pass 1: the slots. The copy that was not chosen is where the next commit
+// writes; a crash during a superblock write leaves it torn, or, on devices
+// that write garbage or lose sectors when the power fails, with a bad
+// checksum, no magic or unreadable sectors: information, not an error. Only
+// a copy whose checksum is right but whose fields are wrong cannot come from
+// a crash: it was damaged, or written by a broken program.
 void check_slots(const SuperChoice& ch, FsckReport& rep) {
   for (int slot = 0; slot < 2; slot++) {
     if (slot == ch.slot) continue;
@@ -66,21 +70,30 @@ void check_slots(const SuperChoice& ch, FsckReport& rep) {
     switch (r.state) {
       case SlotState::Valid:
         break;
-      case SlotState::Torn:
-        rep.problems.push_back({"S-cut-short", 1, Error::kNoBlock, 0,
-                                where + " was being written when a commit was cut short (" +
-                                    r.detail + "); the next commit rewrites it",
-                                FixClass::Info, false});
-        break;
       case SlotState::Empty:
         rep.problems.push_back({"S-empty", 1, Error::kNoBlock, 0,
                                 where + " was never written; the next commit writes it",
                                 FixClass::Info, false});
         break;
-      default:
+      case SlotState::BadFields:
         rep.problems.push_back({"S-slot", 1, Error::kNoBlock, 0,
-                                where + " is " + slot_state_name(r.state) + ": " + r.detail,
+                                where + " has a right checksum but wrong fields: " + r.detail,
                                 FixClass::Preen, false});
+        break;
+      case SlotState::Unreadable:
+        // It may hold a newer generation than the one in use; rewriting it
+        // gives that up, so only -y does (a read-write open refuses it).
+        rep.problems.push_back({"S-unreadable", 1, Error::kNoBlock, 0,
+                                where + " cannot be read (" + r.detail +
+                                    "); a newer generation there would be lost; -y rewrites it",
+                                FixClass::Yes, false});
+        break;
+      default:
+        rep.problems.push_back({"S-cut-short", 1, Error::kNoBlock, 0,
+                                where + " is " + slot_state_name(r.state) + " (" + r.detail +
+                                    "), as a commit cut short leaves it; the next commit "
+                                    "rewrites it",
+                                FixClass::Info, false});
     }
   }
 }

@@ -107,8 +107,12 @@ check "then clean (0)" rc_is 0
 gen=$("$CTL" show "$IMG" --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d['generation'])")
 other=$(( (gen + 1) % 2 ))
 run "$CTL" debug corrupt "$IMG" superblock $other checksum --flip 3 --keep-checksum
+run "$FSCK" -v "$IMG"
+check "a copy with a bad checksum is what a cut-short commit leaves (0)" rc_is 0
+check "... noted" out_has "S-cut-short"
+run "$CTL" debug corrupt "$IMG" superblock $other block_size --set 3000
 run "$FSCK" "$IMG"
-check "a bad superblock copy: 4" rc_is 4
+check "a copy with a right checksum but a wrong field: 4" rc_is 4
 check "... S-slot" out_has "S-slot"
 run "$FSCK" -p "$IMG"
 check "-p rewrites it (1)" rc_is 1

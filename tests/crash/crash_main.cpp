@@ -1,0 +1,343 @@
+// The crash-injection and fault-injection harness (issue 4, docs/testing.md).
+//
+//   crash_tests [--budget-s S] [--states N] [--min-states N] [--seed S]
+//               [--only 'WORKLOAD/STATE'] [--self-test] [--verbose]
+//
+// Runs the suites in order (bounded ACE sequences, targeted scenarios, crashes
+// during fsck repair and mkfs, fault-injection loops, long random workloads)
+// until every suite is done or the budget is spent, checks every recorded log
+// with the protocol checkers and every enumerated crash state with the
+// oracle, and prints the count. Fails when any check fails or fewer than
+// --min-states states were checked. --self-test instead runs with each
+// planted bug and fails unless every one is caught.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "fsck/corrupt.h"
+#include "fsck/fsck.h"
+#include "harness.h"
+#include "suites.h"
+
+using namespace plyfs;
+using namespace plyfs::crash;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  double budget_s = 300;
+  uint64_t states = ~0ull;
+  uint64_t min_states = 0;
+  uint64_t seed = 0;
+  bool seed_given = false;
+  std::string only;
+  bool self_test = false, verbose = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; i++) {
+    std::string s = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "crash_tests: %s needs a value\n", s.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (s == "--budget-s") a.budget_s = std::stod(val());
+    else if (s == "--states") a.states = std::stoull(val());
+    else if (s == "--min-states") a.min_states = std::stoull(val());
+    else if (s == "--seed") a.seed = std::stoull(val()), a.seed_given = true;
+    else if (s == "--only") a.only = val();
+    else if (s == "--self-test") a.self_test = true;
+    else if (s == "--verbose") a.verbose = true;
+    else {
+      std::fprintf(stderr, "crash_tests: unknown option %s\n", s.c_str());
+      std::exit(2);
+    }
+  }
+  if (!a.seed_given) a.seed = std::random_device{}();
+  return a;
+}
+
+struct Driver {
+  Args args;
+  Totals t;
+  Clock::time_point start = Clock::now();
+  std::map<std::string, uint64_t> per_suite;
+
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
+  bool spent() const { return elapsed() > args.budget_s || t.states >= args.states; }
+
+  // Records and checks one workload; with --only, just the named state.
+  void run(const Workload& w, const Sampling& s, const std::string& suite,
+           const FaultDevice::Rule* fault = nullptr, bool require_clean_run = true) {
+    std::string only_state;
+    if (!args.only.empty()) {
+      const auto slash = args.only.rfind('/', args.only.find(':'));
+      if (args.only.substr(0, slash) != w.id) return;
+      only_state = args.only.substr(slash + 1);
+    }
+    Run run = record(w, fault);
+    const uint64_t before = t.states;
+    if (!run.error.empty() && require_clean_run && !(fault && run.fault_fired))
+      t.add_failure("WORKLOAD", w.id + ": " + run.error);
+    // An injected fault reaches the caller as a clean error: the device's own
+    // EIO or ENOSPC, or EROFS once a failed commit turned the volume read-only.
+    if (fault && run.fault_fired && !run.error.empty() && run.error_code != EIO &&
+        run.error_code != ENOSPC && run.error_code != EROFS)
+      t.add_failure("FAULT_ERROR", w.id + ": an injected fault surfaced as " + run.error);
+    if (run.failed_writable)
+      t.add_failure("C5", w.id + ": a commit failed and the volume stayed writable");
+    check_run(w, run, s, args.seed ^ std::hash<std::string>{}(w.id), t, only_state, args.verbose);
+    per_suite[suite] += t.states - before;
+  }
+};
+
+// A crash during fsck -y: every state is the damaged image, still reported
+// as damaged, or the repaired one, clean; never anything else.
+void fsck_repair_suite(Driver& d, const Sampling& s) {
+  for (int variant = 0; variant < 3; variant++) {
+    Workload base_w;
+    base_w.id = "fsck-repair/" + std::to_string(variant);
+    base_w.setup = ace_setup();
+    Run base = record(base_w);
+    auto dev = base.log.base->clone();
+    auto ch = read_superblocks(*dev);
+    if (!ch) {
+      d.t.add_failure("SETUP", "fsck-repair: " + ch.error().message());
+      return;
+    }
+    // Three kinds of damage: a leak, a wrong owner, an unreadable leaf.
+    CorruptTarget target;
+    CorruptAction act;
+    if (variant == 0) target = {CorruptStruct::SpaceItem, -1, ch->info.root_tree.block.v, "refs"},
+                      act = {Damage::Add, 1, 0, true};
+    if (variant == 1) target = {CorruptStruct::Node, -1, ch->info.root_tree.block.v, "owner"},
+                      act = {Damage::Set, 2, 0, true};
+    if (variant == 2) {
+      VerifyOptions vo;
+      vo.kinds = kinds();
+      vo.collect_reachable = true;
+      auto rep = verify_image(*dev, vo);
+      uint64_t leaf = rep ? rep->reachable.back().first : 0;
+      target = {CorruptStruct::Node, -1, leaf, "nitems"};
+      act = {Damage::Set, 9999, 0, true};
+    }
+    if (!corrupt(*dev, target, act)) continue;
+    const uint64_t damaged_gen = ch->info.generation.v;
+    Run run;
+    run.log.base = dev->clone();
+    run.log.sector = 512;
+    run.base_gen = damaged_gen;
+    RecordingDevice rec(*dev);
+    FsckOptions fo;
+    fo.mode = FsckMode::Yes;
+    fo.kinds = kinds();
+    auto fixed = fsck_run(rec, fo);
+    run.log.entries = rec.log();
+    run.log.index();
+    if (!fixed || fixed->exit_code != kFsckCorrected) {
+      d.t.add_failure("FSCK", base_w.id + ": the repair itself did not succeed");
+      continue;
+    }
+    const uint64_t repaired_gen = fixed->written->v;
+    auto oracle = [&](const Spec& spec, bool) -> std::string {
+      StateDevice sd(run.log, spec, 7);
+      FsckOptions check;
+      check.kinds = kinds();
+      auto r = fsck_run(sd, check);
+      if (!r) return "UNMOUNTABLE: " + r.error().message();
+      const uint64_t g = r->checked.v;
+      if (g == damaged_gen && r->exit_code == kFsckUncorrected) return "";
+      if (g == repaired_gen && r->exit_code == kFsckClean) return "";
+      return "FSCK_REPAIR_STATE: generation " + std::to_string(g) + " with fsck exit " +
+             std::to_string(r->exit_code) + " is neither the damage nor the repair";
+    };
+    const uint64_t before = d.t.states;
+    check_run(base_w, run, s, d.args.seed, d.t, "", d.args.verbose, oracle, false);
+    d.per_suite["fsck-repair"] += d.t.states - before;
+  }
+}
+
+// A crash during mkfs over an older plyfs filesystem: every state is the old
+// filesystem, whole, or no filesystem, or the new empty one; never a mix.
+void mkfs_suite(Driver& d, const Sampling& s) {
+  Workload old_w;
+  old_w.id = "mkfs/over-old";
+  old_w.setup = ace_setup();
+  Run old = record(old_w);
+  auto dev = old.log.base->clone();
+  const auto old_uuid = read_superblocks(*dev)->info.uuid;
+  const Model old_model = old.model_at.at(old.base_gen);
+  Run run;
+  run.log.base = dev->clone();
+  run.log.sector = 512;
+  RecordingDevice rec(*dev);
+  FormatOptions fo;
+  fo.uuid = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9};
+  if (!Volume::format(rec, fo)) {
+    d.t.add_failure("MKFS", "mkfs failed");
+    return;
+  }
+  run.log.entries = rec.log();
+  run.log.index();
+  auto oracle = [&](const Spec& spec, bool) -> std::string {
+    StateDevice sd(run.log, spec, 3);
+    VolumeOptions vo;
+    vo.read_only = true;
+    vo.kinds = kinds();
+    auto vol = Volume::open(sd, vo);
+    if (!vol) {
+      if (vol.error().code == EINVAL) return "";  // no filesystem at all
+      return "MKFS_STATE: " + vol.error().message();
+    }
+    const SuperInfo sb = (*vol)->super();
+    auto got = dump(**vol);
+    if (!got) return "MKFS_STATE: unreadable: " + got.error().message();
+    vol->reset();
+    if (auto err = fsck_after_crash(sd); !err.empty()) return "MKFS_STATE: " + err;
+    // The wipe of both superblock slots may land in part: the old
+    // filesystem then shows an older generation of its own (mkfs's empty
+    // one), whole; never anything in between.
+    if (sb.uuid == old_uuid)
+      return *got == old_model || got->trees.empty() ? "" : "MKFS_STATE: the old filesystem changed";
+    if (sb.uuid == fo.uuid) return got->trees.empty() ? "" : "MKFS_STATE: the new filesystem is not empty";
+    return "MKFS_STATE: a filesystem that is neither old nor new";
+  };
+  const uint64_t before = d.t.states;
+  check_run(old_w, run, s, d.args.seed, d.t, "", d.args.verbose, oracle, false);
+  d.per_suite["mkfs"] += d.t.states - before;
+}
+
+// SQLite-style fault loops: fail the k-th read, write or flush, once or from
+// then on, or with ENOSPC or a short write, for k = 1, 2, ... until the run
+// no longer meets the fault; every run's crash states go through the oracle.
+void fault_suite(Driver& d, const std::vector<Workload>& ws, Sampling s) {
+  s.faults = true;
+  using F = FaultDevice;
+  const F::Rule modes[] = {
+      {F::Op::Write, 1, false, F::Kind::Eio, 1},   {F::Op::Write, 1, true, F::Kind::Eio, 1},
+      {F::Op::Write, 1, false, F::Kind::Torn, 7},  {F::Op::Write, 1, false, F::Kind::Short, 0},
+      {F::Op::Write, 1, false, F::Kind::Enospc, 0}, {F::Op::Flush, 1, false, F::Kind::Eio, 0},
+      {F::Op::Flush, 1, true, F::Kind::Eio, 0},    {F::Op::Read, 1, false, F::Kind::Eio, 0},
+  };
+  for (const Workload& w : ws)
+    for (F::Rule m : modes)
+      for (uint64_t k = 1; k < 64 && !d.spent(); k++) {
+        m.nth = k;
+        Workload fw = w;
+        fw.id = w.id + "/fault-" + std::to_string(int(m.op)) + "-" + std::to_string(int(m.kind)) +
+                (m.sticky ? "s" : "") + "-" + std::to_string(k);
+        const uint64_t failed = d.t.failed;
+        d.run(fw, s, "faults", &m, false);
+        if (d.t.failed != failed) break;
+        // The loop ends once the k-th matching call is beyond the workload.
+        Run probe = record(fw, &m);
+        if (!probe.fault_fired) break;
+      }
+}
+
+int self_test(Driver& d) {
+  // Each planted bug must be caught by something: a protocol checker or the
+  // oracle on some crash state.
+  const std::pair<PlantedBug, const char*> bugs[] = {
+      {PlantedBug::NoFlushBeforeSuper, "no flush before the superblock"},
+      {PlantedBug::ReuseFreedBlock, "reuse of a block freed in the current generation"},
+      {PlantedBug::TrustTornSuper, "acceptance of a torn superblock"},
+  };
+  Sampling s;
+  int missed = 0;
+  for (const auto& [bug, name] : bugs) {
+    Totals t;
+    std::vector<Workload> ws = ace(1, d.args.seed, 0);
+    for (auto& extra : scenarios()) ws.push_back(extra);
+    for (Workload w : ws) {
+      w.bug = bug;
+      Run run = record(w);
+      check_run(w, run, s, d.args.seed, t);
+    }
+    std::printf("planted bug: %-52s %s (%llu of %llu states failed; %s)\n", name,
+                t.failed ? "CAUGHT" : "MISSED", (unsigned long long)t.failed,
+                (unsigned long long)t.states,
+                t.failure_classes.empty() ? "-" : [&] {
+                  std::string c;
+                  for (const auto& x : t.failure_classes) c += (c.empty() ? "" : ", ") + x;
+                  return c;
+                }().c_str());
+    if (!t.failed) missed++;
+  }
+  std::printf("%d passed, %d failed\n", 3 - missed, missed);
+  return missed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Driver d;
+  d.args = parse(argc, argv);
+  std::printf("crash_tests: seed %llu (rerun with --seed %llu), budget %.0f s\n",
+              (unsigned long long)d.args.seed, (unsigned long long)d.args.seed, d.args.budget_s);
+  if (d.args.self_test) return self_test(d);
+
+  Sampling full;                    // exhaustive tiers
+  Sampling light = full;            // sampled tiers for long logs
+  light.t1 = 0.25;
+  light.t3 = 0.1;
+  light.tears_per_write = 2;
+  light.random_subsets = 4;
+  light.write_checks = 1.0 / 32;
+
+  for (const Workload& w : ace(1, d.args.seed, 0)) d.run(w, full, "ace1");
+  for (const Workload& w : scenarios()) d.run(w, light, "scenarios");
+  if (d.args.only.empty()) {
+    fsck_repair_suite(d, full);
+    mkfs_suite(d, full);
+  }
+  if (d.args.only.empty() || d.args.only.find("/fault-") != std::string::npos) {
+    std::vector<Workload> faulty = ace(1, d.args.seed, 0);
+    faulty.resize(4);
+    fault_suite(d, faulty, light);
+  }
+  for (const Workload& w : ace(2, d.args.seed, 0)) {
+    if (d.spent()) break;
+    d.run(w, full, "ace2");
+  }
+  for (uint64_t i = 0; !d.spent() && (d.args.only.empty() || d.args.only.rfind("random/", 0) == 0); i++) {
+    const uint64_t seed = d.args.seed + i;
+    if (!d.args.only.empty() && d.args.only.rfind("random/" + std::to_string(seed) + "/", 0) != 0) {
+      if (i > 100000) break;
+      continue;
+    }
+    d.run(random_workload(seed, 300), light, "random");
+    if (i % 4 == 3 && !d.spent())
+      for (const Workload& w : ace(3, seed, 8)) d.run(w, full, "ace3");
+  }
+
+  std::printf("crash_tests: %llu states (T0 %llu / T1 %llu / T2 %llu / T3 %llu / T4 %llu) from "
+              "%llu workloads, %llu logs through the protocol checkers, %llu failed, %.0f s\n",
+              (unsigned long long)d.t.states, (unsigned long long)d.t.by_tier[0],
+              (unsigned long long)d.t.by_tier[1], (unsigned long long)d.t.by_tier[2],
+              (unsigned long long)d.t.by_tier[3], (unsigned long long)d.t.by_tier[4],
+              (unsigned long long)d.t.workloads,
+              (unsigned long long)d.t.logs_checked, (unsigned long long)d.t.failed, d.elapsed());
+  for (const auto& [suite, n] : d.per_suite)
+    std::printf("  %-12s %llu states\n", suite.c_str(), (unsigned long long)n);
+  for (const auto& r : d.t.reproducers) std::printf("FAIL %s\n", r.c_str());
+  if (!d.args.only.empty() && d.t.states == 0) {
+    std::printf("FAIL: no crash state matches --only '%s'\n", d.args.only.c_str());
+    d.t.failed++;
+  }
+  const bool enough = d.t.states >= d.args.min_states;
+  if (!enough)
+    std::printf("FAIL: %llu states is below the required %llu\n", (unsigned long long)d.t.states,
+                (unsigned long long)d.args.min_states);
+  const bool pass = d.t.failed == 0 && enough;
+  std::printf("%d passed, %d failed\n", pass ? 1 : 0, pass ? 0 : 1);
+  return pass ? 0 : 1;
+}

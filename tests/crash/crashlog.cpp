@@ -1,0 +1,133 @@
+#include "crashlog.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "commit/disk_superblock.h"
+
+namespace plyfs::crash {
+
+void Log::index() {
+  writes.clear();
+  flushes.clear();
+  supers.clear();
+  by_sector.clear();
+  first_failed_flush = entries.size();
+  for (size_t i = 0; i < entries.size(); i++) {
+    const Entry& e = entries[i];
+    if (e.kind == Kind::FlushFailed && first_failed_flush == entries.size()) first_failed_flush = i;
+    // D4: after a failed flush, no later flush makes its writes durable.
+    if (e.kind == Kind::Flush && i < first_failed_flush) flushes.push_back(i);
+    if (!is_write(i)) continue;
+    writes.push_back(i);
+    for (uint64_t s = e.offset / sector; s < (e.offset + e.length) / sector; s++)
+      by_sector[s].push_back(static_cast<uint32_t>(i));
+    // Commit points come from the bytes written at the superblock offsets.
+    for (int slot = 0; slot < 2; slot++)
+      if (e.offset == disk::kSuperOffset[slot] && e.length == disk::kSuperSize && e.data) {
+        const auto* sb = reinterpret_cast<const disk::Superblock*>(e.data->data());
+        supers.push_back(SuperWrite{i, slot, sb->s0.generation.get()});
+      }
+  }
+}
+
+long Log::last_flush_before(size_t crash_at) const {
+  auto it = std::lower_bound(flushes.begin(), flushes.end(), crash_at);
+  return it == flushes.begin() ? -1 : static_cast<long>(*std::prev(it));
+}
+
+uint64_t Log::gen_lo(size_t crash_at, uint64_t base_gen) const {
+  const long f = last_flush_before(crash_at);
+  uint64_t g = base_gen;
+  for (const auto& s : supers)
+    if (static_cast<long>(s.pos) < f && s.gen > g) g = s.gen;
+  return g;
+}
+
+uint64_t Log::gen_hi(size_t crash_at, uint64_t base_gen) const {
+  uint64_t g = base_gen;
+  for (const auto& s : supers)
+    if (s.pos < crash_at && s.gen > g) g = s.gen;
+  return g;
+}
+
+std::string Spec::id() const {
+  std::string s = tier + ":at=" + std::to_string(crash_at) + ":keep=";
+  for (size_t i = 0; i < kept.size(); i++) {
+    if (i) s += ',';
+    s += std::to_string(kept[i]);
+  }
+  if (tear) {
+    s += ":tear=";
+    for (bool b : *tear) s += b ? '1' : '0';
+    s += lost == Lost::Old ? "/old" : lost == Lost::Garbage ? "/garbage" : "/eio";
+  }
+  return s;
+}
+
+StateDevice::StateDevice(const Log& log, Spec spec, uint64_t garbage_seed)
+    : log_(log), spec_(std::move(spec)), seed_(garbage_seed) {
+  open_start_ = static_cast<size_t>(log_.last_flush_before(spec_.crash_at) + 1);
+  kept_mask_.assign(log_.entries.size(), 0);
+  for (size_t p : spec_.kept) kept_mask_[p] = 1;
+}
+
+Result<void> StateDevice::read_sector(uint64_t sector, std::byte* out) {
+  const uint32_t ss = log_.sector;
+  if (auto o = overlay_.find(sector); o != overlay_.end()) {
+    std::memcpy(out, o->second.data(), ss);
+    return ok();
+  }
+  auto it = log_.by_sector.find(sector);
+  if (it != log_.by_sector.end()) {
+    const auto& positions = it->second;
+    // The newest write to this sector that is in the state: kept writes of
+    // the open set first, then the last durable one.
+    auto end = std::lower_bound(positions.begin(), positions.end(),
+                                static_cast<uint32_t>(spec_.crash_at));
+    for (auto p = end; p != positions.begin();) {
+      --p;
+      const size_t pos = *p;
+      if (pos >= open_start_ && !kept_mask_[pos]) continue;
+      const Entry& e = log_.entries[pos];
+      const uint64_t idx = sector - e.offset / ss;  // sector within the write
+      if (pos >= open_start_ && spec_.tear && !spec_.kept.empty() && pos == spec_.kept.back() &&
+          !(*spec_.tear)[idx]) {
+        if (spec_.lost == Lost::Unreadable)
+          return Error::io(EIO, "crash state: unreadable torn sector " + std::to_string(sector));
+        if (spec_.lost == Lost::Garbage) {
+          std::mt19937_64 rng(seed_ ^ (sector * 0x9e3779b97f4a7c15ull));
+          for (uint32_t i = 0; i < ss; i += 8) {
+            uint64_t v = rng();
+            std::memcpy(out + i, &v, std::min<uint32_t>(8, ss - i));
+          }
+          return ok();
+        }
+        continue;  // Old: what was there before this write
+      }
+      std::memcpy(out, e.data->data() + idx * ss, ss);
+      return ok();
+    }
+  }
+  log_.base->peek_into(sector * ss, std::span<std::byte>(out, ss));
+  return ok();
+}
+
+Result<void> StateDevice::read(uint64_t offset, std::span<std::byte> out) {
+  PLY_CHECK(check_range(*this, offset, out.size()));
+  const uint32_t ss = log_.sector;
+  for (uint64_t i = 0; i < out.size(); i += ss) PLY_CHECK(read_sector((offset + i) / ss, out.data() + i));
+  return ok();
+}
+
+Result<void> StateDevice::write(uint64_t offset, std::span<const std::byte> in) {
+  PLY_CHECK(check_range(*this, offset, in.size()));
+  const uint32_t ss = log_.sector;
+  for (uint64_t i = 0; i < in.size(); i += ss)
+    overlay_[(offset + i) / ss].assign(in.begin() + i, in.begin() + i + ss);
+  overlay_writes_++;
+  return ok();
+}
+
+}  // namespace plyfs::crash

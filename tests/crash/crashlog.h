@@ -1,0 +1,98 @@
+// Recorded logs and the crash states built from them (docs/testing.md).
+//
+// A crash state is the base image plus: every write before the last
+// successful flush before the crash point (durable, D3), and a chosen subset
+// of the writes after it (D2), the last of which may be torn at sector
+// granularity (D1), its lost sectors old, garbage or unreadable. A flush that
+// failed closes nothing: the writes it covered stay in the open set (D4).
+// States are never copied images: reads resolve through the log.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "blockdev/test_devices.h"
+
+namespace plyfs::crash {
+
+using Entry = RecordingDevice::Entry;
+using Kind = RecordingDevice::Kind;
+
+struct SuperWrite {
+  size_t pos;       // index in the log
+  int slot;
+  uint64_t gen;     // parsed from the written bytes, not reported by a hook
+};
+
+struct Log {
+  std::unique_ptr<MemDevice> base;  // the image when recording began
+  std::vector<Entry> entries;
+  uint32_t sector = 512;
+  uint32_t block_size = 4096;
+
+  // Derived by index():
+  std::vector<size_t> writes;         // positions of Write and WriteFailed entries
+  std::vector<size_t> flushes;        // successful flushes that close an epoch
+  size_t first_failed_flush = 0;      // entries.size() if none
+  std::vector<SuperWrite> supers;     // superblock writes, in order
+  std::unordered_map<uint64_t, std::vector<uint32_t>> by_sector;  // sector -> write positions
+  void index();
+
+  bool is_write(size_t pos) const {
+    return entries[pos].kind == Kind::Write || entries[pos].kind == Kind::WriteFailed;
+  }
+  // The last successful flush before `crash_at` (exclusive), or -1.
+  long last_flush_before(size_t crash_at) const;
+  // Commit points as the state at crash_at allows them: the newest
+  // generation surely durable (its superblock write and a flush after it
+  // happened), and the newest one whose superblock write happened at all.
+  uint64_t gen_lo(size_t crash_at, uint64_t base_gen) const;
+  uint64_t gen_hi(size_t crash_at, uint64_t base_gen) const;
+};
+
+enum class Lost : uint8_t { Old, Garbage, Unreadable };
+
+struct Spec {
+  size_t crash_at = 0;              // entries [0, crash_at) happened
+  std::vector<size_t> kept;         // open-set write positions that reached the disk
+  // The last kept write may be torn: sectors with a 1 bit in `tear` are new,
+  // the others `lost`.
+  std::optional<std::vector<bool>> tear;
+  Lost lost = Lost::Old;
+  std::string tier;                 // T0..T4
+  std::string id() const;
+};
+
+// A device showing one crash state. Writes after the crash (recovery, fsck,
+// the write checks) go to a private overlay, so the log stays untouched.
+class StateDevice final : public BlockDevice {
+ public:
+  StateDevice(const Log& log, Spec spec, uint64_t garbage_seed);
+  Result<void> read(uint64_t offset, std::span<std::byte> out) override;
+  Result<void> write(uint64_t offset, std::span<const std::byte> in) override;
+  Result<void> flush() override { return ok(); }
+  Result<void> discard(uint64_t, uint64_t) override { return ok(); }
+  uint64_t size_bytes() const override { return log_.base->size_bytes(); }
+  uint32_t logical_sector_size() const override { return log_.sector; }
+  uint32_t physical_sector_size() const override { return log_.sector; }
+
+  uint64_t overlay_writes() const { return overlay_writes_; }
+  const Spec& spec() const { return spec_; }
+
+ private:
+  Result<void> read_sector(uint64_t sector, std::byte* out);
+  const Log& log_;
+  Spec spec_;
+  uint64_t seed_;
+  size_t open_start_ = 0;             // first position of the open set
+  std::vector<char> kept_mask_;       // per log position: kept (open set)
+  std::unordered_map<uint64_t, std::vector<std::byte>> overlay_;
+  uint64_t overlay_writes_ = 0;
+};
+
+}  // namespace plyfs::crash

@@ -1,0 +1,258 @@
+#include "workload.h"
+
+#include <cstring>
+
+namespace plyfs::crash {
+
+namespace {
+
+void extent_refs(Key, std::span<const std::byte> v, std::vector<ExtentRef>& out) {
+  if (v.size() < 16) return;
+  uint64_t start, len;
+  std::memcpy(&start, v.data(), 8);
+  std::memcpy(&len, v.data() + 8, 8);
+  out.push_back(ExtentRef{BlockNo{start}, len});
+}
+
+// A value that names where it came from (ztest's payload rule).
+std::vector<std::byte> payload(size_t op_index, uint64_t gen, uint64_t size) {
+  std::vector<std::byte> v(std::max<uint64_t>(size, 16));
+  std::memcpy(v.data(), &op_index, 8);
+  std::memcpy(v.data() + 8, &gen, 8);
+  for (size_t i = 16; i < v.size(); i++) v[i] = static_cast<std::byte>(op_index * 31 + i);
+  return v;
+}
+
+// Executes one operation on the volume and the model. Returns false when
+// the volume refused it in an allowed way (ENOSPC); an unexpected error sets
+// `error`.
+struct Executor {
+  Volume& vol;
+  Model& model;
+  std::vector<uint64_t>& slots;  // tree slot -> id
+  std::string& error;
+  int& error_code;
+
+  bool fail(const std::string& what, const Error& e) {
+    if (error.empty()) error = what + ": " + e.message(), error_code = e.code;
+    return false;
+  }
+
+  bool run(size_t index, const Op& op) {
+    if (op.kind == OpKind::Commit) return true;  // the caller commits
+    if (op.kind == OpKind::Fill) return fill(index, op);
+    const bool deletes = op.kind == OpKind::Erase || op.kind == OpKind::Drop;
+    auto txn = vol.begin(Volume::TxnOptions{deletes, 0});
+    if (!txn) return fail("begin", txn.error());
+    const uint64_t gen = txn->gen().v;
+    auto tree = [&](uint32_t slot) { return TreeId{slots.at(slot)}; };
+    switch (op.kind) {
+      case OpKind::Put: {
+        auto v = payload(index, gen, op.arg);
+        auto r = txn->put(tree(op.tree), Key{op.key, 0}, v);
+        if (!r) return r.error().code == ENOSPC ? false : fail(op.str(), r.error());
+        model.trees[slots[op.tree]][Key{op.key, 0}] = v;
+        return true;
+      }
+      case OpKind::PutExtent: {
+        auto e = txn->alloc_extent(op.arg);
+        if (!e) return e.error().code == ENOSPC ? false : fail(op.str(), e.error());
+        std::vector<std::byte> v(16);
+        std::memcpy(v.data(), &e->v, 8);
+        std::memcpy(v.data() + 8, &op.arg, 8);
+        auto& items = model.trees[slots[op.tree]];
+        auto old = items.find(Key{op.key, 0});
+        auto r = txn->put(tree(op.tree), Key{op.key, 0}, v);
+        if (!r) return fail(op.str(), r.error());
+        if (old != items.end()) {
+          BlockNo prev;
+          std::memcpy(&prev.v, old->second.data(), 8);
+          auto d = txn->dec_extent(prev);
+          if (!d) return fail(op.str(), d.error());
+        }
+        items[Key{op.key, 0}] = v;
+        return true;
+      }
+      case OpKind::Erase: {
+        auto& items = model.trees[slots[op.tree]];
+        auto old = items.find(Key{op.key, 0});
+        auto r = txn->erase(tree(op.tree), Key{op.key, 0});
+        if (!r) return r.error().code == ENOSPC ? false : fail(op.str(), r.error());
+        if (*r != (old != items.end())) return fail(op.str(), Error::invalid("erase disagrees with the model"));
+        if (old != items.end()) {
+          if (model.kind[slots[op.tree]] == kKindExtents) {
+            BlockNo prev;
+            std::memcpy(&prev.v, old->second.data(), 8);
+            auto d = txn->dec_extent(prev);
+            if (!d) return fail(op.str(), d.error());
+          }
+          items.erase(old);
+        }
+        return true;
+      }
+      case OpKind::Create: {
+        auto t = txn->create_tree(static_cast<uint8_t>(op.arg));
+        if (!t) return t.error().code == ENOSPC ? false : fail(op.str(), t.error());
+        slots.push_back(t->v);
+        model.trees[t->v];
+        model.kind[t->v] = static_cast<uint8_t>(op.arg);
+        return true;
+      }
+      case OpKind::Clone: {
+        auto t = txn->clone_tree(tree(op.tree));
+        if (!t) return fail(op.str(), t.error());
+        slots.push_back(t->v);
+        model.trees[t->v] = model.trees[slots[op.tree]];
+        model.kind[t->v] = model.kind[slots[op.tree]];
+        return true;
+      }
+      case OpKind::Drop: {
+        auto r = txn->drop_tree(tree(op.tree));
+        if (!r) return fail(op.str(), r.error());
+        model.trees.erase(slots[op.tree]);
+        model.kind.erase(slots[op.tree]);
+        return true;
+      }
+      default:
+        return true;
+    }
+  }
+
+  bool fill(size_t index, const Op& op) {
+    for (uint64_t k = 0; k < 100000; k++) {
+      if (!run(index, Op{OpKind::Put, op.tree, op.key + k, 900})) return error.empty();
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+std::map<uint8_t, ValueRefs> kinds() { return {{kKindExtents, extent_refs}}; }
+
+std::string Op::str() const {
+  static const char* names[] = {"put", "put-extent", "erase", "create", "clone", "drop", "commit", "fill"};
+  return std::string(names[static_cast<int>(kind)]) + "(tree " + std::to_string(tree) + ", key " +
+         std::to_string(key) + ", " + std::to_string(arg) + ")";
+}
+
+std::string describe_difference(const Model& want, const Model& got) {
+  for (const auto& [id, items] : want.trees) {
+    auto g = got.trees.find(id);
+    if (g == got.trees.end()) return "tree " + std::to_string(id) + " is missing";
+    if (g->second.size() != items.size())
+      return "tree " + std::to_string(id) + " holds " + std::to_string(g->second.size()) +
+             " items, the model " + std::to_string(items.size());
+    for (const auto& [k, v] : items) {
+      auto it = g->second.find(k);
+      if (it == g->second.end()) return "tree " + std::to_string(id) + " lacks key " + std::to_string(k.hi);
+      if (it->second != v) return "tree " + std::to_string(id) + " key " + std::to_string(k.hi) + " has other content";
+    }
+  }
+  for (const auto& [id, items] : got.trees)
+    if (!want.trees.count(id)) return "tree " + std::to_string(id) + " should not exist";
+  return "kinds differ";
+}
+
+Result<Model> dump(Volume& vol) {
+  Model m;
+  auto txn = PLY_TRY(vol.begin());
+  auto trees = PLY_TRY(txn.list_trees());
+  for (const auto& t : trees) {
+    auto& items = m.trees[t.id.v];
+    m.kind[t.id.v] = t.kind;
+    PLY_CHECK(txn.scan(t.id, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
+      items.emplace(k, std::vector<std::byte>(v.begin(), v.end()));
+      return true;
+    }));
+  }
+  return m;
+}
+
+Run record(const Workload& w, const FaultDevice::Rule* fault) {
+  Run run;
+  auto dev = std::make_unique<MemDevice>(w.image_bytes);
+  FormatOptions fo;
+  fo.uuid = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};  // runs are reproducible
+  fo.time_ns = 1;
+  if (auto r = Volume::format(*dev, fo); !r) {
+    run.error = "format: " + r.error().message();
+    return run;
+  }
+  VolumeOptions vo;
+  vo.cache_bytes = 4 << 20;
+  vo.kinds = kinds();
+  vo.planted_bug = w.bug;
+  Model model;
+  std::vector<uint64_t> slots;
+  {
+    auto vol = Volume::open(*dev, vo);
+    if (!vol) {
+      run.error = "open: " + vol.error().message();
+      return run;
+    }
+    Executor ex{**vol, model, slots, run.error, run.error_code};
+    for (size_t i = 0; i < w.setup.size(); i++) ex.run(i, w.setup[i]);
+    if (auto r = (*vol)->close(); !r && run.error.empty()) run.error = "setup commit: " + r.error().message();
+    if (!run.error.empty()) return run;
+  }
+  run.log.base = dev->clone();
+  run.log.sector = dev->logical_sector_size();
+  if (auto ch = read_superblocks(*dev)) run.base_gen = ch->info.generation.v;
+  run.model_at[run.base_gen] = model;  // also when the faulted open fails
+  run.log.block_size = 4096;
+
+  RecordingDevice rec(*dev);
+  std::unique_ptr<FaultDevice> faulty;
+  BlockDevice* target = &rec;
+  if (fault) {
+    faulty = std::make_unique<FaultDevice>(rec);
+    faulty->add(*fault);
+    target = faulty.get();
+  }
+  auto vol = Volume::open(*target, vo);
+  if (!vol) {
+    run.error = "open: " + vol.error().message();
+    run.error_code = vol.error().code;
+    run.log.entries = rec.log();
+    run.log.index();
+    if (faulty) run.fault_fired = faulty->fired() > 0;
+    return run;
+  }
+  run.base_gen = (*vol)->durable_generation().v;
+  run.model_at[run.base_gen] = model;
+  Executor ex{**vol, model, slots, run.error, run.error_code};
+  for (size_t i = 0; i < w.ops.size() && run.error.empty(); i++) {
+    const Op& op = w.ops[i];
+    const Model before = model;
+    const uint64_t durable = (*vol)->durable_generation().v;
+    rec.mark("op-begin", i);
+    const bool done = ex.run(w.setup.size() + i, op);
+    rec.mark("op-end", i);
+    // A commit begin() made by itself (the change budget) holds what came
+    // before this operation.
+    if ((*vol)->durable_generation().v != durable) run.model_at[(*vol)->durable_generation().v] = before;
+    if (!done && !run.error.empty()) break;
+    if (op.kind == OpKind::Commit) {
+      // The model of the generation this commit tries to write: after a
+      // failed flush it may be durable anyway (D4).
+      run.model_at[(*vol)->open_generation().v] = model;
+      auto g = (*vol)->commit();
+      if (!g) {  // a failed commit (fault runs): the volume must be read-only now
+        if (!(*vol)->failure()) run.failed_writable = true;
+        break;
+      }
+      run.model_at[g->v] = model;
+      run.acked.push_back(g->v);
+      rec.mark("ack", g->v);
+    }
+    if ((*vol)->failure()) break;
+  }
+  if (faulty) run.fault_fired = faulty->fired() > 0;
+  vol->reset();  // the power goes out: nothing more is written
+  run.log.entries = rec.log();
+  run.log.index();
+  return run;
+}
+
+}  // namespace plyfs::crash

@@ -1,0 +1,72 @@
+// Workloads for the crash harness: operations on a volume, a reference model
+// of what they do, and a recorded run (docs/testing.md).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "commit/volume.h"
+#include "crashlog.h"
+
+namespace plyfs::crash {
+
+inline constexpr uint8_t kKindExtents = 7;  // values: (extent start, length)
+std::map<uint8_t, ValueRefs> kinds();
+
+enum class OpKind : uint8_t {
+  Put,        // tree slot, key, value size: insert or replace
+  PutExtent,  // tree slot, key, extent length: a value referencing a new data extent
+  Erase,      // tree slot, key
+  Create,     // a new tree of kind `arg` in the next slot
+  Clone,      // a clone of the tree in slot `tree`, in the next slot
+  Drop,       // the tree in slot `tree`
+  Commit,
+  Fill,       // puts of large values into slot `tree` until ENOSPC
+};
+
+struct Op {
+  OpKind kind;
+  uint32_t tree = 0;  // a tree slot, resolved to a tree id at run time
+  uint64_t key = 0;
+  uint64_t arg = 0;   // value size, extent length or tree kind
+  std::string str() const;
+};
+
+// What the volume holds, tree id -> items. Values embed (op, generation) so
+// that stale or foreign data shows in a failure.
+using Items = std::map<Key, std::vector<std::byte>>;
+struct Model {
+  std::map<uint64_t, Items> trees;
+  std::map<uint64_t, uint8_t> kind;  // tree id -> kind
+  bool operator==(const Model&) const = default;
+};
+std::string describe_difference(const Model& want, const Model& got);
+
+struct Workload {
+  std::string id;
+  uint64_t image_bytes = 8ull << 20;
+  std::vector<Op> setup;  // applied and committed before recording begins
+  std::vector<Op> ops;    // recorded
+  PlantedBug bug = PlantedBug::None;
+};
+
+struct Run {
+  Log log;
+  uint64_t base_gen = 0;
+  std::map<uint64_t, Model> model_at;   // generation -> content
+  std::vector<uint64_t> acked;          // generations commit() returned
+  std::string error;                    // an operation that failed unexpectedly
+  int error_code = 0;                   // its errno
+  bool fault_fired = false;             // the injected fault happened
+  bool failed_writable = false;         // a commit failed and the volume stayed writable (C5)
+};
+
+// Reads everything the volume holds.
+Result<Model> dump(Volume& vol);
+
+// Runs the workload on a fresh image, recording every device call of the
+// recorded part, with marks for operations and acknowledged commits.
+Run record(const Workload& w, const FaultDevice::Rule* fault = nullptr);
+
+}  // namespace plyfs::crash
