@@ -6,6 +6,61 @@
 
 namespace plyfs {
 
+// ---------------------------------------------------------------- BlockArena
+
+// Cached blocks come from chunks of kChunk slots and go back to a free list:
+// a cache miss costs no allocation once the cache has warmed up. The arena
+// lives until the cache is gone and its last block is back, so a reference
+// that outlives its cache stays valid.
+class BlockArena {
+ public:
+  explicit BlockArena(size_t slot_bytes) : slot_(slot_bytes) {}
+  void* take() {
+    std::lock_guard lk(mu_);
+    if (free_.empty()) {
+      auto* chunk = static_cast<std::byte*>(
+          ::operator new(slot_ * kChunk, std::align_val_t{alignof(CachedBlock)}));
+      chunks_.push_back(chunk);
+      for (size_t i = kChunk; i-- > 0;) free_.push_back(chunk + i * slot_);
+    }
+    void* p = free_.back();
+    free_.pop_back();
+    live_++;
+    return p;
+  }
+  void give_back(void* p) {
+    bool last;
+    {
+      std::lock_guard lk(mu_);
+      free_.push_back(p);
+      last = --live_ == 0 && orphaned_;
+    }
+    if (last) delete this;
+  }
+  // The cache is gone: free the arena now, or when its last block comes back.
+  void orphan() {
+    bool now;
+    {
+      std::lock_guard lk(mu_);
+      orphaned_ = true;
+      now = live_ == 0;
+    }
+    if (now) delete this;
+  }
+  ~BlockArena() {
+    for (auto* c : chunks_) ::operator delete(c, std::align_val_t{alignof(CachedBlock)});
+  }
+
+ private:
+  static constexpr size_t kChunk = 32;
+  const size_t slot_;
+  std::mutex mu_;
+  std::vector<std::byte*> chunks_;
+  std::vector<void*> free_;
+  size_t live_ = 0;
+  bool orphaned_ = false;
+};
+
 // ------------------------------------------------------------------ BlockRef
 
 void BlockRef::release() {
@@ -16,26 +71,31 @@ void BlockRef::release() {
 // ---------------------------------------------------------------- BlockCache
 
 BlockCache::BlockCache(BlockDevice& dev, uint32_t block_size, uint64_t capacity_bytes)
-    : dev_(dev), block_size_(block_size), capacity_bytes_(capacity_bytes), table_(1024) {}
+    : dev_(dev),
+      block_size_(block_size),
+      capacity_bytes_(capacity_bytes),
+      arena_(new BlockArena(sizeof(CachedBlock) + block_size)),
+      table_(1024) {}
 
 void BlockCache::unref(CachedBlock* blk) {
   if (blk->refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    BlockArena* arena = blk->arena_;
     blk->~CachedBlock();
-    ::operator delete(blk, std::align_val_t{alignof(CachedBlock)});
+    arena->give_back(blk);
   }
 }
 
 BlockCache::~BlockCache() {
   for (Slot& s : table_)
     if (s.key) unref(s.blk());  // each slot holds one reference
+  arena_->orphan();
 }
 
 CachedBlock* BlockCache::new_block(BlockNo b) const {
-  void* mem = ::operator new(sizeof(CachedBlock) + block_size_,
-                             std::align_val_t{alignof(CachedBlock)});
-  auto* blk = new (mem) CachedBlock();
+  auto* blk = new (arena_->take()) CachedBlock();
   blk->blockno = b;
   blk->size = block_size_;
+  blk->arena_ = arena_;
   return blk;
 }
 

@@ -28,6 +28,7 @@
 namespace plyfs {
 
 class BlockRef;
+class BlockArena;
 
 struct alignas(64) CachedBlock {
   BlockNo blockno;
@@ -44,6 +45,7 @@ struct alignas(64) CachedBlock {
   friend class BlockCache;
   std::atomic<uint32_t> refs_{0};
   bool in_lru_ = false;
+  BlockArena* arena_ = nullptr;  // where the block goes back when the last reference drops
   CachedBlock* prev_ = nullptr;  // second-chance list of clean blocks
   CachedBlock* next_ = nullptr;
 };
@@ -171,6 +173,7 @@ class BlockCache {
   BlockDevice& dev_;
   const uint32_t block_size_;
   const uint64_t capacity_bytes_;
+  BlockArena* arena_;  // blocks come from chunks, not one allocation each
   // Hits take it shared, so that lookups on several threads run in parallel;
   // everything that changes the table or the list takes it exclusively.
   mutable std::shared_mutex mu_;

@@ -169,6 +169,46 @@ Result<Model> dump(Volume& vol) {
   return m;
 }
 
+std::string compare(Volume& vol, const Model& want, std::vector<uint64_t>& ids,
+                    std::map<uint64_t, uint8_t>& kinds_of) {
+  auto txn = vol.begin();
+  if (!txn) return "cannot begin: " + txn.error().message();
+  auto trees = txn->list_trees();
+  if (!trees) return "cannot list the trees: " + trees.error().message();
+  for (const auto& t : *trees) {
+    ids.push_back(t.id.v);
+    kinds_of[t.id.v] = t.kind;
+  }
+  if (trees->size() != want.trees.size())
+    return std::to_string(trees->size()) + " trees, the model has " + std::to_string(want.trees.size());
+  for (const auto& t : *trees) {
+    auto w = want.trees.find(t.id.v);
+    if (w == want.trees.end()) return "tree " + std::to_string(t.id.v) + " should not exist";
+    auto k = want.kind.find(t.id.v);
+    if (k == want.kind.end() || k->second != t.kind) return "tree " + std::to_string(t.id.v) + " has another kind";
+    auto it = w->second.begin();
+    std::string diff;
+    auto r = txn->scan(t.id, Key::min(), Key::max(), [&](Key key, std::span<const std::byte> v) {
+      if (it == w->second.end() || it->first != key) {
+        diff = "tree " + std::to_string(t.id.v) + " has key " + std::to_string(key.hi) +
+               (it == w->second.end() ? " beyond the model's" : ", the model " + std::to_string(it->first.hi));
+        return false;
+      }
+      if (!std::equal(v.begin(), v.end(), it->second.begin(), it->second.end())) {
+        diff = "tree " + std::to_string(t.id.v) + " key " + std::to_string(key.hi) + " has other content";
+        return false;
+      }
+      ++it;
+      return true;
+    });
+    if (!r) return "unreadable: " + r.error().message();
+    if (!diff.empty()) return diff;
+    if (it != w->second.end())
+      return "tree " + std::to_string(t.id.v) + " lacks key " + std::to_string(it->first.hi);
+  }
+  return "";
+}
+
 Run record(const Workload& w, const FaultDevice::Rule* fault) {
   Run run;
   auto dev = std::make_unique<MemDevice>(w.image_bytes);

@@ -64,6 +64,11 @@ struct Run {
 
 // Reads everything the volume holds.
 Result<Model> dump(Volume& vol);
+// Compares what the volume holds with the model, streaming (no copy):
+// empty when equal, else what differs first. Fills `ids` and `kinds_of`
+// with the trees found.
+std::string compare(Volume& vol, const Model& want, std::vector<uint64_t>& ids,
+                    std::map<uint64_t, uint8_t>& kinds_of);
 
 // Runs the workload on a fresh image, recording every device call of the
 // recorded part, with marks for operations and acknowledged commits.
