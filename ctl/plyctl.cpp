@@ -14,6 +14,7 @@
 
 #include "blockdev/blockdev.h"
 #include "commit/volume.h"
+#include "fs/fs.h"
 #include "fsck/corrupt.h"
 
 #ifndef PLYFS_VERSION
@@ -69,6 +70,7 @@ int cmd_show(const std::vector<std::string>& args) {
   auto dev = open_image(args[0], false);
   if (!dev) return fail(dev.error().message());
   VolumeOptions vo;
+  vo.kinds = fs_kinds();
   vo.read_only = true;
   auto vol = Volume::open(**dev, vo);
   if (!vol) return fail(args[0] + ": " + vol.error().message());
@@ -132,6 +134,7 @@ int cmd_tree(const std::vector<std::string>& args) {
     auto id = number(args[1], "tree id");
     if (!id) return usage_error(id.error().reason);
     VolumeOptions vo;
+    vo.kinds = fs_kinds();
     vo.read_only = true;
     auto vol = Volume::open(**dev, vo);
     if (!vol) return fail(vol.error().message());

@@ -10,6 +10,7 @@
 
 #include "blockdev/blockdev.h"
 #include "fsck/fsck.h"
+#include "fs/fs.h"
 
 #ifndef PLYFS_VERSION
 #define PLYFS_VERSION "unknown"
@@ -164,6 +165,7 @@ int real_main(int argc, char** argv) {
   std::signal(SIGINT, [](int) { g_cancel = true; });
   std::signal(SIGTERM, [](int) { g_cancel = true; });
   FsckOptions fo;
+  fo.kinds = fs_kinds();
   fo.mode = a.mode;
   fo.cancel = &g_cancel;
   if (a.progress)

@@ -29,6 +29,7 @@
 #include "blockdev/test_devices.h"
 #include "commit/superblock.h"
 #include "commit/volume.h"
+#include "fs/fs.h"
 
 #ifndef PLYFS_VERSION
 #define PLYFS_VERSION "unknown"
@@ -278,7 +279,7 @@ Result<SuperInfo> plan_for(const FileDevice& dev, const Options& o) {
 Result<SuperInfo> write_filesystem(FileDevice& dev, const Options& o, const SuperInfo& plan) {
   FormatOptions f = o.format;
   f.uuid = plan.uuid;  // the plan drew the random uuid; write exactly what was checked
-  return Volume::format(dev, f);
+  return format_filesystem(dev, f, FsCreateOptions{});
 }
 
 // The directory entry of a new image must be durable too, not only its blocks.

@@ -287,6 +287,29 @@ void Volume::fail(const Error& e) {
   if (!failure_) failure_ = e;
 }
 
+Result<void> Volume::data_range(BlockNo start, size_t bytes) const {
+  const uint64_t bs = info_.block_size;
+  if (bytes % bs) return Error::invalid("data I/O of a partial block");
+  const uint64_t n = bytes / bs;
+  if (start.v < info_.first_block || start.v > info_.total_blocks ||
+      n > info_.total_blocks - start.v)
+    return Error::corrupt(start.v, "data extent outside the filesystem");
+  return ok();
+}
+
+Result<void> Volume::write_data(BlockNo start, std::span<const std::byte> data) {
+  PLY_CHECK(writable());
+  PLY_CHECK(data_range(start, data.size()));
+  auto r = dev_.write(start.v * info_.block_size, data);
+  if (!r) fail(r.error());
+  return r;
+}
+
+Result<void> Volume::read_data(BlockNo start, std::span<std::byte> out) {
+  PLY_CHECK(data_range(start, out.size()));
+  return dev_.read(start.v * info_.block_size, out);
+}
+
 Result<void> Volume::writable() const {
   if (opts_.read_only) return Error::io(EROFS, "the volume is open read-only");
   std::lock_guard lk(state_mu_);

@@ -133,6 +133,18 @@ class Volume {
   std::optional<Error> failure() const;
   uint32_t block_size() const { return info_.block_size; }
 
+  // File data (format.md#fs-data): whole blocks of extents that tree values
+  // reference, read and written straight to the device, not through the
+  // cache. Writes go only to blocks allocated in the open generation, which
+  // no durable generation can reach (C3); the commit's first flush makes
+  // them durable before the superblock that refers to them (C1). A failed
+  // write turns the volume read-only (C5).
+  Result<void> write_data(BlockNo start, std::span<const std::byte> data);
+  Result<void> read_data(BlockNo start, std::span<std::byte> out);
+  // Turns the volume read-only because of an error a higher layer found
+  // (a data checksum mismatch): later changes fail with EROFS.
+  void fail(const Error& e);
+
  private:
   struct Slot {
     std::shared_mutex mu;
@@ -161,7 +173,7 @@ class Volume {
   Result<Slot*> slot(TreeId id);
   Result<void> freeze(Generation g, std::vector<BlockCache::Ref>& dirty, SuperInfo& sb);
   Result<void> write_generation(const std::vector<BlockCache::Ref>& dirty, const SuperInfo& sb);
-  void fail(const Error& e);
+  Result<void> data_range(BlockNo start, size_t bytes) const;
   Result<void> writable() const;
   TreeConfig config_for(const TreeInfo& info) const;
   void committer_loop();

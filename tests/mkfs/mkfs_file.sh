@@ -54,7 +54,7 @@ check "create a 64 MiB image" test $rc -eq 0
 check "apparent size is 64 MiB" test "$(stat -c %s "$IMG")" -eq $((64 << 20))
 alloc_kib=$(du -k "$IMG" | cut -f1)
 check "the image is sparse ($alloc_kib KiB allocated)" test "$alloc_kib" -lt 4096
-check "generation 2" is_dump "$IMG" generation 2
+check "generation 3" is_dump "$IMG" generation 3
 check "slot 0 valid" is_dump "$IMG" slot0 valid
 check "slot 1 valid" is_dump "$IMG" slot1 valid
 check "block size 4096" is_dump "$IMG" block_size 4096
@@ -64,7 +64,7 @@ check "uuid from -U" is_dump "$IMG" uuid "$UUID"
 check "summary names the uuid" grep -q "UUID *$UUID" "$T/out"
 check "summary names the label" grep -q "Label *mydata" "$T/out"
 check "summary names the size" grep -q "Size *64.00 MiB (16384 blocks of 4096 bytes)" "$T/out"
-check "summary names the generation" grep -q "Generation *2" "$T/out"
+check "summary names the generation" grep -q "Generation *3" "$T/out"
 check "nothing on stderr" test ! -s "$T/err"
 
 # --- an existing plyfs filesystem is kept without -f
@@ -95,7 +95,7 @@ check "-f succeeds" test $rc -eq 0
 check "-q prints nothing" test ! -s "$T/out"
 new_uuid=$(field "$IMG" uuid)
 check "-f gives a new uuid" test "$new_uuid" != "$UUID"
-check "-f: generation 2" is_dump "$IMG" generation 2
+check "-f: generation 3" is_dump "$IMG" generation 3
 check "-f: no label" is_dump "$IMG" label ""
 check "-f: same size" is_dump "$IMG" total_blocks 16384
 
@@ -191,7 +191,7 @@ if command -v mkfs.ext4 >/dev/null && command -v blkid >/dev/null; then
   run -f "$T/ext4"
   check "ext4 formatted with -f" test $rc -eq 0
   check "blkid no longer sees ext4" test -z "$(blkid -p -o value -s TYPE "$T/ext4" || true)"
-  check "plyfs after ext4" is_dump "$T/ext4" generation 2
+  check "plyfs after ext4" is_dump "$T/ext4" generation 3
 else
   echo "note: mkfs.ext4 or blkid not found; the ext4 checks did not run"
 fi
@@ -223,7 +223,7 @@ check "... and left unchanged" test "$(sum "$T/md")" = "$before"
 run -f -q "$T/md"
 check "-f formats over a RAID member" test $rc -eq 0
 check "-f wiped the RAID magic" test "$(od -An -tx1 -j$md_off -N4 "$T/md" | tr -d ' ')" = 00000000
-check "plyfs after the RAID member" is_dump "$T/md" generation 2
+check "plyfs after the RAID member" is_dump "$T/md" generation 3
 
 if [[ $fails -ne 0 ]]; then
   echo "$fails check(s) failed"

@@ -72,7 +72,7 @@ echo "using $L"
 # --- a block device
 run -L loopfs "$L"
 check "format $L" test $rc -eq 0
-check "read back through the device: generation 2" is_dump "$L" generation 2
+check "read back through the device: generation 3" is_dump "$L" generation 3
 check "slot 0 valid" is_dump "$L" slot0 valid
 check "slot 1 valid" is_dump "$L" slot1 valid
 check "the whole device: 16384 blocks" is_dump "$L" total_blocks 16384
@@ -98,7 +98,7 @@ check "ext4 still there" test "$(fs_type "$L")" = ext4
 run -f -q "$L"
 check "ext4 overwritten with -f" test $rc -eq 0
 check "blkid no longer sees ext4" test -z "$(fs_type "$L")"
-check "plyfs after ext4" is_dump "$L" generation 2
+check "plyfs after ext4" is_dump "$L" generation 3
 
 # --- mounted: refused even with -f, and nothing is wiped
 mkfs.ext4 -q -F "$L" >/dev/null
@@ -123,7 +123,7 @@ attach L4 "$T/disk4k" --sector-size 4096
 check "$L4 has 4096-byte sectors" test "$(blockdev --getss "$L4")" -eq 4096
 run -q "$L4"
 check "format a 4k-sector device" test $rc -eq 0
-check "4k: generation 2" is_dump "$L4" generation 2
+check "4k: generation 3" is_dump "$L4" generation 3
 check "4k: sector size recorded" is_dump "$L4" sector_size 4096
 check "4k: both slots valid" is_dump "$L4" slot1 valid
 

@@ -1,0 +1,662 @@
+// plyfs: serves a plyfs image through FUSE (libfuse3 low-level API).
+//
+//   plyfs IMAGE MOUNTPOINT [-f] [-d] [-o opts]
+//
+// The daemon is a thin translation from FUSE requests to the filesystem
+// layer (lib/fs): inode numbers pass through unchanged except the root, which
+// FUSE calls 1. Every reply that hands the kernel an inode (lookup, create,
+// readdirplus...) pins it in the filesystem, and forget unpins it, so that a
+// file unlinked while open stays readable until the kernel lets it go.
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blockdev/blockdev.h"
+#include "fs/fs.h"
+
+using namespace plyfs;
+
+namespace {
+
+struct Config {
+  const char* image = nullptr;
+  const char* mountpoint = nullptr;
+  unsigned commit = 5;
+  const char* cache = nullptr;
+  int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
+};
+
+enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO };
+
+#define PLYFS_OPT(t, p) {t, offsetof(Config, p), 1}
+const struct fuse_opt kOpts[] = {
+    {"commit=%u", offsetof(Config, commit), 0},
+    {"cache=%s", offsetof(Config, cache), 0},
+    FUSE_OPT_KEY("-h", KEY_HELP),
+    FUSE_OPT_KEY("--help", KEY_HELP),
+    FUSE_OPT_KEY("-V", KEY_VERSION),
+    FUSE_OPT_KEY("--version", KEY_VERSION),
+    FUSE_OPT_KEY("-f", KEY_FG),
+    FUSE_OPT_KEY("-d", KEY_DEBUG),
+    FUSE_OPT_KEY("debug", KEY_DEBUG),
+    FUSE_OPT_KEY("ro", KEY_RO),
+    FUSE_OPT_END};
+
+int opt_proc(void* data, const char* arg, int key, struct fuse_args*) {
+  auto* c = static_cast<Config*>(data);
+  switch (key) {
+    case KEY_HELP: c->help = 1; return 0;
+    case KEY_VERSION: c->version = 1; return 0;
+    case KEY_FG: c->foreground = 1; return 0;
+    case KEY_DEBUG: c->debug = c->foreground = 1; return 1;  // libfuse prints requests
+    case KEY_RO: c->ro = 1; return 1;                        // libfuse mounts read-only
+    case FUSE_OPT_KEY_NONOPT:
+      if (!c->image) { c->image = strdup(arg); return 0; }
+      if (!c->mountpoint) { c->mountpoint = strdup(arg); return 0; }
+      std::fprintf(stderr, "plyfs: unexpected argument '%s'\n", arg);
+      return -1;
+    default: return 1;
+  }
+}
+
+void usage() {
+  std::printf(
+      "usage: plyfs IMAGE MOUNTPOINT [-f] [-d] [-o opt[,opt...]]\n"
+      "\n"
+      "Mounts the plyfs image (a file or a block device) at MOUNTPOINT.\n"
+      "\n"
+      "  -f                 stay in the foreground\n"
+      "  -d                 foreground, and print every FUSE request\n"
+      "  -h, --help         this help\n"
+      "  -V, --version      the version\n"
+      "\n"
+      "plyfs options:\n"
+      "  -o commit=SECONDS  commit a generation every SECONDS (default 5; 0: only on\n"
+      "                     fsync, sync and unmount)\n"
+      "  -o cache=SIZE      metadata cache size, e.g. 256M (default 256M)\n"
+      "  -o ro              read-only\n"
+      "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
+      "  and the other options of mount.fuse3(8).\n"
+      "\n"
+      "With mount(8): mount -t fuse.plyfs IMAGE MOUNTPOINT\n");
+}
+
+bool parse_size(const char* s, uint64_t& out) {
+  char* end;
+  errno = 0;
+  unsigned long long v = std::strtoull(s, &end, 10);
+  if (errno || end == s) return false;
+  uint64_t mul = 1;
+  switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    case '\0': break;
+    default: return false;
+  }
+  if (*end) return false;
+  out = v * mul;
+  return out >= (1ull << 20);
+}
+
+// --- the daemon's state -------------------------------------------------------
+
+struct Daemon {
+  std::unique_ptr<FileDevice> dev;
+  std::unique_ptr<Volume> vol;
+  std::unique_ptr<Filesystem> fs;
+  bool daemonized = false;
+  bool acl = false;
+  double timeout = 60.0;  // every change goes through this daemon
+};
+Daemon* g = nullptr;
+
+void log_error(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (g && g->daemonized) {
+    vsyslog(LOG_ERR, fmt, ap);
+  } else {
+    std::fputs("plyfs: ", stderr);
+    std::vfprintf(stderr, fmt, ap);
+    std::fputc('\n', stderr);
+  }
+  va_end(ap);
+}
+
+Filesystem& fs() { return *g->fs; }
+uint64_t to_fs(fuse_ino_t i) { return i == FUSE_ROOT_ID ? fs().root() : i; }
+fuse_ino_t to_fuse(uint64_t i) { return i == fs().root() ? FUSE_ROOT_ID : i; }
+
+// The single place errors become errno replies. Damage and device errors
+// are EIO to the caller, logged, and turn the mount read-only.
+int errno_of(const Error& e) {
+  if (e.code == EUCLEAN || e.code == EIO) {
+    log_error("%s", e.message().c_str());
+    g->fs->fail(e);
+    return EIO;
+  }
+  return e.code;
+}
+void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, errno_of(e)); }
+
+struct stat to_stat(const Attr& a) {
+  struct stat st{};
+  st.st_ino = to_fuse(a.ino);
+  st.st_mode = a.mode;
+  st.st_nlink = a.nlink;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
+  st.st_rdev = a.rdev;
+  st.st_size = off_t(a.size);
+  st.st_blocks = blkcnt_t(a.blocks);
+  st.st_blksize = blksize_t(fs().block_size());
+  st.st_atim = a.atime;
+  st.st_mtim = a.mtime;
+  st.st_ctim = a.ctime;
+  return st;
+}
+
+fuse_entry_param to_entry(const Attr& a) {
+  fuse_entry_param e{};
+  e.ino = to_fuse(a.ino);
+  e.generation = a.generation;
+  e.attr = to_stat(a);
+  e.attr_timeout = g->timeout;
+  e.entry_timeout = g->timeout;
+  return e;
+}
+
+void reply_entry(fuse_req_t req, const Result<Attr>& a) {
+  if (!a) return reply_err(req, a.error());
+  fs().pin(a->ino);
+  fuse_entry_param e = to_entry(*a);
+  if (fuse_reply_entry(req, &e) != 0) (void)fs().unpin(a->ino);
+}
+
+// --- operations ---------------------------------------------------------------------
+
+void op_init(void*, fuse_conn_info* conn) {
+  if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  if (g->acl && (conn->capable & FUSE_CAP_POSIX_ACL)) conn->want |= FUSE_CAP_POSIX_ACL;
+  conn->max_write = 1u << 20;
+  conn->max_readahead = 1u << 20;
+}
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  auto a = fs().lookup(to_fs(parent), name);
+  if (!a && a.error().code == ENOENT) {
+    fuse_entry_param e{};  // a negative entry, cached like a positive one
+    e.entry_timeout = g->timeout;
+    fuse_reply_entry(req, &e);
+    return;
+  }
+  reply_entry(req, a);
+}
+
+void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
+  auto r = fs().unpin(to_fs(ino), n);
+  if (!r) (void)errno_of(r.error());
+  fuse_reply_none(req);
+}
+
+void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* list) {
+  for (size_t i = 0; i < count; i++) {
+    auto r = fs().unpin(to_fs(list[i].ino), list[i].nlookup);
+    if (!r) (void)errno_of(r.error());
+  }
+  fuse_reply_none(req);
+}
+
+void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  auto a = fs().getattr(to_fs(ino));
+  if (!a) return reply_err(req, a.error());
+  struct stat st = to_stat(*a);
+  fuse_reply_attr(req, &st, g->timeout);
+}
+
+void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int valid, fuse_file_info*) {
+  SetAttr s;
+  if (valid & FUSE_SET_ATTR_MODE) s.mode = st->st_mode;
+  if (valid & FUSE_SET_ATTR_UID) s.uid = st->st_uid;
+  if (valid & FUSE_SET_ATTR_GID) s.gid = st->st_gid;
+  if (valid & FUSE_SET_ATTR_SIZE) s.size = uint64_t(st->st_size);
+  if (valid & FUSE_SET_ATTR_ATIME_NOW) s.atime = timespec{0, UTIME_NOW};
+  else if (valid & FUSE_SET_ATTR_ATIME) s.atime = st->st_atim;
+  if (valid & FUSE_SET_ATTR_MTIME_NOW) s.mtime = timespec{0, UTIME_NOW};
+  else if (valid & FUSE_SET_ATTR_MTIME) s.mtime = st->st_mtim;
+  auto a = fs().setattr(to_fs(ino), s);
+  if (!a) return reply_err(req, a.error());
+  struct stat out = to_stat(*a);
+  fuse_reply_attr(req, &out, g->timeout);
+}
+
+void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+  auto t = fs().readlink(to_fs(ino));
+  if (!t) return reply_err(req, t.error());
+  fuse_reply_readlink(req, t->c_str());
+}
+
+void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  reply_entry(req, fs().mknod(to_fs(parent), name, mode, rdev, c->uid, c->gid));
+}
+
+void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  reply_entry(req, fs().mkdir(to_fs(parent), name, mode, c->uid, c->gid));
+}
+
+void op_symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  reply_entry(req, fs().symlink(to_fs(parent), name, target, c->uid, c->gid));
+}
+
+void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char* name) {
+  reply_entry(req, fs().link(to_fs(ino), to_fs(parent), name));
+}
+
+void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  auto r = fs().unlink(to_fs(parent), name);
+  fuse_reply_err(req, r ? 0 : errno_of(r.error()));
+}
+
+void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  auto r = fs().rmdir(to_fs(parent), name);
+  fuse_reply_err(req, r ? 0 : errno_of(r.error()));
+}
+
+void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+               const char* newname, unsigned flags) {
+  auto r = fs().rename(to_fs(parent), name, to_fs(newparent), newname, flags);
+  fuse_reply_err(req, r ? 0 : errno_of(r.error()));
+}
+
+void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto a = fs().getattr(to_fs(ino));
+  if (!a) return reply_err(req, a.error());
+  if (S_ISDIR(a->mode)) return (void)fuse_reply_err(req, EISDIR);
+  if ((fi->flags & O_ACCMODE) != O_RDONLY && fs().read_only())
+    return (void)fuse_reply_err(req, EROFS);
+  fi->keep_cache = 1;  // only this daemon changes the files
+  fuse_reply_open(req, fi);
+}
+
+void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+               fuse_file_info* fi) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  auto a = fs().mknod(to_fs(parent), name, S_IFREG | (mode & 07777), 0, c->uid, c->gid);
+  if (!a) return reply_err(req, a.error());
+  fs().pin(a->ino);
+  fuse_entry_param e = to_entry(*a);
+  fi->keep_cache = 1;
+  if (fuse_reply_create(req, &e, fi) != 0) (void)fs().unpin(a->ino);
+}
+
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  thread_local std::vector<std::byte> buf;
+  buf.resize(size);
+  auto n = fs().read(to_fs(ino), uint64_t(off), buf);
+  if (!n) return reply_err(req, n.error());
+  fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), *n);
+}
+
+void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
+              fuse_file_info*) {
+  auto n = fs().write(to_fs(ino), uint64_t(off),
+                      std::span(reinterpret_cast<const std::byte*>(data), size));
+  if (!n) return reply_err(req, n.error());
+  fuse_reply_write(req, *n);
+}
+
+void op_flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void op_fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) {
+  auto r = fs().sync();
+  fuse_reply_err(req, r ? 0 : errno_of(r.error()));
+}
+
+void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto a = fs().getattr(to_fs(ino));
+  if (!a) return reply_err(req, a.error());
+  if (!S_ISDIR(a->mode)) return (void)fuse_reply_err(req, ENOTDIR);
+  fi->cache_readdir = 0;
+  fuse_reply_open(req, fi);
+}
+
+void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
+  std::vector<char> buf(size);
+  size_t used = 0;
+  std::optional<Error> err;
+  auto r = fs().readdir(to_fs(ino), uint64_t(off), [&](const DirEntry& d) {
+    std::string name(d.name);
+    const bool dot = name == "." || name == "..";
+    if (!plus) {
+      struct stat st{};
+      st.st_ino = to_fuse(d.ino);
+      st.st_mode = mode_t(DTTOIF(d.type));
+      size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st,
+                                      off_t(d.next));
+      if (need > size - used) return false;
+      used += need;
+      return true;
+    }
+    fuse_entry_param e{};
+    if (dot) {
+      e.attr.st_ino = to_fuse(d.ino);
+      e.attr.st_mode = S_IFDIR;
+    } else {
+      auto a = fs().getattr(d.ino);
+      if (!a) {
+        if (a.error().code == ENOENT) return true;  // removed meanwhile
+        err = a.error();
+        return false;
+      }
+      e = to_entry(*a);
+    }
+    size_t need = fuse_add_direntry_plus(req, buf.data() + used, size - used, name.c_str(), &e,
+                                         off_t(d.next));
+    if (need > size - used) return false;
+    used += need;
+    if (!dot) fs().pin(d.ino);  // the kernel counts a lookup for each entry it links
+    return true;
+  });
+  if (!r) return reply_err(req, r.error());
+  if (err && used == 0) return reply_err(req, *err);
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  readdir_common(req, ino, size, off, false);
+}
+void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  readdir_common(req, ino, size, off, true);
+}
+void op_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void op_statfs(fuse_req_t req, fuse_ino_t) {
+  auto s = fs().statfs();
+  struct statvfs v{};
+  v.f_bsize = s.bsize;
+  v.f_frsize = s.bsize;
+  v.f_blocks = s.blocks;
+  v.f_bfree = s.bfree;
+  v.f_bavail = s.bavail;
+  v.f_files = s.files;
+  v.f_ffree = s.ffree;
+  v.f_favail = s.ffree;
+  v.f_namemax = s.namemax;
+  fuse_reply_statfs(req, &v);
+}
+
+void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value,
+                 size_t size, int flags) {
+  auto r = fs().setxattr(to_fs(ino), name,
+                         std::span(reinterpret_cast<const std::byte*>(value), size), flags);
+  fuse_reply_err(req, r ? 0 : errno_of(r.error()));
+}
+
+void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  auto v = fs().getxattr(to_fs(ino), name);
+  if (!v) return reply_err(req, v.error());
+  if (size == 0) return (void)fuse_reply_xattr(req, v->size());
+  if (size < v->size()) return (void)fuse_reply_err(req, ERANGE);
+  fuse_reply_buf(req, reinterpret_cast<const char*>(v->data()), v->size());
+}
+
+void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  auto names = fs().listxattr(to_fs(ino));
+  if (!names) return reply_err(req, names.error());
+  std::string all;
+  for (const auto& n : *names) {
+    all += n;
+    all.push_back('\0');
+  }
+  if (size == 0) return (void)fuse_reply_xattr(req, all.size());
+  if (size < all.size()) return (void)fuse_reply_err(req, ERANGE);
+  fuse_reply_buf(req, all.data(), all.size());
+}
+
+void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  auto r = fs().removexattr(to_fs(ino), name);
+  fuse_reply_err(req, r ? 0 : errno_of(r.error()));
+}
+
+void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
+                  fuse_file_info*) {
+  if (off < 0 || len <= 0) return (void)fuse_reply_err(req, EINVAL);
+  auto r = fs().fallocate(to_fs(ino), mode, uint64_t(off), uint64_t(len));
+  fuse_reply_err(req, r ? 0 : errno_of(r.error()));
+}
+
+void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
+  if (off < 0) return (void)fuse_reply_err(req, ENXIO);
+  auto r = fs().lseek(to_fs(ino), uint64_t(off), whence);
+  if (!r) return reply_err(req, r.error());
+  fuse_reply_lseek(req, off_t(*r));
+}
+
+void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_info*,
+                        fuse_ino_t out, off_t off_out, fuse_file_info*, size_t len, int flags) {
+  if (flags) return (void)fuse_reply_err(req, EINVAL);
+  auto r = fs().copy_range(to_fs(in), uint64_t(off_in), to_fs(out), uint64_t(off_out), len);
+  if (!r) return reply_err(req, r.error());
+  fuse_reply_write(req, size_t(*r));
+}
+
+fuse_lowlevel_ops make_ops() {
+  fuse_lowlevel_ops o{};
+  o.init = op_init;
+  o.lookup = op_lookup;
+  o.forget = op_forget;
+  o.forget_multi = op_forget_multi;
+  o.getattr = op_getattr;
+  o.setattr = op_setattr;
+  o.readlink = op_readlink;
+  o.mknod = op_mknod;
+  o.mkdir = op_mkdir;
+  o.symlink = op_symlink;
+  o.link = op_link;
+  o.unlink = op_unlink;
+  o.rmdir = op_rmdir;
+  o.rename = op_rename;
+  o.open = op_open;
+  o.create = op_create;
+  o.read = op_read;
+  o.write = op_write;
+  o.flush = op_flush;
+  o.release = op_release;
+  o.fsync = op_fsync;
+  o.opendir = op_opendir;
+  o.readdir = op_readdir;
+  o.readdirplus = op_readdirplus;
+  o.releasedir = op_releasedir;
+  o.fsyncdir = op_fsync;
+  o.statfs = op_statfs;
+  o.setxattr = op_setxattr;
+  o.getxattr = op_getxattr;
+  o.listxattr = op_listxattr;
+  o.removexattr = op_removexattr;
+  o.fallocate = op_fallocate;
+  o.lseek = op_lseek;
+  o.copy_file_range = op_copy_file_range;
+  return o;
+}
+
+// Tells the waiting parent how the mount went (a byte: the exit code).
+void report(int fd, unsigned char code) {
+  if (fd < 0) return;
+  ssize_t w = ::write(fd, &code, 1);
+  (void)w;
+  ::close(fd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fuse_args args = FUSE_ARGS_INIT(argc, argv);
+  Config cfg;
+  if (fuse_opt_parse(&args, &cfg, kOpts, opt_proc) != 0) return 1;
+  if (cfg.help) {
+    usage();
+    return 0;
+  }
+  if (cfg.version) {
+    std::printf("plyfs %s (libfuse %s)\n", PLYFS_VERSION, fuse_pkgversion());
+    return 0;
+  }
+  if (!cfg.image || !cfg.mountpoint) {
+    std::fprintf(stderr, "plyfs: IMAGE and MOUNTPOINT are required (plyfs -h for help)\n");
+    return 1;
+  }
+  uint64_t cache = 256ull << 20;
+  if (cfg.cache && !parse_size(cfg.cache, cache)) {
+    std::fprintf(stderr, "plyfs: bad cache size '%s' (e.g. 256M, at least 1M)\n", cfg.cache);
+    return 1;
+  }
+  bool acl = false;
+  for (int i = 0; i < args.argc; i++)
+    if (std::strstr(args.argv[i], "default_permissions")) acl = true;
+
+  // Claim the image before anything else: a second mount fails here, with
+  // the terminal still attached.
+  FileOpenOptions fo;
+  fo.read_only = cfg.ro;
+  auto dev = FileDevice::open(cfg.image, fo);
+  if (!dev) {
+    if (dev.error().code == EBUSY)
+      std::fprintf(stderr, "plyfs: %s is already mounted or in use by another plyfs program\n",
+                   cfg.image);
+    else std::fprintf(stderr, "plyfs: %s\n", dev.error().message().c_str());
+    return 32;
+  }
+
+  // Daemonize before any thread starts; the parent waits for the mount.
+  int status_fd = -1;
+  if (!cfg.foreground) {
+    int p[2];
+    if (pipe(p) != 0) {
+      std::perror("plyfs: pipe");
+      return 1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("plyfs: fork");
+      return 1;
+    }
+    if (pid > 0) {
+      ::close(p[1]);
+      unsigned char code = 1;
+      if (::read(p[0], &code, 1) != 1) code = 1;
+      return code;
+    }
+    ::close(p[0]);
+    status_fd = p[1];
+    setsid();
+  }
+
+  Daemon d;
+  g = &d;
+  d.acl = acl;
+  d.dev = std::move(*dev);
+  VolumeOptions vo;
+  vo.read_only = cfg.ro;
+  vo.kinds = fs_kinds();
+  vo.cache_bytes = cache;
+  vo.commit_interval_ms = cfg.commit * 1000;
+  vo.dirty_limit_bytes = cache / 4;
+  auto vol = Volume::open(*d.dev, vo);
+  if (!vol) {
+    std::fprintf(stderr, "plyfs: cannot open %s: %s\n", cfg.image, vol.error().message().c_str());
+    report(status_fd, 32);
+    return 32;
+  }
+  d.vol = std::move(*vol);
+  auto tree = Filesystem::default_tree(*d.vol);
+  auto fsr = tree ? Filesystem::open(*d.vol, *tree) : Result<std::unique_ptr<Filesystem>>(tree.error());
+  if (!fsr) {
+    std::fprintf(stderr, "plyfs: cannot open the filesystem in %s: %s\n", cfg.image,
+                 fsr.error().message().c_str());
+    report(status_fd, 32);
+    return 32;
+  }
+  d.fs = std::move(*fsr);
+
+  fuse_opt_add_arg(&args, "-osubtype=plyfs");
+  std::string fsname = std::string("-ofsname=") + cfg.image;
+  fuse_opt_add_arg(&args, fsname.c_str());
+  fuse_lowlevel_ops ops = make_ops();
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, nullptr);
+  if (!se) {
+    report(status_fd, 1);
+    return 1;
+  }
+  if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, cfg.mountpoint) != 0) {
+    std::fprintf(stderr, "plyfs: cannot mount on %s\n", cfg.mountpoint);
+    fuse_session_destroy(se);
+    report(status_fd, 32);
+    return 32;
+  }
+  if (!cfg.foreground) {
+    openlog("plyfs", LOG_PID, LOG_DAEMON);
+    d.daemonized = true;
+    int nul = ::open("/dev/null", O_RDWR);
+    if (nul >= 0) {
+      dup2(nul, 0);
+      dup2(nul, 1);
+      dup2(nul, 2);
+      if (nul > 2) ::close(nul);
+    }
+    if (chdir("/") != 0) {}
+    report(status_fd, 0);
+  }
+
+  fuse_loop_config* lc = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(lc, 16);
+  fuse_loop_cfg_set_idle_threads(lc, 8);
+  int ret = cfg.debug ? fuse_session_loop(se) : fuse_session_loop_mt(se, lc);
+  fuse_loop_cfg_destroy(lc);
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+
+  // Whatever the kernel still held is gone now: free the orphans and commit.
+  int rc = ret == 0 ? 0 : 1;
+  if (!d.vol->read_only() && !d.vol->failure()) {
+    auto r = d.fs->release_all();
+    if (!r) {
+      log_error("freeing unlinked files failed: %s", r.error().message().c_str());
+      rc = 1;
+    }
+  }
+  d.fs.reset();
+  auto c = d.vol->close();
+  if (!c) {
+    log_error("final commit failed: %s", c.error().message().c_str());
+    rc = 1;
+  }
+  fuse_opt_free_args(&args);
+  return rc;
+}

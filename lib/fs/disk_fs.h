@@ -1,0 +1,104 @@
+// On-disk items of a filesystem tree, tree kind 2 (format.md#fs-tree).
+//
+// Key: hi = object id (an inode number; 0 for the tree's own items),
+//      lo = item type << 56 | offset (56 bits, meaning per type).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "util/endian.h"
+
+namespace plyfs::disk {
+
+inline constexpr uint8_t kKindFs = 2;
+
+enum class ItemType : uint8_t {
+  FsInfo = 0x00,  // object 0, offset 0: FsInfo
+  Inode = 0x01,   // offset 0: Inode
+  Dirent = 0x02,  // offset = name hash (56 bits, never 0): Dirent records
+  Xattr = 0x03,   // offset = name hash: XattrEntry records
+  Inline = 0x04,  // offset = byte offset of the chunk: raw bytes
+  Extent = 0x05,  // offset = file block: Extent
+  Orphan = 0x06,  // object 0, offset = inode number: empty value
+};
+
+inline constexpr uint32_t kFsMagic = 0x53464c50;  // "PLFS"
+inline constexpr uint32_t kFsVersion = 1;
+
+struct FsInfo {
+  le32 magic;
+  le32 version;
+  le64 root_ino;     // the root directory
+  le64 created_ns;   // creation time
+  uint8_t name[32];  // branch name, NUL-padded
+  le64 reserved[2];
+};
+static_assert(sizeof(FsInfo) == 72);
+
+struct Timespec {
+  le64 sec;   // seconds since the epoch (two's complement)
+  le32 nsec;  // < 1e9
+  le32 reserved;
+};
+static_assert(sizeof(Timespec) == 16);
+
+struct Inode {
+  le32 mode;        // type and permission bits, as st_mode
+  le32 uid, gid;
+  le32 nlink;
+  le64 size;        // bytes
+  le64 blocks;      // 512-byte units mapped by this inode's extents
+  le64 rdev;        // device number of a device node
+  le64 parent;      // a directory's parent (the root: itself); 0 otherwise
+  le64 generation;  // the generation the inode was created in
+  le32 flags;       // 0: no flags are defined
+  le32 reserved0;
+  Timespec atime, mtime, ctime, btime;
+};
+static_assert(sizeof(Inode) == 128);
+
+// One directory entry inside a Dirent item (entries with equal name hashes
+// share the item). The 63-bit readdir cookie is hash << 7 | seq.
+struct Dirent {
+  le64 ino;
+  uint8_t type;      // DT_* of the target
+  uint8_t seq;       // < 128, unique in the item, kept for the entry's life
+  uint8_t name_len;  // 1..255
+  uint8_t reserved;
+  // name_len bytes of name follow
+};
+static_assert(sizeof(Dirent) == 12);
+
+struct XattrEntry {
+  uint8_t name_len;  // 1..255, the full name with its namespace prefix
+  uint8_t reserved;
+  le16 value_len;
+  // name, then value
+};
+static_assert(sizeof(XattrEntry) == 4);
+
+inline constexpr uint8_t kExtentPrealloc = 1;  // flags: allocated, reads as zeros
+inline constexpr uint8_t kCompressNone = 0;
+
+// Maps nblocks file blocks starting at the key's offset to blocks
+// [disk_start + offset, +nblocks) of the space extent at disk_start.
+struct Extent {
+  le64 disk_start;    // the referenced space extent (its space-tree key)
+  le64 disk_nblocks;  // that space extent's length
+  le64 offset;        // first block used, relative to disk_start
+  le32 nblocks;       // 1..kMaxExtentBlocks
+  uint8_t compression;
+  uint8_t flags;
+  le16 reserved;
+  // unless prealloc: nblocks le64 XXH3-64 checksums, one per block
+};
+static_assert(sizeof(Extent) == 32);
+static_assert(std::is_trivially_copyable_v<Extent>);
+
+inline constexpr uint32_t kMaxExtentBlocks = 64;
+inline constexpr uint32_t kInlineChunk = 512;    // bytes per Inline item
+inline constexpr uint32_t kInlineMax = 2048;     // largest inline regular file
+inline constexpr uint32_t kSymlinkMax = 4095;
+
+}  // namespace plyfs::disk

@@ -1,0 +1,1569 @@
+// The filesystem-object layer (fs.h; items in format.md#fs-tree).
+#include "fs/fs.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "fs/disk_fs.h"
+#include "util/checksum.h"
+
+namespace plyfs {
+
+using disk::ItemType;
+
+namespace {
+
+constexpr uint64_t kOffMask = (1ull << 56) - 1;
+constexpr uint32_t kMaxLinks = 65000;
+// Blocks one tree operation may allocate: a generous bound on
+// BTree::max_new_nodes() for trees up to 8 levels, reserved up front so that
+// a multi-item operation cannot run out of space halfway.
+constexpr uint64_t kOpBlocks = 20;
+constexpr uint32_t kInodeInline = 1;  // Inode.flags: the data is in Inline items
+constexpr size_t kPunchBatch = 512;   // extent items removed per transaction
+
+Key ikey(uint64_t obj, ItemType t, uint64_t off = 0) {
+  return Key{obj, (uint64_t(t) << 56) | (off & kOffMask)};
+}
+ItemType type_of(Key k) { return ItemType(k.lo >> 56); }
+uint64_t off_of(Key k) { return k.lo & kOffMask; }
+
+uint64_t name_hash(std::string_view n) {
+  uint64_t h = xxh3(n.data(), n.size()) & kOffMask;
+  return h ? h : 1;
+}
+
+timespec now() {
+  timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return t;
+}
+
+uint8_t dt_of(uint32_t mode) { return uint8_t(IFTODT(mode)); }
+
+std::span<const std::byte> bytes_of(const void* p, size_t n) {
+  return {static_cast<const std::byte*>(p), n};
+}
+
+// An inode as the layer uses it: the POSIX attributes plus the fields only
+// the layer sees.
+struct Rec {
+  Attr a;
+  uint64_t parent = 0;
+  uint32_t flags = 0;
+  bool is_inline() const { return flags & kInodeInline; }
+};
+
+void put_ts(disk::Timespec& d, const timespec& t) {
+  d.sec.set(uint64_t(t.tv_sec));
+  d.nsec.set(uint32_t(t.tv_nsec));
+  d.reserved.set(0);
+}
+timespec get_ts(const disk::Timespec& d) {
+  return timespec{time_t(d.sec.get()), long(d.nsec.get() % 1000000000)};
+}
+
+std::vector<std::byte> encode_inode(const Rec& r) {
+  std::vector<std::byte> v(sizeof(disk::Inode));
+  auto* d = view_as<disk::Inode>(std::span(v));
+  d->mode.set(r.a.mode);
+  d->uid.set(r.a.uid);
+  d->gid.set(r.a.gid);
+  d->nlink.set(r.a.nlink);
+  d->size.set(r.a.size);
+  d->blocks.set(r.a.blocks);
+  d->rdev.set(r.a.rdev);
+  d->parent.set(r.parent);
+  d->generation.set(r.a.generation);
+  d->flags.set(r.flags);
+  d->reserved0.set(0);
+  put_ts(d->atime, r.a.atime);
+  put_ts(d->mtime, r.a.mtime);
+  put_ts(d->ctime, r.a.ctime);
+  put_ts(d->btime, r.a.btime);
+  return v;
+}
+
+Result<Rec> decode_inode(uint64_t ino, std::span<const std::byte> v) {
+  if (v.size() != sizeof(disk::Inode))
+    return Error::corrupt(Error::kNoBlock, "inode " + std::to_string(ino) + " item has " +
+                                               std::to_string(v.size()) + " bytes, not 128");
+  const auto* d = view_as<disk::Inode>(v);
+  Rec r;
+  r.a.ino = ino;
+  r.a.mode = d->mode.get();
+  r.a.uid = d->uid.get();
+  r.a.gid = d->gid.get();
+  r.a.nlink = d->nlink.get();
+  r.a.size = d->size.get();
+  r.a.blocks = d->blocks.get();
+  r.a.rdev = d->rdev.get();
+  r.a.generation = d->generation.get();
+  r.parent = d->parent.get();
+  r.flags = d->flags.get();
+  r.a.atime = get_ts(d->atime);
+  r.a.mtime = get_ts(d->mtime);
+  r.a.ctime = get_ts(d->ctime);
+  r.a.btime = get_ts(d->btime);
+  return r;
+}
+
+// A decoded extent item.
+struct Ext {
+  uint64_t file_blk = 0;  // the key's offset
+  uint64_t disk_start = 0, disk_nblocks = 0, offset = 0;
+  uint32_t nblocks = 0;
+  uint8_t compression = 0, flags = 0;
+  std::vector<uint64_t> csums;  // empty for prealloc
+  bool prealloc() const { return flags & disk::kExtentPrealloc; }
+  uint64_t end() const { return file_blk + nblocks; }
+};
+
+Result<Ext> decode_extent(Key k, std::span<const std::byte> v) {
+  auto bad = [&](const char* why) {
+    return Error::corrupt(Error::kNoBlock, "extent item of inode " + std::to_string(k.hi) +
+                                               " at block " + std::to_string(off_of(k)) + ": " +
+                                               why);
+  };
+  if (v.size() < sizeof(disk::Extent)) return bad("too short");
+  const auto* d = view_as<disk::Extent>(v);
+  Ext e;
+  e.file_blk = off_of(k);
+  e.disk_start = d->disk_start.get();
+  e.disk_nblocks = d->disk_nblocks.get();
+  e.offset = d->offset.get();
+  e.nblocks = d->nblocks.get();
+  e.compression = d->compression;
+  e.flags = d->flags;
+  if (e.nblocks == 0 || e.nblocks > disk::kMaxExtentBlocks) return bad("bad block count");
+  if (e.offset > e.disk_nblocks || e.nblocks > e.disk_nblocks - e.offset)
+    return bad("maps past its disk extent");
+  if (e.compression != disk::kCompressNone) return bad("unknown compression");
+  if (e.flags & ~disk::kExtentPrealloc) return bad("unknown flags");
+  size_t want = sizeof(disk::Extent) + (e.prealloc() ? 0 : 8ull * e.nblocks);
+  if (v.size() != want) return bad("wrong size");
+  if (!e.prealloc()) {
+    e.csums.resize(e.nblocks);
+    for (uint32_t i = 0; i < e.nblocks; i++)
+      e.csums[i] = view_as<le64>(v, sizeof(disk::Extent) + 8 * i)->get();
+  }
+  return e;
+}
+
+std::vector<std::byte> encode_extent(const Ext& e) {
+  std::vector<std::byte> v(sizeof(disk::Extent) + 8 * e.csums.size());
+  auto* d = view_as<disk::Extent>(std::span(v));
+  d->disk_start.set(e.disk_start);
+  d->disk_nblocks.set(e.disk_nblocks);
+  d->offset.set(e.offset);
+  d->nblocks.set(e.nblocks);
+  d->compression = e.compression;
+  d->flags = e.flags;
+  d->reserved.set(0);
+  for (size_t i = 0; i < e.csums.size(); i++)
+    view_as<le64>(std::span(v), sizeof(disk::Extent) + 8 * i)->set(e.csums[i]);
+  return v;
+}
+
+// The part [from, to) of an extent, as its own item.
+Ext slice(const Ext& e, uint64_t from, uint64_t to) {
+  Ext s = e;
+  s.file_blk = from;
+  s.offset = e.offset + (from - e.file_blk);
+  s.nblocks = uint32_t(to - from);
+  if (!e.prealloc())
+    s.csums.assign(e.csums.begin() + long(from - e.file_blk),
+                   e.csums.begin() + long(to - e.file_blk));
+  return s;
+}
+
+struct DirentRec {
+  uint64_t ino;
+  uint8_t type, seq;
+  std::string name;
+};
+
+Result<std::vector<DirentRec>> decode_dirents(Key k, std::span<const std::byte> v) {
+  std::vector<DirentRec> out;
+  size_t p = 0;
+  while (p < v.size()) {
+    if (v.size() - p < sizeof(disk::Dirent))
+      return Error::corrupt(Error::kNoBlock, "truncated directory entry in inode " +
+                                                 std::to_string(k.hi));
+    const auto* d = view_as<disk::Dirent>(v, p);
+    size_t n = d->name_len;
+    if (n == 0 || v.size() - p - sizeof(disk::Dirent) < n || d->seq >= 128)
+      return Error::corrupt(Error::kNoBlock, "bad directory entry in inode " +
+                                                 std::to_string(k.hi));
+    out.push_back({d->ino.get(), d->type, d->seq,
+                   std::string(reinterpret_cast<const char*>(v.data() + p + sizeof(disk::Dirent)), n)});
+    p += sizeof(disk::Dirent) + n;
+  }
+  return out;
+}
+
+std::vector<std::byte> encode_dirents(const std::vector<DirentRec>& es) {
+  std::vector<std::byte> v;
+  for (const auto& e : es) {
+    size_t p = v.size();
+    v.resize(p + sizeof(disk::Dirent) + e.name.size());
+    auto* d = view_as<disk::Dirent>(std::span(v), p);
+    d->ino.set(e.ino);
+    d->type = e.type;
+    d->seq = e.seq;
+    d->name_len = uint8_t(e.name.size());
+    d->reserved = 0;
+    std::memcpy(v.data() + p + sizeof(disk::Dirent), e.name.data(), e.name.size());
+  }
+  return v;
+}
+
+struct XattrRec {
+  std::string name;
+  std::vector<std::byte> value;
+};
+
+Result<std::vector<XattrRec>> decode_xattrs(Key k, std::span<const std::byte> v) {
+  std::vector<XattrRec> out;
+  size_t p = 0;
+  while (p < v.size()) {
+    if (v.size() - p < sizeof(disk::XattrEntry))
+      return Error::corrupt(Error::kNoBlock, "truncated xattr in inode " + std::to_string(k.hi));
+    const auto* d = view_as<disk::XattrEntry>(v, p);
+    size_t n = d->name_len, m = d->value_len.get();
+    if (n == 0 || v.size() - p - sizeof(disk::XattrEntry) < n + m)
+      return Error::corrupt(Error::kNoBlock, "bad xattr in inode " + std::to_string(k.hi));
+    const std::byte* base = v.data() + p + sizeof(disk::XattrEntry);
+    out.push_back({std::string(reinterpret_cast<const char*>(base), n),
+                   std::vector<std::byte>(base + n, base + n + m)});
+    p += sizeof(disk::XattrEntry) + n + m;
+  }
+  return out;
+}
+
+std::vector<std::byte> encode_xattrs(const std::vector<XattrRec>& xs) {
+  std::vector<std::byte> v;
+  for (const auto& x : xs) {
+    size_t p = v.size();
+    v.resize(p + sizeof(disk::XattrEntry) + x.name.size() + x.value.size());
+    auto* d = view_as<disk::XattrEntry>(std::span(v), p);
+    d->name_len = uint8_t(x.name.size());
+    d->reserved = 0;
+    d->value_len.set(uint16_t(x.value.size()));
+    std::memcpy(v.data() + p + sizeof(disk::XattrEntry), x.name.data(), x.name.size());
+    if (!x.value.empty())
+      std::memcpy(v.data() + p + sizeof(disk::XattrEntry) + x.name.size(), x.value.data(),
+                  x.value.size());
+  }
+  return v;
+}
+
+Result<void> check_name(std::string_view name) {
+  if (name.empty()) return Error::io(ENOENT, "empty name");
+  if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  if (name.find('/') != std::string_view::npos || name == "." || name == "..")
+    return Error::invalid("name contains '/' or is . or ..");
+  return ok();
+}
+
+}  // namespace
+
+ValueRefs fs_value_refs() {
+  return [](Key k, std::span<const std::byte> v, std::vector<ExtentRef>& out) {
+    if (type_of(k) != ItemType::Extent || k.hi == 0 || v.size() < sizeof(disk::Extent)) return;
+    const auto* d = view_as<disk::Extent>(v);
+    if (d->disk_start.get() != 0)
+      out.push_back(ExtentRef{BlockNo{d->disk_start.get()}, d->disk_nblocks.get()});
+  };
+}
+
+std::map<uint8_t, ValueRefs> fs_kinds() { return {{disk::kKindFs, fs_value_refs()}}; }
+
+// One operation: a Txn on the filesystem's tree, with item helpers. The
+// caller holds the tree lock as the operation needs.
+struct Filesystem::Ctx {
+  Filesystem& fs;
+  Volume::Txn t;
+
+  Result<Rec> inode(uint64_t ino) {
+    auto v = PLY_TRY(t.get(fs.tree_, ikey(ino, ItemType::Inode)));
+    if (!v) return Error::io(ENOENT, "no inode " + std::to_string(ino));
+    return decode_inode(ino, *v);
+  }
+  Result<void> put_inode(const Rec& r) {
+    return t.put(fs.tree_, ikey(r.a.ino, ItemType::Inode), encode_inode(r));
+  }
+  Result<Rec> dir(uint64_t ino) {
+    Rec r = PLY_TRY(inode(ino));
+    if (!S_ISDIR(r.a.mode)) return Error::io(ENOTDIR, "not a directory");
+    return r;
+  }
+
+  Result<std::vector<DirentRec>> bucket(uint64_t dir, uint64_t h) {
+    Key k = ikey(dir, ItemType::Dirent, h);
+    auto v = PLY_TRY(t.get(fs.tree_, k));
+    if (!v) return std::vector<DirentRec>{};
+    return decode_dirents(k, *v);
+  }
+  Result<std::optional<DirentRec>> find(uint64_t dir, std::string_view name) {
+    auto b = PLY_TRY(bucket(dir, name_hash(name)));
+    for (auto& e : b)
+      if (e.name == name) return std::optional<DirentRec>(std::move(e));
+    return std::optional<DirentRec>{};
+  }
+  Result<void> add_entry(uint64_t dir, std::string_view name, uint64_t ino, uint8_t type) {
+    const uint64_t h = name_hash(name);
+    auto b = PLY_TRY(bucket(dir, h));
+    bool used[128] = {};
+    for (const auto& e : b) {
+      if (e.name == name) return Error::io(EEXIST, "name exists");
+      used[e.seq] = true;
+    }
+    uint8_t seq = 0;
+    while (seq < 128 && used[seq]) seq++;
+    if (seq == 128) return Error::no_space("too many names with one hash");
+    b.push_back({ino, type, seq, std::string(name)});
+    auto v = encode_dirents(b);
+    if (v.size() > BTree::max_value_len(fs.bs_))
+      return Error::no_space("names colliding in one hash do not fit an item");
+    return t.put(fs.tree_, ikey(dir, ItemType::Dirent, h), v);
+  }
+  // Replaces the target of an existing entry.
+  Result<void> retarget(uint64_t dir, std::string_view name, uint64_t ino, uint8_t type) {
+    const uint64_t h = name_hash(name);
+    auto b = PLY_TRY(bucket(dir, h));
+    for (auto& e : b)
+      if (e.name == name) {
+        e.ino = ino;
+        e.type = type;
+        return t.put(fs.tree_, ikey(dir, ItemType::Dirent, h), encode_dirents(b));
+      }
+    return Error::io(ENOENT, "no such entry");
+  }
+  Result<void> remove_entry(uint64_t dir, std::string_view name) {
+    const uint64_t h = name_hash(name);
+    auto b = PLY_TRY(bucket(dir, h));
+    auto it = std::find_if(b.begin(), b.end(), [&](auto& e) { return e.name == name; });
+    if (it == b.end()) return Error::io(ENOENT, "no such entry");
+    b.erase(it);
+    if (b.empty()) {
+      (void)PLY_TRY(t.erase(fs.tree_, ikey(dir, ItemType::Dirent, h)));
+      return ok();
+    }
+    return t.put(fs.tree_, ikey(dir, ItemType::Dirent, h), encode_dirents(b));
+  }
+  Result<bool> dir_empty(uint64_t dir) {
+    bool empty = true;
+    PLY_CHECK(t.scan(fs.tree_, ikey(dir, ItemType::Dirent, 0), ikey(dir, ItemType::Dirent, kOffMask),
+                     [&](Key, std::span<const std::byte>) { return empty = false; }));
+    return empty;
+  }
+
+  // Extent items overlapping file blocks [from, to), in order. Items are at
+  // most kMaxExtentBlocks long, so the scan starts that far back.
+  Result<std::vector<Ext>> extents(uint64_t ino, uint64_t from, uint64_t to, size_t limit = ~size_t{0}) {
+    std::vector<Ext> out;
+    if (to <= from) return out;
+    uint64_t s = from >= disk::kMaxExtentBlocks ? from - disk::kMaxExtentBlocks + 1 : 0;
+    std::optional<Error> err;
+    PLY_CHECK(t.scan(fs.tree_, ikey(ino, ItemType::Extent, s),
+                     ikey(ino, ItemType::Extent, std::min<uint64_t>(to - 1, kOffMask)),
+                     [&](Key k, std::span<const std::byte> v) {
+                       auto e = decode_extent(k, v);
+                       if (!e) {
+                         err = e.error();
+                         return false;
+                       }
+                       if (e->end() > from) out.push_back(std::move(*e));
+                       return out.size() < limit;
+                     }));
+    if (err) return *err;
+    return out;
+  }
+  Result<void> put_extent(uint64_t ino, const Ext& e) {
+    return t.put(fs.tree_, ikey(ino, ItemType::Extent, e.file_blk), encode_extent(e));
+  }
+  // Unmaps file blocks [from, to), splitting items at the edges. Returns
+  // false when it stopped after `limit` items with more left. Counts the
+  // blocks unmapped into `delta`.
+  Result<bool> punch(uint64_t ino, uint64_t from, uint64_t to, int64_t& delta,
+                     size_t limit = ~size_t{0}) {
+    auto es = PLY_TRY(extents(ino, from, to, limit + 1));
+    bool done = es.size() <= limit;
+    if (!done) es.resize(limit);
+    for (const Ext& e : es) {
+      uint64_t a = std::max(from, e.file_blk), b = std::min(to, e.end());
+      (void)PLY_TRY(t.erase(fs.tree_, ikey(ino, ItemType::Extent, e.file_blk)));
+      if (e.file_blk < a) {
+        PLY_CHECK(put_extent(ino, slice(e, e.file_blk, a)));
+        PLY_CHECK(t.inc_extent(BlockNo{e.disk_start}));
+      }
+      if (b < e.end()) {
+        PLY_CHECK(put_extent(ino, slice(e, b, e.end())));
+        PLY_CHECK(t.inc_extent(BlockNo{e.disk_start}));
+      }
+      PLY_CHECK(t.dec_extent(BlockNo{e.disk_start}));
+      delta -= int64_t(b - a);
+    }
+    return done;
+  }
+
+  Result<std::vector<std::byte>> inline_data(uint64_t ino, uint64_t size) {
+    std::vector<std::byte> out(size);
+    std::optional<Error> err;
+    PLY_CHECK(t.scan(fs.tree_, ikey(ino, ItemType::Inline, 0), ikey(ino, ItemType::Inline, kOffMask),
+                     [&](Key k, std::span<const std::byte> v) {
+                       uint64_t o = off_of(k);
+                       if (o % disk::kInlineChunk || v.size() > disk::kInlineChunk) {
+                         err = Error::corrupt(Error::kNoBlock, "bad inline chunk in inode " +
+                                                                   std::to_string(ino));
+                         return false;
+                       }
+                       if (o < size)
+                         std::memcpy(out.data() + o, v.data(), std::min<uint64_t>(v.size(), size - o));
+                       return true;
+                     }));
+    if (err) return *err;
+    return out;
+  }
+  // Replaces the inline chunks by `data`.
+  Result<void> set_inline(uint64_t ino, std::span<const std::byte> data, uint64_t old_size) {
+    for (uint64_t o = 0; o < std::max<uint64_t>(old_size, data.size()); o += disk::kInlineChunk) {
+      if (o >= data.size()) {
+        (void)PLY_TRY(t.erase(fs.tree_, ikey(ino, ItemType::Inline, o)));
+        continue;
+      }
+      auto part = data.subspan(o, std::min<uint64_t>(disk::kInlineChunk, data.size() - o));
+      bool zero = std::all_of(part.begin(), part.end(), [](std::byte b) { return b == std::byte{0}; });
+      if (zero) (void)PLY_TRY(t.erase(fs.tree_, ikey(ino, ItemType::Inline, o)));  // a hole
+      else PLY_CHECK(t.put(fs.tree_, ikey(ino, ItemType::Inline, o), part));
+    }
+    return ok();
+  }
+};
+
+namespace {
+// A batch of new data blocks written to the device, not yet mapped.
+struct NewExt {
+  Ext e;
+};
+}  // namespace
+
+// --- creation and opening -------------------------------------------------
+
+Result<TreeId> Filesystem::create(Volume& v, const FsCreateOptions& o) {
+  auto t = PLY_TRY(v.begin({.reserve_blocks = 8 * kOpBlocks}));
+  TreeId id = PLY_TRY(t.create_tree(disk::kKindFs));
+  uint64_t root = t.take_inode_number();
+  disk::FsInfo info{};
+  info.magic.set(disk::kFsMagic);
+  info.version.set(disk::kFsVersion);
+  info.root_ino.set(root);
+  timespec n = now();
+  info.created_ns.set(uint64_t(n.tv_sec) * 1000000000ull + uint64_t(n.tv_nsec));
+  std::memcpy(info.name, o.name.data(), std::min<size_t>(o.name.size(), sizeof info.name));
+  PLY_CHECK(t.put(id, ikey(0, ItemType::FsInfo), bytes_of(&info, sizeof info)));
+  Rec r;
+  r.a.ino = root;
+  r.a.mode = S_IFDIR | (o.root_mode & 07777);
+  r.a.uid = o.uid;
+  r.a.gid = o.gid;
+  r.a.nlink = 2;
+  r.a.generation = t.gen().v;
+  r.a.atime = r.a.mtime = r.a.ctime = r.a.btime = n;
+  r.parent = root;
+  PLY_CHECK(t.put(id, ikey(root, ItemType::Inode), encode_inode(r)));
+  return id;
+}
+
+Result<SuperInfo> format_filesystem(BlockDevice& dev, const FormatOptions& f,
+                                    const FsCreateOptions& o) {
+  (void)PLY_TRY(Volume::format(dev, f));
+  VolumeOptions vo;
+  vo.kinds = fs_kinds();
+  vo.cache_bytes = 8 << 20;
+  auto v = PLY_TRY(Volume::open(dev, vo));
+  (void)PLY_TRY(Filesystem::create(*v, o));
+  PLY_CHECK(v->close());
+  return v->super();
+}
+
+Result<TreeId> Filesystem::default_tree(Volume& v) {
+  auto t = PLY_TRY(v.begin());
+  auto trees = PLY_TRY(t.list_trees());
+  for (const auto& ti : trees)
+    if (ti.kind == disk::kKindFs) return ti.id;
+  return Error::io(ENOENT, "the image holds no filesystem tree");
+}
+
+Filesystem::Filesystem(Volume& v, TreeId tree, uint64_t root)
+    : vol_(v), tree_(tree), root_(root), bs_(v.block_size()) {}
+
+Result<std::unique_ptr<Filesystem>> Filesystem::open(Volume& v, TreeId tree) {
+  uint64_t root;
+  {
+    auto t = PLY_TRY(v.begin());
+    auto info = PLY_TRY(t.tree_info(tree));
+    if (info.kind != disk::kKindFs)
+      return Error::invalid("tree " + std::to_string(tree.v) + " is not a filesystem tree");
+    auto val = PLY_TRY(t.get(tree, ikey(0, ItemType::FsInfo)));
+    if (!val || val->size() != sizeof(disk::FsInfo))
+      return Error::corrupt(Error::kNoBlock, "filesystem tree without a valid info item");
+    const auto* fi = view_as<disk::FsInfo>(std::span<const std::byte>(*val));
+    if (fi->magic.get() != disk::kFsMagic)
+      return Error::corrupt(Error::kNoBlock, "filesystem info item has a bad magic number");
+    if (fi->version.get() != disk::kFsVersion)
+      return Error::io(EOPNOTSUPP, "filesystem tree version " +
+                                       std::to_string(fi->version.get()) + " is not supported");
+    root = fi->root_ino.get();
+  }
+  std::unique_ptr<Filesystem> fs(new Filesystem(v, tree, root));
+  {
+    auto t = PLY_TRY(v.begin());
+    Ctx c{*fs, std::move(t)};
+    (void)PLY_TRY(c.dir(root));
+  }
+  if (!v.read_only()) PLY_CHECK(fs->free_orphans());
+  return fs;
+}
+
+bool Filesystem::read_only() const { return failed_ || vol_.read_only(); }
+
+void Filesystem::fail(const Error& e) {
+  if (!failed_.exchange(true))
+    std::fprintf(stderr, "plyfs: %s; the filesystem is now read-only\n", e.message().c_str());
+  vol_.fail(e);
+}
+
+Result<void> Filesystem::sync() {
+  if (vol_.read_only()) return ok();
+  (void)PLY_TRY(vol_.commit());
+  return ok();
+}
+
+// --- orphans ----------------------------------------------------------------
+
+Result<void> Filesystem::free_orphans() {
+  std::vector<uint64_t> inos;
+  {
+    auto t = PLY_TRY(vol_.begin());
+    PLY_CHECK(t.scan(tree_, ikey(0, ItemType::Orphan, 0), ikey(0, ItemType::Orphan, kOffMask),
+                     [&](Key k, std::span<const std::byte>) {
+                       inos.push_back(off_of(k));
+                       return true;
+                     }));
+  }
+  for (uint64_t ino : inos) PLY_CHECK(free_inode(ino));
+  return ok();
+}
+
+size_t Filesystem::orphan_count() {
+  size_t n = 0;
+  auto t = vol_.begin();
+  if (!t) return 0;
+  (void)t->scan(tree_, ikey(0, ItemType::Orphan, 0), ikey(0, ItemType::Orphan, kOffMask),
+                [&](Key, std::span<const std::byte>) { return ++n, true; });
+  return n;
+}
+
+// Frees an unlinked inode's items in batches; the orphan item goes last, so
+// a crash halfway leaves it to be finished at the next mount.
+Result<void> Filesystem::free_inode(uint64_t ino) {
+  for (;;) {
+    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 4 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    std::vector<std::pair<Key, std::optional<uint64_t>>> items;
+    PLY_CHECK(c.t.scan(tree_, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+      std::optional<uint64_t> ext;
+      if (type_of(k) == ItemType::Extent && v.size() >= sizeof(disk::Extent))
+        ext = view_as<disk::Extent>(v)->disk_start.get();
+      items.push_back({k, ext});
+      return items.size() < kPunchBatch;
+    }));
+    for (auto& [k, ext] : items) {
+      (void)PLY_TRY(c.t.erase(tree_, k));
+      if (ext && *ext) PLY_CHECK(c.t.dec_extent(BlockNo{*ext}));
+    }
+    if (items.size() < kPunchBatch) {
+      (void)PLY_TRY(c.t.erase(tree_, ikey(0, ItemType::Orphan, ino)));
+      return ok();
+    }
+  }
+}
+
+void Filesystem::pin(uint64_t ino, uint64_t n) {
+  std::lock_guard lk(pin_mu_);
+  pins_[ino] += n;
+}
+
+Result<void> Filesystem::unpin(uint64_t ino, uint64_t n) {
+  {
+    std::lock_guard lk(pin_mu_);
+    auto it = pins_.find(ino);
+    if (it == pins_.end()) return ok();
+    if (it->second > n) {
+      it->second -= n;
+      return ok();
+    }
+    pins_.erase(it);
+  }
+  if (read_only()) return ok();
+  auto a = getattr(ino);
+  if (!a) return a.error().code == ENOENT ? ok() : Result<void>(a.error());
+  if (a->nlink == 0) {
+    std::lock_guard il(inode_lock(ino));
+    return free_inode(ino);
+  }
+  return ok();
+}
+
+Result<void> Filesystem::release_all() {
+  std::vector<uint64_t> inos;
+  {
+    std::lock_guard lk(pin_mu_);
+    for (auto& [ino, n] : pins_) inos.push_back(ino);
+  }
+  for (uint64_t ino : inos) {
+    uint64_t n;
+    {
+      std::lock_guard lk(pin_mu_);
+      auto it = pins_.find(ino);
+      if (it == pins_.end()) continue;
+      n = it->second;
+    }
+    PLY_CHECK(unpin(ino, n));
+  }
+  return ok();
+}
+
+// --- names ------------------------------------------------------------------
+
+Result<Attr> Filesystem::getattr(uint64_t ino) {
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  return r.a;
+}
+
+Result<Attr> Filesystem::lookup(uint64_t dir, std::string_view name) {
+  if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  Rec d = PLY_TRY(c.dir(dir));
+  if (name == ".") return d.a;
+  if (name == "..") return PLY_TRY(c.inode(d.parent)).a;
+  auto e = PLY_TRY(c.find(dir, name));
+  if (!e) return Error::io(ENOENT, "no such entry");
+  return PLY_TRY(c.inode(e->ino)).a;
+}
+
+Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t mode,
+                                   uint64_t rdev, uint32_t uid, uint32_t gid,
+                                   std::string_view target) {
+  PLY_CHECK(check_name(name));
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 16 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::unique_lock lk(mu_);
+  Rec d = PLY_TRY(c.dir(dir));
+  if (d.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
+  if (PLY_TRY(c.find(dir, name))) return Error::io(EEXIST, "name exists");
+  const bool is_dir = S_ISDIR(mode);
+  if (is_dir && d.a.nlink >= ~0u - 1) return Error::io(EMLINK, "too many subdirectories");
+  Rec r;
+  r.a.ino = c.t.take_inode_number();
+  r.a.mode = mode;
+  r.a.uid = uid;
+  r.a.gid = gid;
+  if (d.a.mode & S_ISGID) {  // BSD group semantics on a setgid directory
+    r.a.gid = d.a.gid;
+    if (is_dir) r.a.mode |= S_ISGID;
+  }
+  r.a.nlink = is_dir ? 2 : 1;
+  r.a.rdev = (S_ISCHR(mode) || S_ISBLK(mode)) ? rdev : 0;
+  r.a.generation = c.t.gen().v;
+  r.a.atime = r.a.mtime = r.a.ctime = r.a.btime = now();
+  r.parent = is_dir ? dir : 0;
+  if (S_ISREG(mode)) r.flags = kInodeInline;
+  if (S_ISLNK(mode)) {
+    r.a.size = target.size();
+    PLY_CHECK(c.set_inline(r.a.ino, bytes_of(target.data(), target.size()), 0));
+  }
+  PLY_CHECK(c.put_inode(r));
+  PLY_CHECK(c.add_entry(dir, name, r.a.ino, dt_of(mode)));
+  d.a.mtime = d.a.ctime = r.a.ctime;
+  if (is_dir) d.a.nlink++;
+  d.a.size++;
+  PLY_CHECK(c.put_inode(d));
+  return r.a;
+}
+
+Result<Attr> Filesystem::mknod(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
+                               uint32_t uid, uint32_t gid) {
+  const uint32_t type = mode & S_IFMT;
+  if (type == 0) mode |= S_IFREG;
+  else if (type != S_IFREG && type != S_IFIFO && type != S_IFSOCK && type != S_IFCHR &&
+           type != S_IFBLK)
+    return Error::invalid("mknod of an unsupported file type");
+  return make_node(dir, name, mode, rdev, uid, gid, {});
+}
+
+Result<Attr> Filesystem::mkdir(uint64_t dir, std::string_view name, uint32_t mode, uint32_t uid,
+                               uint32_t gid) {
+  return make_node(dir, name, S_IFDIR | (mode & 07777), 0, uid, gid, {});
+}
+
+Result<Attr> Filesystem::symlink(uint64_t dir, std::string_view name, std::string_view target,
+                                 uint32_t uid, uint32_t gid) {
+  if (target.empty()) return Error::io(ENOENT, "empty symlink target");
+  if (target.size() > disk::kSymlinkMax)
+    return Error::io(ENAMETOOLONG, "symlink target longer than 4095 bytes");
+  return make_node(dir, name, S_IFLNK | 0777, 0, uid, gid, target);
+}
+
+Result<std::string> Filesystem::readlink(uint64_t ino) {
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  if (!S_ISLNK(r.a.mode)) return Error::invalid("not a symlink");
+  auto d = PLY_TRY(c.inline_data(ino, r.a.size));
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+}
+
+Result<Attr> Filesystem::link(uint64_t ino, uint64_t dir, std::string_view name) {
+  PLY_CHECK(check_name(name));
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::unique_lock lk(mu_);
+  Rec d = PLY_TRY(c.dir(dir));
+  if (d.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
+  Rec r = PLY_TRY(c.inode(ino));
+  if (S_ISDIR(r.a.mode)) return Error::io(EPERM, "hard link to a directory");
+  if (r.a.nlink == 0) return Error::io(ENOENT, "the file was removed");
+  if (r.a.nlink >= kMaxLinks) return Error::io(EMLINK, "too many links");
+  PLY_CHECK(c.add_entry(dir, name, ino, dt_of(r.a.mode)));
+  r.a.nlink++;
+  r.a.ctime = now();
+  PLY_CHECK(c.put_inode(r));
+  d.a.mtime = d.a.ctime = r.a.ctime;
+  d.a.size++;
+  PLY_CHECK(c.put_inode(d));
+  return r.a;
+}
+
+Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool want_dir) {
+  if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  uint64_t freed = 0;
+  {
+    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 8 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    Rec d = PLY_TRY(c.dir(dir));
+    auto e = PLY_TRY(c.find(dir, name));
+    if (!e) return Error::io(ENOENT, "no such entry");
+    Rec r = PLY_TRY(c.inode(e->ino));
+    const bool is_dir = S_ISDIR(r.a.mode);
+    if (want_dir && !is_dir) return Error::io(ENOTDIR, "not a directory");
+    if (!want_dir && is_dir) return Error::io(EISDIR, "is a directory");
+    if (is_dir && !PLY_TRY(c.dir_empty(r.a.ino))) return Error::io(ENOTEMPTY, "directory not empty");
+    PLY_CHECK(c.remove_entry(dir, name));
+    timespec n = now();
+    d.a.mtime = d.a.ctime = n;
+    if (is_dir) d.a.nlink--;
+    if (d.a.size) d.a.size--;
+    PLY_CHECK(c.put_inode(d));
+    r.a.ctime = n;
+    r.a.nlink = is_dir ? 0 : r.a.nlink - 1;
+    PLY_CHECK(c.put_inode(r));
+    if (r.a.nlink == 0) {
+      PLY_CHECK(c.t.put(tree_, ikey(0, ItemType::Orphan, r.a.ino), {}));
+      freed = r.a.ino;
+    }
+  }
+  if (freed) {
+    bool pinned;
+    {
+      std::lock_guard lk(pin_mu_);
+      pinned = pins_.count(freed);
+    }
+    if (!pinned) {
+      std::lock_guard il(inode_lock(freed));
+      PLY_CHECK(free_inode(freed));
+    }
+  }
+  return ok();
+}
+
+Result<void> Filesystem::unlink(uint64_t dir, std::string_view name) {
+  return remove_name(dir, name, false);
+}
+Result<void> Filesystem::rmdir(uint64_t dir, std::string_view name) {
+  if (name == ".") return Error::invalid("rmdir of .");
+  if (name == "..") return Error::io(ENOTEMPTY, "rmdir of ..");
+  return remove_name(dir, name, true);
+}
+
+Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
+                                std::string_view nname, unsigned flags) {
+  if (flags & ~unsigned(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Error::invalid("rename flags");
+  if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+    return Error::invalid("RENAME_NOREPLACE with RENAME_EXCHANGE");
+  PLY_CHECK(check_name(oname));
+  PLY_CHECK(check_name(nname));
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  uint64_t freed = 0;
+  {
+    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 16 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    Rec od0 = PLY_TRY(c.dir(odir));
+    Rec nd = PLY_TRY(c.dir(ndir));
+    Rec& od = odir == ndir ? nd : od0;  // one record when both are one directory
+    auto se = PLY_TRY(c.find(odir, oname));
+    if (!se) return Error::io(ENOENT, "no such entry");
+    auto de = PLY_TRY(c.find(ndir, nname));
+    if (nd.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
+    Rec src = PLY_TRY(c.inode(se->ino));
+    // A directory may not move below itself.
+    auto below = [&](uint64_t moving) -> Result<bool> {
+      uint64_t p = ndir;
+      for (int depth = 0; depth < 100000; depth++) {
+        if (p == moving) return true;
+        if (p == root_) return false;
+        p = PLY_TRY(c.inode(p)).parent;
+      }
+      return Error::corrupt(Error::kNoBlock, "directory parent chain loops");
+    };
+    timespec n = now();
+    if (flags & RENAME_EXCHANGE) {
+      if (!de) return Error::io(ENOENT, "no entry to exchange with");
+      Rec dst = PLY_TRY(c.inode(de->ino));
+      if (src.a.ino == dst.a.ino) return ok();
+      if (odir != ndir) {
+        if (S_ISDIR(src.a.mode) && PLY_TRY(below(src.a.ino))) return Error::invalid("moving a directory below itself");
+        std::swap(ndir, odir);
+        bool b = S_ISDIR(dst.a.mode) && PLY_TRY(below(dst.a.ino));
+        std::swap(ndir, odir);
+        if (b) return Error::invalid("moving a directory below itself");
+      }
+      PLY_CHECK(c.retarget(odir, oname, dst.a.ino, dt_of(dst.a.mode)));
+      PLY_CHECK(c.retarget(ndir, nname, src.a.ino, dt_of(src.a.mode)));
+      if (odir != ndir) {
+        if (S_ISDIR(src.a.mode)) { src.parent = ndir; nd.a.nlink++; od.a.nlink--; }
+        if (S_ISDIR(dst.a.mode)) { dst.parent = odir; od.a.nlink++; nd.a.nlink--; }
+      }
+      src.a.ctime = dst.a.ctime = n;
+      PLY_CHECK(c.put_inode(src));
+      PLY_CHECK(c.put_inode(dst));
+      od.a.mtime = od.a.ctime = n;
+      PLY_CHECK(c.put_inode(od));
+      if (odir != ndir) {
+        nd.a.mtime = nd.a.ctime = n;
+        PLY_CHECK(c.put_inode(nd));
+      }
+      return ok();
+    }
+    if (de && (flags & RENAME_NOREPLACE)) return Error::io(EEXIST, "target exists");
+    if (de && de->ino == src.a.ino) return ok();  // two names of one inode: nothing to do
+    const bool is_dir = S_ISDIR(src.a.mode);
+    if (is_dir && odir != ndir && PLY_TRY(below(src.a.ino)))
+      return Error::invalid("moving a directory below itself");
+    if (de) {
+      Rec dst = PLY_TRY(c.inode(de->ino));
+      const bool dst_dir = S_ISDIR(dst.a.mode);
+      if (is_dir && !dst_dir) return Error::io(ENOTDIR, "target is not a directory");
+      if (!is_dir && dst_dir) return Error::io(EISDIR, "target is a directory");
+      if (dst_dir && !PLY_TRY(c.dir_empty(dst.a.ino))) return Error::io(ENOTEMPTY, "target directory not empty");
+      PLY_CHECK(c.retarget(ndir, nname, src.a.ino, dt_of(src.a.mode)));
+      dst.a.nlink = dst_dir ? 0 : dst.a.nlink - 1;
+      dst.a.ctime = n;
+      PLY_CHECK(c.put_inode(dst));
+      if (dst_dir) nd.a.nlink--;
+      if (nd.a.size) nd.a.size--;
+      if (dst.a.nlink == 0) {
+        PLY_CHECK(c.t.put(tree_, ikey(0, ItemType::Orphan, dst.a.ino), {}));
+        freed = dst.a.ino;
+      }
+    } else {
+      PLY_CHECK(c.add_entry(ndir, nname, src.a.ino, dt_of(src.a.mode)));
+      nd.a.size++;
+    }
+    PLY_CHECK(c.remove_entry(odir, oname));
+    if (od.a.size) od.a.size--;
+    if (is_dir && odir != ndir) {
+      src.parent = ndir;
+      od.a.nlink--;
+      nd.a.nlink++;
+    }
+    src.a.ctime = n;
+    PLY_CHECK(c.put_inode(src));
+    od.a.mtime = od.a.ctime = n;
+    nd.a.mtime = nd.a.ctime = n;
+    if (odir != ndir) PLY_CHECK(c.put_inode(od));
+    PLY_CHECK(c.put_inode(nd));
+  }
+  if (freed) {
+    bool pinned;
+    {
+      std::lock_guard lk(pin_mu_);
+      pinned = pins_.count(freed);
+    }
+    if (!pinned) {
+      std::lock_guard il(inode_lock(freed));
+      PLY_CHECK(free_inode(freed));
+    }
+  }
+  return ok();
+}
+
+Result<void> Filesystem::readdir(uint64_t dir, uint64_t cookie,
+                                 const std::function<bool(const DirEntry&)>& fn) {
+  uint64_t parent;
+  {
+    auto t = PLY_TRY(vol_.begin());
+    Ctx c{*this, std::move(t)};
+    std::shared_lock lk(mu_);
+    Rec d = PLY_TRY(c.dir(dir));
+    parent = d.parent;
+  }
+  if (cookie == 0 && !fn(DirEntry{".", dir, DT_DIR, 1})) return ok();
+  if (cookie <= 1 && !fn(DirEntry{"..", parent, DT_DIR, 2})) return ok();
+  uint64_t from = std::max<uint64_t>(cookie, 3);
+  for (;;) {
+    // Collect a batch under the lock, hand it out without: fn may call back
+    // into the filesystem (readdirplus looks each entry up).
+    struct Item { std::string name; uint64_t ino; uint8_t type; uint64_t cookie; };
+    std::vector<Item> batch;
+    bool more = false;
+    {
+      auto t = PLY_TRY(vol_.begin());
+      Ctx c{*this, std::move(t)};
+      std::shared_lock lk(mu_);
+      std::optional<Error> err;
+      PLY_CHECK(c.t.scan(tree_, ikey(dir, ItemType::Dirent, from >> 7),
+                         ikey(dir, ItemType::Dirent, kOffMask),
+                         [&](Key k, std::span<const std::byte> v) {
+                           auto es = decode_dirents(k, v);
+                           if (!es) {
+                             err = es.error();
+                             return false;
+                           }
+                           std::sort(es->begin(), es->end(),
+                                     [](auto& a, auto& b) { return a.seq < b.seq; });
+                           for (auto& e : *es) {
+                             uint64_t ck = off_of(k) << 7 | e.seq;
+                             if (ck >= from) batch.push_back({std::move(e.name), e.ino, e.type, ck});
+                           }
+                           if (batch.size() >= 128) {
+                             more = true;
+                             return false;
+                           }
+                           return true;
+                         }));
+      if (err) return *err;
+    }
+    for (const auto& it : batch)
+      if (!fn(DirEntry{it.name, it.ino, it.type, it.cookie + 1})) return ok();
+    if (!more || batch.empty()) return ok();
+    from = batch.back().cookie + 1;
+  }
+}
+
+// --- attributes ---------------------------------------------------------------
+
+Result<Attr> Filesystem::setattr(uint64_t ino, const SetAttr& s) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  if (s.size) {
+    std::lock_guard il(inode_lock(ino));
+    PLY_CHECK(truncate_locked(ino, *s.size));
+  }
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 2 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::unique_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  timespec n = now();
+  if (s.mode) r.a.mode = (r.a.mode & S_IFMT) | (*s.mode & 07777);
+  if (s.uid) r.a.uid = *s.uid;
+  if (s.gid) r.a.gid = *s.gid;
+  if (s.atime) r.a.atime = s.atime->tv_nsec == UTIME_NOW ? n : *s.atime;
+  if (s.mtime) r.a.mtime = s.mtime->tv_nsec == UTIME_NOW ? n : *s.mtime;
+  if (s.size && !s.mtime) r.a.mtime = n;
+  r.a.ctime = n;
+  PLY_CHECK(c.put_inode(r));
+  return r.a;
+}
+
+// --- file data ------------------------------------------------------------------
+
+namespace {
+bool all_zero(std::span<const std::byte> s) {
+  return std::all_of(s.begin(), s.end(), [](std::byte b) { return b == std::byte{0}; });
+}
+}  // namespace
+
+Result<size_t> Filesystem::read(uint64_t ino, uint64_t off, std::span<std::byte> out) {
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::vector<Ext> es;
+  uint64_t n, fb, lb;
+  {
+    std::shared_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    if (S_ISDIR(r.a.mode)) return Error::io(EISDIR, "is a directory");
+    if (off >= r.a.size || out.empty()) return size_t{0};
+    n = std::min<uint64_t>(out.size(), r.a.size - off);
+    if (r.is_inline()) {
+      auto d = PLY_TRY(c.inline_data(ino, r.a.size));
+      std::memcpy(out.data(), d.data() + off, n);
+      return size_t(n);
+    }
+    fb = off / bs_;
+    lb = (off + n - 1) / bs_;
+    es = PLY_TRY(c.extents(ino, fb, lb + 1));
+  }
+  // The device reads run without the tree lock; the Txn keeps the blocks
+  // from being reused (a block freed now is free only once this generation
+  // is durable, and it cannot commit while the Txn is open).
+  std::memset(out.data(), 0, n);
+  std::vector<std::byte> buf;
+  for (const Ext& e : es) {
+    if (e.prealloc()) continue;
+    uint64_t a = std::max(fb, e.file_blk), b = std::min(lb + 1, e.end());
+    buf.resize((b - a) * bs_);
+    PLY_CHECK(vol_.read_data(BlockNo{e.disk_start + e.offset + (a - e.file_blk)}, buf));
+    for (uint64_t i = a; i < b; i++) {
+      std::span<const std::byte> blk(buf.data() + (i - a) * bs_, bs_);
+      if (xxh3(blk) != e.csums[i - e.file_blk]) {
+        Error err = Error::io(EIO, "data checksum mismatch in inode " + std::to_string(ino) +
+                                       " file block " + std::to_string(i),
+                              e.disk_start + e.offset + (i - e.file_blk));
+        fail(err);
+        return err;
+      }
+      // The overlap of block i with [off, off + n).
+      uint64_t bs0 = i * bs_, lo = std::max(off, bs0), hi = std::min(off + n, bs0 + bs_);
+      std::memcpy(out.data() + (lo - off), blk.data() + (lo - bs0), hi - lo);
+    }
+  }
+  return size_t(n);
+}
+
+namespace {
+// Allocates blocks for `data` (whole blocks for file blocks from `fb`),
+// writes them and returns the extent items to map, in pieces of at most
+// kMaxExtentBlocks. On error, frees what it allocated.
+Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
+                                    std::span<const std::byte> data, uint32_t bs) {
+  std::vector<Ext> out;
+  const uint64_t total = data.size() / bs;
+  uint64_t done = 0;
+  auto undo = [&](Error e) -> Error {
+    for (const Ext& x : out) (void)t.dec_extent(BlockNo{x.disk_start});
+    return e;
+  };
+  uint32_t want = disk::kMaxExtentBlocks;
+  while (done < total) {
+    uint32_t n = uint32_t(std::min<uint64_t>(want, total - done));
+    auto b = t.alloc_extent(n);
+    if (!b) {
+      if (b.error().code == ENOSPC && n > 1) {  // fragmented: try shorter pieces
+        want = std::max<uint32_t>(1, n / 2);
+        continue;
+      }
+      return undo(b.error());
+    }
+    Ext e;
+    e.file_blk = fb + done;
+    e.disk_start = b->v;
+    e.disk_nblocks = n;
+    e.offset = 0;
+    e.nblocks = n;
+    out.push_back(e);
+    auto piece = data.subspan(done * bs, uint64_t(n) * bs);
+    auto w = vol.write_data(*b, piece);
+    if (!w) return undo(w.error());
+    out.back().csums.resize(n);
+    for (uint32_t i = 0; i < n; i++) out.back().csums[i] = xxh3(piece.subspan(uint64_t(i) * bs, bs));
+    done += n;
+  }
+  return out;
+}
+}  // namespace
+
+// Moves an inline file's data into a block (format.md#fs-inline).
+Result<void> Filesystem::unshare_inline(uint64_t ino) {
+  Attr a = PLY_TRY(getattr(ino));
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::vector<std::byte> data;
+  {
+    std::shared_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    if (!r.is_inline()) return ok();
+    data = PLY_TRY(c.inline_data(ino, r.a.size));
+  }
+  std::vector<Ext> news;
+  if (!data.empty() && !all_zero(data)) {
+    data.resize(bs_);
+    news = PLY_TRY(put_blocks(vol_, c.t, 0, data, bs_));
+  }
+  std::unique_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  PLY_CHECK(c.set_inline(ino, {}, r.a.size));
+  for (const Ext& e : news) PLY_CHECK(c.put_extent(ino, e));
+  r.flags &= ~kInodeInline;
+  r.a.blocks = news.size() * (bs_ / 512);
+  (void)a;
+  return c.put_inode(r);
+}
+
+Result<size_t> Filesystem::write(uint64_t ino, uint64_t off, std::span<const std::byte> in) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  if (in.empty()) return size_t{0};
+  if (off + in.size() < off || off + in.size() > (kOffMask >> 1) * uint64_t(bs_))
+    return Error::io(EFBIG, "file too large");
+  std::lock_guard il(inode_lock(ino));
+  return write_locked(ino, off, in);
+}
+
+Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in) {
+  Attr a = PLY_TRY(getattr(ino));
+  if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
+  if (!S_ISREG(a.mode)) return Error::invalid("not a regular file");
+  const uint64_t end = off + in.size();
+  {
+    auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    if (r.is_inline() && end <= disk::kInlineMax) {
+      auto d = PLY_TRY(c.inline_data(ino, r.a.size));
+      uint64_t old = r.a.size;
+      if (d.size() < end) d.resize(end);
+      std::memcpy(d.data() + off, in.data(), in.size());
+      PLY_CHECK(c.set_inline(ino, d, old));
+      r.a.size = d.size();
+      r.a.mtime = r.a.ctime = now();
+      PLY_CHECK(c.put_inode(r));
+      return in.size();
+    }
+  }
+  if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino));
+  a = PLY_TRY(getattr(ino));
+  const uint64_t fb = off / bs_, lb = (end - 1) / bs_, nb = lb - fb + 1;
+  std::vector<std::byte> buf(nb * bs_);
+  // Partial first and last blocks keep their other bytes.
+  if (off % bs_ && fb * bs_ < a.size)
+    (void)PLY_TRY(read(ino, fb * bs_, std::span(buf).first(bs_)));
+  if (end % bs_ && lb * bs_ < a.size && (lb != fb || off % bs_ == 0))
+    (void)PLY_TRY(read(ino, lb * bs_, std::span(buf).last(bs_)));
+  std::memcpy(buf.data() + off % bs_, in.data(), in.size());
+
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = (nb / disk::kMaxExtentBlocks + 8) * 2 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  auto news = PLY_TRY(put_blocks(vol_, c.t, fb, buf, bs_));
+  std::unique_lock lk(mu_);
+  auto apply = [&]() -> Result<void> {
+    Rec r = PLY_TRY(c.inode(ino));
+    int64_t delta = 0;
+    // Blocks past the old end can hold leftovers of a truncation a crash
+    // cut short (format.md#fs-extent); they must read as zeros.
+    uint64_t eof_blk = (r.a.size + bs_ - 1) / bs_;
+    if (eof_blk < fb) (void)PLY_TRY(c.punch(ino, eof_blk, fb, delta));
+    (void)PLY_TRY(c.punch(ino, fb, fb + nb, delta));
+    for (const Ext& e : news) {
+      PLY_CHECK(c.put_extent(ino, e));
+      delta += e.nblocks;
+    }
+    r.a.size = std::max(r.a.size, end);
+    r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+    r.a.mtime = r.a.ctime = now();
+    return c.put_inode(r);
+  };
+  auto r = apply();
+  if (!r) {
+    if (!vol_.failure()) for (const Ext& e : news) (void)c.t.dec_extent(BlockNo{e.disk_start});
+    return r.error();
+  }
+  return in.size();
+}
+
+Result<void> Filesystem::truncate_locked(uint64_t ino, uint64_t size) {
+  Attr a = PLY_TRY(getattr(ino));
+  if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
+  if (!S_ISREG(a.mode)) return Error::invalid("not a regular file");
+  if (size > (kOffMask >> 1) * uint64_t(bs_)) return Error::io(EFBIG, "file too large");
+  {
+    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 8 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    if (r.is_inline() && size <= disk::kInlineMax) {
+      auto d = PLY_TRY(c.inline_data(ino, r.a.size));
+      uint64_t old = r.a.size;
+      d.resize(size);
+      PLY_CHECK(c.set_inline(ino, d, old));
+      r.a.size = size;
+      r.a.mtime = r.a.ctime = now();
+      return c.put_inode(r);
+    }
+  }
+  if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino));
+  a = PLY_TRY(getattr(ino));
+  // The block that will hold the new end: its bytes past the end become
+  // zeros, in the same generation as the size change.
+  std::vector<std::byte> tail;
+  const uint64_t keep = (size + bs_ - 1) / bs_;  // blocks that stay
+  if (size < a.size && size % bs_) {
+    tail.assign(bs_, std::byte{0});
+    (void)PLY_TRY(read(ino, (size / bs_) * bs_, std::span(tail).first(size % bs_)));
+  }
+  bool first = true, done = false;
+  while (!done) {
+    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 4 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::vector<Ext> news;
+    if (first && !tail.empty()) news = PLY_TRY(put_blocks(vol_, c.t, size / bs_, tail, bs_));
+    std::unique_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    int64_t delta = 0;
+    if (size >= r.a.size) {
+      // Growing: what lies past the old end must read as zeros.
+      uint64_t eof_blk = (r.a.size + bs_ - 1) / bs_;
+      done = PLY_TRY(c.punch(ino, eof_blk, keep, delta, kPunchBatch));
+    } else {
+      if (first && !news.empty()) {
+        (void)PLY_TRY(c.punch(ino, size / bs_, size / bs_ + 1, delta));
+        PLY_CHECK(c.put_extent(ino, news[0]));
+        delta += 1;
+      }
+      done = PLY_TRY(c.punch(ino, keep, kOffMask, delta, kPunchBatch));
+    }
+    if (first) {
+      r.a.size = size;
+      r.a.mtime = r.a.ctime = now();
+    }
+    r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+    PLY_CHECK(c.put_inode(r));
+    first = false;
+  }
+  return ok();
+}
+
+Result<void> Filesystem::fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  const int known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+  if (mode & ~known) return Error::io(EOPNOTSUPP, "unsupported fallocate mode");
+  if ((mode & FALLOC_FL_PUNCH_HOLE) && !(mode & FALLOC_FL_KEEP_SIZE))
+    return Error::invalid("PUNCH_HOLE needs KEEP_SIZE");
+  if ((mode & FALLOC_FL_PUNCH_HOLE) && (mode & FALLOC_FL_ZERO_RANGE))
+    return Error::invalid("PUNCH_HOLE with ZERO_RANGE");
+  if (len == 0) return Error::invalid("zero length");
+  const uint64_t end = off + len;
+  if (end < off || end > (kOffMask >> 1) * uint64_t(bs_)) return Error::io(EFBIG, "file too large");
+  std::lock_guard il(inode_lock(ino));
+  Attr a = PLY_TRY(getattr(ino));
+  if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
+  if (!S_ISREG(a.mode)) return Error::io(ENODEV, "not a regular file");
+  PLY_CHECK(unshare_inline(ino));
+  a = PLY_TRY(getattr(ino));
+  const bool zeroing = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE);
+  if (zeroing) {
+    // Partial blocks at the edges get zeros written; whole blocks are unmapped.
+    const uint64_t wf = (off + bs_ - 1) / bs_, wl = end / bs_;  // whole blocks [wf, wl)
+    auto zero_bytes = [&](uint64_t from, uint64_t to) -> Result<void> {
+      to = std::min(to, a.size);
+      if (from >= to) return ok();
+      std::vector<std::byte> z(to - from);
+      (void)PLY_TRY(write_locked(ino, from, z));
+      return ok();
+    };
+    if (wf > wl) {
+      PLY_CHECK(zero_bytes(off, end));
+    } else {
+      PLY_CHECK(zero_bytes(off, wf * bs_));
+      PLY_CHECK(zero_bytes(wl * bs_, end));
+    }
+    bool done = wf >= wl;
+    while (!done) {
+      auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 4 * kOpBlocks}));
+      Ctx c{*this, std::move(t)};
+      std::unique_lock lk(mu_);
+      Rec r = PLY_TRY(c.inode(ino));
+      int64_t delta = 0;
+      done = PLY_TRY(c.punch(ino, wf, wl, delta, kPunchBatch));
+      r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+      r.a.mtime = r.a.ctime = now();
+      PLY_CHECK(c.put_inode(r));
+    }
+    if (mode & FALLOC_FL_PUNCH_HOLE) return ok();
+  }
+  // Allocate: holes in [off, end) get preallocated extents.
+  const uint64_t fb = off / bs_, lb = (end - 1) / bs_ + 1;
+  uint64_t pos = fb;
+  while (pos < lb) {
+    auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    uint64_t stop = std::min<uint64_t>(lb, pos + 16 * disk::kMaxExtentBlocks);
+    std::vector<Ext> es;
+    {
+      std::shared_lock lk(mu_);
+      es = PLY_TRY(c.extents(ino, pos, stop));
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> holes;
+    uint64_t p = pos;
+    for (const Ext& e : es) {
+      if (e.file_blk > p) holes.push_back({p, std::min(e.file_blk, stop)});
+      p = std::max(p, e.end());
+    }
+    if (p < stop) holes.push_back({p, stop});
+    std::vector<Ext> news;
+    for (auto [h0, h1] : holes) {
+      for (uint64_t q = h0; q < h1;) {
+        uint32_t n = uint32_t(std::min<uint64_t>(disk::kMaxExtentBlocks, h1 - q));
+        auto b = c.t.alloc_extent(n);
+        if (!b) {
+          for (const Ext& x : news) (void)c.t.dec_extent(BlockNo{x.disk_start});
+          return b.error();
+        }
+        Ext e;
+        e.file_blk = q;
+        e.disk_start = b->v;
+        e.disk_nblocks = n;
+        e.nblocks = n;
+        e.flags = disk::kExtentPrealloc;
+        news.push_back(e);
+        q += n;
+      }
+    }
+    std::unique_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    int64_t delta = 0;
+    for (const Ext& e : news) {
+      PLY_CHECK(c.put_extent(ino, e));
+      delta += e.nblocks;
+    }
+    r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+    if (!(mode & FALLOC_FL_KEEP_SIZE) && stop == lb && end > r.a.size) r.a.size = end;
+    r.a.ctime = now();
+    if (!(mode & FALLOC_FL_KEEP_SIZE)) r.a.mtime = r.a.ctime;
+    PLY_CHECK(c.put_inode(r));
+    pos = stop;
+  }
+  return ok();
+}
+
+Result<uint64_t> Filesystem::lseek(uint64_t ino, uint64_t off, int whence) {
+  if (whence != SEEK_DATA && whence != SEEK_HOLE) return Error::invalid("lseek whence");
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  if (off >= r.a.size) return Error::io(ENXIO, "offset past the end");
+  if (r.is_inline()) return whence == SEEK_DATA ? off : r.a.size;
+  uint64_t blk = off / bs_;
+  const uint64_t eof_blk = (r.a.size + bs_ - 1) / bs_;
+  while (blk < eof_blk) {
+    auto es = PLY_TRY(c.extents(ino, blk, eof_blk, 64));
+    if (whence == SEEK_DATA) {
+      if (es.empty()) return Error::io(ENXIO, "no data past the offset");
+      uint64_t d = std::max(off, es[0].file_blk * bs_);
+      if (d >= r.a.size) return Error::io(ENXIO, "no data past the offset");
+      return d;
+    }
+    uint64_t p = blk;
+    for (const Ext& e : es) {
+      if (e.file_blk > p) return std::max(off, std::min(p * bs_, r.a.size));
+      p = std::max(p, e.end());
+    }
+    if (es.size() < 64) return std::max(off, std::min(p * bs_, r.a.size));
+    blk = p;
+  }
+  return whence == SEEK_DATA ? Result<uint64_t>(Error::io(ENXIO, "no data past the offset"))
+                             : Result<uint64_t>(r.a.size);
+}
+
+Result<uint64_t> Filesystem::copy_range(uint64_t in, uint64_t off_in, uint64_t out,
+                                        uint64_t off_out, uint64_t len) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  Attr ai = PLY_TRY(getattr(in));
+  Attr ao = PLY_TRY(getattr(out));
+  if (S_ISDIR(ai.mode) || S_ISDIR(ao.mode)) return Error::io(EISDIR, "is a directory");
+  if (!S_ISREG(ai.mode) || !S_ISREG(ao.mode)) return Error::invalid("not a regular file");
+  if (off_in >= ai.size) return uint64_t{0};
+  len = std::min(len, ai.size - off_in);
+  if (in == out && off_in < off_out + len && off_out < off_in + len)
+    return Error::invalid("overlapping ranges in one file");
+  const bool aligned = off_in % bs_ == 0 && off_out % bs_ == 0 &&
+                       (len % bs_ == 0 || (off_in + len == ai.size && off_out + len >= ao.size));
+  if (!aligned || ai.size <= disk::kInlineMax) {
+    // Copy through a buffer.
+    std::vector<std::byte> buf(1 << 20);
+    uint64_t done = 0;
+    while (done < len) {
+      size_t n = PLY_TRY(read(in, off_in + done, std::span(buf).first(std::min<uint64_t>(buf.size(), len - done))));
+      if (n == 0) break;
+      (void)PLY_TRY(write(out, off_out + done, std::span(buf).first(n)));
+      done += n;
+    }
+    return done;
+  }
+  // Share: lock both files, lower stripe first.
+  std::mutex* m1 = &inode_lock(in);
+  std::mutex* m2 = &inode_lock(out);
+  if (m1 > m2) std::swap(m1, m2);
+  std::lock_guard l1(*m1);
+  std::unique_lock<std::mutex> l2;
+  if (m2 != m1) l2 = std::unique_lock(*m2);
+  PLY_CHECK(unshare_inline(in));
+  PLY_CHECK(unshare_inline(out));
+  const uint64_t sfb = off_in / bs_, dfb = off_out / bs_, nb = (len + bs_ - 1) / bs_;
+  for (uint64_t done = 0; done < nb;) {
+    uint64_t step = std::min<uint64_t>(nb - done, 64 * disk::kMaxExtentBlocks);
+    auto t = PLY_TRY(vol_.begin({.reserve_blocks = (step / disk::kMaxExtentBlocks + 4) * 3 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    auto es = PLY_TRY(c.extents(in, sfb + done, sfb + done + step));
+    Rec r = PLY_TRY(c.inode(out));
+    int64_t delta = 0;
+    (void)PLY_TRY(c.punch(out, dfb + done, dfb + done + step, delta));
+    for (const Ext& e : es) {
+      uint64_t a = std::max(sfb + done, e.file_blk), b = std::min(sfb + done + step, e.end());
+      Ext s = slice(e, a, b);
+      s.file_blk = dfb + (a - sfb);
+      PLY_CHECK(c.put_extent(out, s));
+      PLY_CHECK(c.t.inc_extent(BlockNo{s.disk_start}));
+      delta += int64_t(b - a);
+    }
+    r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+    done += step;
+    if (done == nb) r.a.size = std::max(r.a.size, off_out + len);
+    r.a.mtime = r.a.ctime = now();
+    PLY_CHECK(c.put_inode(r));
+  }
+  return len;
+}
+
+// --- extended attributes ------------------------------------------------------
+
+namespace {
+Result<void> check_xattr_name(std::string_view name) {
+  if (name.empty() || name.size() > 255) return Error::io(ERANGE, "bad xattr name length");
+  for (std::string_view p : {"user.", "trusted.", "security."})
+    if (name.substr(0, p.size()) == p && name.size() > p.size()) return ok();
+  if (name == "system.posix_acl_access" || name == "system.posix_acl_default") return ok();
+  return Error::io(EOPNOTSUPP, "unsupported xattr namespace");
+}
+}  // namespace
+
+Result<void> Filesystem::setxattr(uint64_t ino, std::string_view name,
+                                  std::span<const std::byte> value, int flags) {
+  PLY_CHECK(check_xattr_name(name));
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 4 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::unique_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  const uint64_t h = name_hash(name);
+  Key k = ikey(ino, ItemType::Xattr, h);
+  auto v = PLY_TRY(c.t.get(tree_, k));
+  std::vector<XattrRec> xs;
+  if (v) xs = PLY_TRY(decode_xattrs(k, *v));
+  auto it = std::find_if(xs.begin(), xs.end(), [&](auto& x) { return x.name == name; });
+  if (it != xs.end() && (flags & XATTR_CREATE)) return Error::io(EEXIST, "xattr exists");
+  if (it == xs.end() && (flags & XATTR_REPLACE)) return Error::io(ENODATA, "no such xattr");
+  if (it == xs.end()) it = xs.insert(xs.end(), XattrRec{std::string(name), {}});
+  it->value.assign(value.begin(), value.end());
+  auto enc = encode_xattrs(xs);
+  if (value.size() > 0xffff || enc.size() > BTree::max_value_len(bs_))
+    return Error::io(ENOSPC, "xattr value too large for this block size");
+  PLY_CHECK(c.t.put(tree_, k, enc));
+  r.a.ctime = now();
+  return c.put_inode(r);
+}
+
+Result<std::vector<std::byte>> Filesystem::getxattr(uint64_t ino, std::string_view name) {
+  if (name.empty() || name.size() > 255) return Error::io(ERANGE, "bad xattr name length");
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  (void)PLY_TRY(c.inode(ino));
+  Key k = ikey(ino, ItemType::Xattr, name_hash(name));
+  auto v = PLY_TRY(c.t.get(tree_, k));
+  if (v) {
+    auto xs = PLY_TRY(decode_xattrs(k, *v));
+    for (auto& x : xs)
+      if (x.name == name) return std::move(x.value);
+  }
+  return Error::io(ENODATA, "no such xattr");
+}
+
+Result<std::vector<std::string>> Filesystem::listxattr(uint64_t ino) {
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  (void)PLY_TRY(c.inode(ino));
+  std::vector<std::string> out;
+  std::optional<Error> err;
+  PLY_CHECK(c.t.scan(tree_, ikey(ino, ItemType::Xattr, 0), ikey(ino, ItemType::Xattr, kOffMask),
+                     [&](Key k, std::span<const std::byte> v) {
+                       auto xs = decode_xattrs(k, v);
+                       if (!xs) {
+                         err = xs.error();
+                         return false;
+                       }
+                       for (auto& x : *xs) out.push_back(std::move(x.name));
+                       return true;
+                     }));
+  if (err) return *err;
+  return out;
+}
+
+Result<void> Filesystem::removexattr(uint64_t ino, std::string_view name) {
+  if (name.empty() || name.size() > 255) return Error::io(ERANGE, "bad xattr name length");
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 4 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::unique_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  Key k = ikey(ino, ItemType::Xattr, name_hash(name));
+  auto v = PLY_TRY(c.t.get(tree_, k));
+  if (!v) return Error::io(ENODATA, "no such xattr");
+  auto xs = PLY_TRY(decode_xattrs(k, *v));
+  auto it = std::find_if(xs.begin(), xs.end(), [&](auto& x) { return x.name == name; });
+  if (it == xs.end()) return Error::io(ENODATA, "no such xattr");
+  xs.erase(it);
+  if (xs.empty()) (void)PLY_TRY(c.t.erase(tree_, k));
+  else PLY_CHECK(c.t.put(tree_, k, encode_xattrs(xs)));
+  r.a.ctime = now();
+  return c.put_inode(r);
+}
+
+Filesystem::StatFs Filesystem::statfs() {
+  SpaceStats s = vol_.space_stats();
+  StatFs f{};
+  f.bsize = bs_;
+  f.namemax = 255;
+  f.blocks = s.usable_blocks;
+  f.bfree = s.free_blocks + s.pending_free;
+  f.bavail = f.bfree > s.reserve_blocks ? f.bfree - s.reserve_blocks : 0;
+  f.files = f.blocks;
+  f.ffree = f.bavail;
+  return f;
+}
+
+}  // namespace plyfs

@@ -1,0 +1,170 @@
+// The filesystem-object layer: POSIX inodes, directories, files, symlinks and
+// extended attributes in one filesystem tree (tree kind 2, format.md#fs-tree).
+//
+// A Filesystem serves one tree and knows nothing of branches or unions: the
+// union layer (a later layer) stacks several of them. Every operation is one
+// Volume::Txn, so it lands whole in one generation: a crash leaves it either
+// done or not done (format.md#commit).
+//
+// File data is copy-on-write: a write puts the new bytes in newly allocated
+// blocks, writes them to the device before the tree items that refer to them
+// change (so the commit's flush orders data before the superblock), and
+// only then swaps the extent items. Blocks the durable generation can reach
+// are never overwritten.
+//
+// Concurrency: operations that only read (lookup, getattr, read, readdir,
+// getxattr) take the tree lock shared and run in parallel; data reads
+// leave the lock before they touch the device. Changes take it exclusive
+// for their tree updates only. Writers of one file are serialized by a
+// per-inode lock that also covers the read-modify-write of partial blocks.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "commit/volume.h"
+
+namespace plyfs {
+
+// What VolumeOptions::kinds needs to open an image with filesystem trees.
+ValueRefs fs_value_refs();
+std::map<uint8_t, ValueRefs> fs_kinds();
+
+struct Attr {
+  uint64_t ino = 0;
+  uint32_t mode = 0, uid = 0, gid = 0, nlink = 0;
+  uint64_t size = 0, blocks = 0, rdev = 0, generation = 0;
+  timespec atime{}, mtime{}, ctime{}, btime{};
+};
+
+struct SetAttr {
+  std::optional<uint32_t> mode, uid, gid;
+  std::optional<uint64_t> size;
+  std::optional<timespec> atime, mtime;  // tv_nsec == UTIME_NOW: now
+};
+
+struct DirEntry {
+  std::string_view name;
+  uint64_t ino;
+  uint8_t type;       // DT_*
+  uint64_t next;      // the cookie to continue after this entry
+};
+
+struct FsCreateOptions {
+  std::string name = "main";
+  uint32_t root_mode = 0755, uid = 0, gid = 0;
+};
+
+// mkfs: an empty image whose one filesystem tree (the default branch) holds
+// an empty root directory. Both superblocks are durable when it returns.
+Result<SuperInfo> format_filesystem(BlockDevice& dev, const FormatOptions& f,
+                                    const FsCreateOptions& o);
+
+class Filesystem {
+ public:
+  // Creates an empty filesystem tree (a root directory) and returns its id.
+  static Result<TreeId> create(Volume& v, const FsCreateOptions& o);
+  // The tree a mount uses when none is named: the lowest-id filesystem tree.
+  static Result<TreeId> default_tree(Volume& v);
+  // Opens a filesystem tree. Read-write opens free the orphans a crash left.
+  static Result<std::unique_ptr<Filesystem>> open(Volume& v, TreeId tree);
+
+  uint64_t root() const { return root_; }
+  TreeId tree() const { return tree_; }
+  uint32_t block_size() const { return bs_; }
+  Volume& volume() { return vol_; }
+
+  Result<Attr> getattr(uint64_t ino);
+  Result<Attr> lookup(uint64_t dir, std::string_view name);
+  // Regular files, FIFOs, sockets and device nodes.
+  Result<Attr> mknod(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
+                     uint32_t uid, uint32_t gid);
+  Result<Attr> mkdir(uint64_t dir, std::string_view name, uint32_t mode, uint32_t uid,
+                     uint32_t gid);
+  Result<Attr> symlink(uint64_t dir, std::string_view name, std::string_view target,
+                       uint32_t uid, uint32_t gid);
+  Result<Attr> link(uint64_t ino, uint64_t dir, std::string_view name);
+  Result<void> unlink(uint64_t dir, std::string_view name);
+  Result<void> rmdir(uint64_t dir, std::string_view name);
+  // flags: RENAME_NOREPLACE, RENAME_EXCHANGE.
+  Result<void> rename(uint64_t odir, std::string_view oname, uint64_t ndir,
+                      std::string_view nname, unsigned flags);
+  Result<std::string> readlink(uint64_t ino);
+  Result<Attr> setattr(uint64_t ino, const SetAttr& s);
+
+  // Entries after cookie (0: from the start, with "." and ".."), in cookie
+  // order, while fn returns true. Cookies are stable (format.md#fs-dirent).
+  Result<void> readdir(uint64_t dir, uint64_t cookie,
+                       const std::function<bool(const DirEntry&)>& fn);
+
+  Result<size_t> read(uint64_t ino, uint64_t off, std::span<std::byte> out);
+  Result<size_t> write(uint64_t ino, uint64_t off, std::span<const std::byte> in);
+  // mode: 0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE|KEEP_SIZE, FALLOC_FL_ZERO_RANGE[|KEEP_SIZE].
+  Result<void> fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len);
+  // SEEK_DATA or SEEK_HOLE.
+  Result<uint64_t> lseek(uint64_t ino, uint64_t off, int whence);
+  // Shares whole blocks (reflink) where offsets allow, copies the rest.
+  Result<uint64_t> copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
+                              uint64_t len);
+
+  // flags: XATTR_CREATE, XATTR_REPLACE.
+  Result<void> setxattr(uint64_t ino, std::string_view name, std::span<const std::byte> value,
+                        int flags);
+  Result<std::vector<std::byte>> getxattr(uint64_t ino, std::string_view name);
+  Result<std::vector<std::string>> listxattr(uint64_t ino);
+  Result<void> removexattr(uint64_t ino, std::string_view name);
+
+  struct StatFs { uint64_t blocks, bfree, bavail, files, ffree; uint32_t bsize, namemax; };
+  StatFs statfs();
+
+  // Open references from above (FUSE lookups): an inode whose last name is
+  // removed while pinned becomes an orphan and is freed at the last unpin.
+  void pin(uint64_t ino, uint64_t n = 1);
+  Result<void> unpin(uint64_t ino, uint64_t n = 1);
+  // Frees every pinned orphan (the mount is going away). Idempotent.
+  Result<void> release_all();
+  size_t orphan_count();
+
+  // Durable: commits the open generation.
+  Result<void> sync();
+  // Turns the filesystem read-only after an error (EIO for the caller).
+  void fail(const Error& e);
+  bool read_only() const;
+
+ private:
+  Filesystem(Volume& v, TreeId tree, uint64_t root);
+  struct Ctx;
+  Result<void> free_orphans();
+  Result<void> free_inode(uint64_t ino);
+  Result<Attr> make_node(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
+                         uint32_t uid, uint32_t gid, std::string_view symlink_target);
+  Result<void> remove_name(uint64_t dir, std::string_view name, bool want_dir);
+  Result<size_t> write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in);
+  Result<void> truncate_locked(uint64_t ino, uint64_t size);
+  Result<void> unshare_inline(uint64_t ino);
+  std::mutex& inode_lock(uint64_t ino) { return ino_mu_[ino % ino_mu_.size()]; }
+
+  Volume& vol_;
+  TreeId tree_;
+  uint64_t root_;
+  uint32_t bs_;
+  std::shared_mutex mu_;  // the tree: shared for reads, exclusive for changes
+  std::array<std::mutex, 64> ino_mu_;
+  std::mutex pin_mu_;
+  std::unordered_map<uint64_t, uint64_t> pins_;
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace plyfs
