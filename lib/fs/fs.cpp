@@ -396,7 +396,7 @@ struct Filesystem::Ctx {
   // blocks unmapped into `delta`.
   Result<bool> punch(uint64_t ino, uint64_t from, uint64_t to, int64_t& delta,
                      size_t limit = ~size_t{0}) {
-    auto es = PLY_TRY(extents(ino, from, to, limit + 1));
+    auto es = PLY_TRY(extents(ino, from, to, limit == ~size_t{0} ? limit : limit + 1));
     bool done = es.size() <= limit;
     if (!done) es.resize(limit);
     for (const Ext& e : es) {
