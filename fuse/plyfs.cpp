@@ -125,6 +125,7 @@ struct Daemon {
   std::unique_ptr<Filesystem> fs;
   bool daemonized = false;
   bool acl = false;
+  bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
   double timeout = 60.0;  // every change goes through this daemon
 };
 Daemon* g = nullptr;
@@ -192,6 +193,8 @@ void reply_entry(fuse_req_t req, const Result<Attr>& a) {
   if (fuse_reply_entry(req, &e) != 0) (void)fs().unpin(a->ino);
 }
 
+uint32_t umask_of(const fuse_ctx* c) { return g->dont_mask ? c->umask : 0; }
+
 // --- operations ---------------------------------------------------------------------
 
 void op_init(void*, fuse_conn_info* conn) {
@@ -199,7 +202,12 @@ void op_init(void*, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
-  if (g->acl && (conn->capable & FUSE_CAP_POSIX_ACL)) conn->want |= FUSE_CAP_POSIX_ACL;
+  // With ACLs the filesystem applies the umask itself, because a default
+  // ACL replaces it (lib/fs/acl.h).
+  if (g->acl && (conn->capable & FUSE_CAP_POSIX_ACL) && (conn->capable & FUSE_CAP_DONT_MASK)) {
+    conn->want |= FUSE_CAP_POSIX_ACL | FUSE_CAP_DONT_MASK;
+    g->dont_mask = true;
+  }
   conn->max_write = 1u << 20;
   conn->max_readahead = 1u << 20;
 }
@@ -260,12 +268,12 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   const fuse_ctx* c = fuse_req_ctx(req);
-  reply_entry(req, fs().mknod(to_fs(parent), name, mode, rdev, c->uid, c->gid));
+  reply_entry(req, fs().mknod(to_fs(parent), name, mode, rdev, c->uid, c->gid, umask_of(c)));
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   const fuse_ctx* c = fuse_req_ctx(req);
-  reply_entry(req, fs().mkdir(to_fs(parent), name, mode, c->uid, c->gid));
+  reply_entry(req, fs().mkdir(to_fs(parent), name, mode, c->uid, c->gid, umask_of(c)));
 }
 
 void op_symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
@@ -306,7 +314,8 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                fuse_file_info* fi) {
   const fuse_ctx* c = fuse_req_ctx(req);
-  auto a = fs().mknod(to_fs(parent), name, S_IFREG | (mode & 07777), 0, c->uid, c->gid);
+  auto a = fs().mknod(to_fs(parent), name, S_IFREG | (mode & 07777), 0, c->uid, c->gid,
+                      umask_of(c));
   if (!a) return reply_err(req, a.error());
   fs().pin(a->ino);
   fuse_entry_param e = to_entry(*a);

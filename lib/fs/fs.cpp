@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "fs/acl.h"
 #include "fs/disk_fs.h"
 #include "util/checksum.h"
 
@@ -434,6 +435,23 @@ struct Filesystem::Ctx {
     if (err) return *err;
     return out;
   }
+  Result<std::optional<std::vector<std::byte>>> xattr(uint64_t ino, std::string_view name) {
+    Key k = ikey(ino, ItemType::Xattr, name_hash(name));
+    auto v = PLY_TRY(t.get(fs.tree_, k));
+    if (v) {
+      auto xs = PLY_TRY(decode_xattrs(k, *v));
+      for (auto& x : xs)
+        if (x.name == name) return std::optional<std::vector<std::byte>>(std::move(x.value));
+    }
+    return std::optional<std::vector<std::byte>>{};
+  }
+  // Sets one xattr of a new inode (no other xattr with its hash yet).
+  Result<void> add_xattr(uint64_t ino, std::string_view name, std::span<const std::byte> value) {
+    std::vector<XattrRec> xs{{std::string(name), {value.begin(), value.end()}}};
+    auto enc = encode_xattrs(xs);
+    if (enc.size() > BTree::max_value_len(fs.bs_)) return Error::no_space("xattr too large");
+    return t.put(fs.tree_, ikey(ino, ItemType::Xattr, name_hash(name)), enc);
+  }
   // Replaces the inline chunks by `data`.
   Result<void> set_inline(uint64_t ino, std::span<const std::byte> data, uint64_t old_size) {
     for (uint64_t o = 0; o < std::max<uint64_t>(old_size, data.size()); o += disk::kInlineChunk) {
@@ -670,7 +688,7 @@ Result<Attr> Filesystem::lookup(uint64_t dir, std::string_view name) {
 
 Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t mode,
                                    uint64_t rdev, uint32_t uid, uint32_t gid,
-                                   std::string_view target) {
+                                   std::string_view target, uint32_t umask) {
   PLY_CHECK(check_name(name));
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = 16 * kOpBlocks}));
@@ -690,6 +708,14 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
     r.a.gid = d.a.gid;
     if (is_dir) r.a.mode |= S_ISGID;
   }
+  // A default ACL on the parent narrows the mode in place of the umask
+  // (posix_acl_create); without one the umask applies.
+  InheritedAcl acl;
+  if (!S_ISLNK(mode)) {
+    auto dflt = PLY_TRY(c.xattr(dir, kAclDefault));
+    if (dflt) acl = PLY_TRY(inherit_acl(*dflt, is_dir, r.a.mode));
+    else r.a.mode &= ~(umask & 0777);
+  }
   r.a.nlink = is_dir ? 2 : 1;
   r.a.rdev = (S_ISCHR(mode) || S_ISBLK(mode)) ? rdev : 0;
   r.a.generation = c.t.gen().v;
@@ -701,6 +727,8 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
     PLY_CHECK(c.set_inline(r.a.ino, bytes_of(target.data(), target.size()), 0));
   }
   PLY_CHECK(c.put_inode(r));
+  if (!acl.access.empty()) PLY_CHECK(c.add_xattr(r.a.ino, kAclAccess, acl.access));
+  if (!acl.dflt.empty()) PLY_CHECK(c.add_xattr(r.a.ino, kAclDefault, acl.dflt));
   PLY_CHECK(c.add_entry(dir, name, r.a.ino, dt_of(mode)));
   d.a.mtime = d.a.ctime = r.a.ctime;
   if (is_dir) d.a.nlink++;
@@ -710,18 +738,18 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
 }
 
 Result<Attr> Filesystem::mknod(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
-                               uint32_t uid, uint32_t gid) {
+                               uint32_t uid, uint32_t gid, uint32_t umask) {
   const uint32_t type = mode & S_IFMT;
   if (type == 0) mode |= S_IFREG;
   else if (type != S_IFREG && type != S_IFIFO && type != S_IFSOCK && type != S_IFCHR &&
            type != S_IFBLK)
     return Error::invalid("mknod of an unsupported file type");
-  return make_node(dir, name, mode, rdev, uid, gid, {});
+  return make_node(dir, name, mode, rdev, uid, gid, {}, umask);
 }
 
 Result<Attr> Filesystem::mkdir(uint64_t dir, std::string_view name, uint32_t mode, uint32_t uid,
-                               uint32_t gid) {
-  return make_node(dir, name, S_IFDIR | (mode & 07777), 0, uid, gid, {});
+                               uint32_t gid, uint32_t umask) {
+  return make_node(dir, name, S_IFDIR | (mode & 07777), 0, uid, gid, {}, umask);
 }
 
 Result<Attr> Filesystem::symlink(uint64_t dir, std::string_view name, std::string_view target,
@@ -729,7 +757,7 @@ Result<Attr> Filesystem::symlink(uint64_t dir, std::string_view name, std::strin
   if (target.empty()) return Error::io(ENOENT, "empty symlink target");
   if (target.size() > disk::kSymlinkMax)
     return Error::io(ENAMETOOLONG, "symlink target longer than 4095 bytes");
-  return make_node(dir, name, S_IFLNK | 0777, 0, uid, gid, target);
+  return make_node(dir, name, S_IFLNK | 0777, 0, uid, gid, target, 0);
 }
 
 Result<std::string> Filesystem::readlink(uint64_t ino) {
@@ -893,7 +921,7 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
       dst.a.ctime = n;
       PLY_CHECK(c.put_inode(dst));
       if (dst_dir) nd.a.nlink--;
-      if (nd.a.size) nd.a.size--;
+      // The name stays (it now names src): the entry count does not change.
       if (dst.a.nlink == 0) {
         PLY_CHECK(c.t.put(tree_, ikey(0, ItemType::Orphan, dst.a.ino), {}));
         freed = dst.a.ino;

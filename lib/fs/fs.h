@@ -88,11 +88,13 @@ class Filesystem {
 
   Result<Attr> getattr(uint64_t ino);
   Result<Attr> lookup(uint64_t dir, std::string_view name);
-  // Regular files, FIFOs, sockets and device nodes.
+  // Regular files, FIFOs, sockets and device nodes. `umask` applies unless
+  // the directory has a default ACL, which narrows the mode instead (pass 0
+  // when the caller applied the umask already).
   Result<Attr> mknod(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
-                     uint32_t uid, uint32_t gid);
+                     uint32_t uid, uint32_t gid, uint32_t umask = 0);
   Result<Attr> mkdir(uint64_t dir, std::string_view name, uint32_t mode, uint32_t uid,
-                     uint32_t gid);
+                     uint32_t gid, uint32_t umask = 0);
   Result<Attr> symlink(uint64_t dir, std::string_view name, std::string_view target,
                        uint32_t uid, uint32_t gid);
   Result<Attr> link(uint64_t ino, uint64_t dir, std::string_view name);
@@ -149,7 +151,8 @@ class Filesystem {
   Result<void> free_orphans();
   Result<void> free_inode(uint64_t ino);
   Result<Attr> make_node(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
-                         uint32_t uid, uint32_t gid, std::string_view symlink_target);
+                         uint32_t uid, uint32_t gid, std::string_view symlink_target,
+                         uint32_t umask);
   Result<void> remove_name(uint64_t dir, std::string_view name, bool want_dir);
   Result<size_t> write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in);
   Result<void> truncate_locked(uint64_t ino, uint64_t size);

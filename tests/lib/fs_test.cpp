@@ -176,6 +176,38 @@ TEST_CASE("fs: names, links, renames and the errors POSIX gives", "[fs]") {
   require_clean(*dev, fs_verify());
 }
 
+// A default ACL: u::rwx, u:1000:rwx, g::r-x, m::rwx, o::--- (kernel xattr encoding).
+std::vector<std::byte> default_acl() {
+  std::vector<std::byte> v;
+  auto put16 = [&](uint16_t x) { v.push_back(std::byte(x)); v.push_back(std::byte(x >> 8)); };
+  auto put32 = [&](uint32_t x) { put16(uint16_t(x)); put16(uint16_t(x >> 16)); };
+  put32(2);
+  struct { uint16_t tag, perm; uint32_t id; } es[] = {
+      {0x01, 7, ~0u}, {0x02, 7, 1000}, {0x04, 5, ~0u}, {0x10, 7, ~0u}, {0x20, 0, ~0u}};
+  for (auto& e : es) { put16(e.tag); put16(e.perm); put32(e.id); }
+  return v;
+}
+
+TEST_CASE("fs: a default ACL is inherited and narrows the mode instead of the umask", "[fs]") {
+  auto dev = fs_device();
+  auto m = mount(*dev);
+  Filesystem& fs = *m.fs;
+  Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
+  must(fs.setxattr(d.ino, "system.posix_acl_default", default_acl(), 0));
+  Attr f = must(fs.mknod(d.ino, "f", S_IFREG | 0666, 0, 0, 0, 022));
+  CHECK((f.mode & 07777) == 0660);  // group bits from the mask (rw-), not the umask
+  auto acc = must(fs.getxattr(f.ino, "system.posix_acl_access"));
+  CHECK(acc.size() == 4 + 5 * 8);
+  CHECK(fs.getxattr(f.ino, "system.posix_acl_default").error().code == ENODATA);
+  Attr sub = must(fs.mkdir(d.ino, "sub", 0777, 0, 0, 022));
+  CHECK((sub.mode & 07777) == 0770);
+  CHECK(must(fs.getxattr(sub.ino, "system.posix_acl_default")) == default_acl());
+  Attr plain = must(fs.mknod(fs.root(), "p", S_IFREG | 0666, 0, 0, 0, 022));
+  CHECK((plain.mode & 07777) == 0644);
+  CHECK(fs.getxattr(plain.ino, "system.posix_acl_access").error().code == ENODATA);
+  unmount(m);
+}
+
 TEST_CASE("fs: readdir cookies are stable across insertions, deletions and remounts", "[fs]") {
   auto dev = fs_device();
   auto m = mount(*dev);
