@@ -10,6 +10,7 @@
 
 #include "blockdev/blockdev.h"
 #include "fsck/fsck.h"
+#include "fs/check.h"
 #include "fs/fs.h"
 
 #ifndef PLYFS_VERSION
@@ -166,6 +167,7 @@ int real_main(int argc, char** argv) {
   std::signal(SIGTERM, [](int) { g_cancel = true; });
   FsckOptions fo;
   fo.kinds = fs_kinds();
+  fo.object_checks = [](BlockDevice& d) { return check_filesystems(d); };
   fo.mode = a.mode;
   fo.cancel = &g_cancel;
   if (a.progress)

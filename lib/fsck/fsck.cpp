@@ -43,7 +43,10 @@ FsckProblem classify(const Problem& p) {
   if (starts(c, "B-") || starts(c, "T5") || starts(c, "R-")) f.pass = 2;
   else if (starts(c, "T")) f.pass = 3;
   else if (starts(c, "A")) f.pass = 4;
+  else if (starts(c, "F")) f.pass = 5;
   else f.pass = 1;
+  // Filesystem objects (pass 5) are reported, not yet repaired.
+  if (f.pass == 5) return f;
 
   // An unreadable node loses what is under it; a wrong owner loses nothing.
   const bool lossy = starts(c, "B-node") || starts(c, "T5") || starts(c, "T1") || starts(c, "T3");
@@ -170,6 +173,11 @@ Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
   rep.items = vr.items;
   rep.extents = vr.extents;
   rep.used_blocks = sb.used_blocks;
+  // Pass 5, the objects above the B-trees, on a structurally sound image.
+  if (opts.object_checks && found.empty()) {
+    progress(5, "filesystem objects");
+    for (const Problem& p : opts.object_checks(dev)) found.push_back(classify(p));
+  }
   rep.problems.insert(rep.problems.end(), found.begin(), found.end());
   std::stable_sort(rep.problems.begin(), rep.problems.end(),
                    [](const FsckProblem& a, const FsckProblem& b) { return a.pass < b.pass; });

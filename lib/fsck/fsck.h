@@ -9,7 +9,10 @@
 //     inside the device); root records;
 //   3 B-tree invariants T1-T5: key order, separators, fill, equal depth;
 //   4 space: reference counts equal the references found by walking every
-//     tree (A3), counters (A4), no block with two owners that do not share it.
+//     tree (A3), counters (A4), no block with two owners that do not share it;
+//   5 the objects higher layers keep in their trees (FsckOptions::
+//     object_checks; fsck.plyfs passes lib/fs's filesystem checks, F1-F6),
+//     run when passes 2-4 found nothing. Reported, not repaired yet.
 //
 // Repairs write one new generation, built from what is readable (R1-R3):
 //   R1 a repair never writes a block that the generation it repairs reaches:
@@ -47,6 +50,8 @@ struct FsckProblem {
 struct FsckOptions {
   FsckMode mode = FsckMode::Check;
   std::map<uint8_t, ValueRefs> kinds;  // value references per tree kind
+  // Pass 5: checks of what the trees hold, by the layers that define it.
+  std::function<std::vector<Problem>(BlockDevice&)> object_checks;
   std::function<void(int pass, const std::string& what)> progress;
   const std::atomic<bool>* cancel = nullptr;  // checked between passes and before writing
 };

@@ -1,6 +1,7 @@
 // The filesystem-object layer (lib/fs) on an in-memory device: objects,
 // inline and extent data, reflinks, orphans across crashes, checksums, and a
 // model-based random test with power cuts at random points.
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/sysmacros.h>
@@ -8,6 +9,7 @@
 
 #include <set>
 
+#include "fs/check.h"
 #include "fs/fs.h"
 #include "fsck/fsck.h"
 #include "test_util.h"
@@ -24,6 +26,14 @@ VerifyOptions fs_verify() {
   VerifyOptions vo;
   vo.kinds = fs_kinds();
   return vo;
+}
+
+// B-trees and space (verify_image), then the filesystem objects (F1-F6).
+void require_fs_clean(BlockDevice& dev) {
+  require_clean(dev, fs_verify());
+  auto ps = check_filesystems(dev);
+  for (const auto& p : ps) INFO(p.code << ": " << p.message);
+  REQUIRE(ps.empty());
 }
 
 std::unique_ptr<MemDevice> fs_device(uint64_t size = 256ull << 20) {
@@ -78,7 +88,7 @@ TEST_CASE("fs: a new filesystem has an empty root directory", "[fs]") {
   }));
   CHECK(names == std::vector<std::string>{".", ".."});
   unmount(m);
-  require_clean(*dev, fs_verify());
+  require_fs_clean(*dev);
 }
 
 TEST_CASE("fs: files grow from inline to extents and shrink back with zeroed tails", "[fs]") {
@@ -117,7 +127,7 @@ TEST_CASE("fs: files grow from inline to extents and shrink back with zeroed tai
   write(0, 300000, 6);            // more than one extent item
   must(fs.sync());
   unmount(m);
-  require_clean(*dev, fs_verify());
+  require_fs_clean(*dev);
   auto m2 = mount(*dev);
   CHECK(read_all(*m2.fs, must(m2.fs->lookup(m2.fs->root(), "f")).ino) == model);
   unmount(m2);
@@ -174,7 +184,7 @@ TEST_CASE("fs: names, links, renames and the errors POSIX gives", "[fs]") {
   must(fs.removexattr(f.ino, "user.a"));
   CHECK(fs.getxattr(f.ino, "user.a").error().code == ENODATA);
   unmount(m);
-  require_clean(*dev, fs_verify());
+  require_fs_clean(*dev);
 }
 
 // A default ACL: u::rwx, u:1000:rwx, g::r-x, m::rwx, o::--- (kernel xattr encoding).
@@ -275,7 +285,7 @@ TEST_CASE("fs: an unlinked open file lives until unpinned, or until the next mou
   must(m2.fs->sync());  // the freed blocks are free once their generation is durable
   CHECK(m2.vol->space_stats().used_blocks <= used_before + 4);
   unmount(m2);
-  require_clean(*dev, fs_verify());
+  require_fs_clean(*dev);
 }
 
 TEST_CASE("fs: copy_range shares extents; overwriting one copy leaves the other intact", "[fs]") {
@@ -301,7 +311,7 @@ TEST_CASE("fs: copy_range shares extents; overwriting one copy leaves the other 
   // Unaligned: copied through a buffer, same result.
   CHECK(must(fs.copy_range(a.ino, 3, b.ino, 1, 10000)) == 10000);
   unmount(m);
-  require_clean(*dev, fs_verify());
+  require_fs_clean(*dev);
 }
 
 TEST_CASE("fs: fallocate, holes and SEEK_DATA/SEEK_HOLE", "[fs]") {
@@ -330,7 +340,7 @@ TEST_CASE("fs: fallocate, holes and SEEK_DATA/SEEK_HOLE", "[fs]") {
   CHECK(got[5] == data[5]);
   CHECK(fs.fallocate(f.ino, FALLOC_FL_COLLAPSE_RANGE, 0, 4096).error().code == EOPNOTSUPP);
   unmount(m);
-  require_clean(*dev, fs_verify());
+  require_fs_clean(*dev);
 }
 
 TEST_CASE("fs: a corrupt data block reads as EIO and turns the filesystem read-only", "[fs]") {
@@ -470,7 +480,7 @@ TEST_CASE("fs: random operations against a model, with power cuts", "[fs][fsmode
           m.fs.reset();
           m.vol.reset();
           dev->crash(rng);
-          require_clean(*dev, fs_verify());
+          require_fs_clean(*dev);
           m = mount(*dev);
           model = durable;
           compare(model);
@@ -483,7 +493,77 @@ TEST_CASE("fs: random operations against a model, with power cuts", "[fs][fsmode
   }
   compare(model);
   unmount(m);
-  require_clean(*dev, fs_verify());
+  require_fs_clean(*dev);
+}
+
+// Each invariant broken on purpose, through the volume below the
+// filesystem layer, is reported by the object checks (fsck pass 5).
+TEST_CASE("fs: the object checks report broken invariants", "[fs]") {
+  struct Case { const char* code; std::function<void(Volume&, TreeId, const Attr&, const Attr&)> brk; };
+  auto key = [](uint64_t obj, uint8_t type, uint64_t off) { return Key{obj, uint64_t(type) << 56 | off}; };
+  const Case cases[] = {
+      {"F2-nlink", [&](Volume& v, TreeId t, const Attr& f, const Attr&) {
+         auto txn = must(v.begin());
+         auto val = *must(txn.get(t, key(f.ino, 1, 0)));
+         val[12] = std::byte{7};  // nlink
+         must(txn.put(t, key(f.ino, 1, 0), val));
+       }},
+      {"F2-dirent", [&](Volume& v, TreeId t, const Attr&, const Attr& d) {
+         auto txn = must(v.begin());
+         // An entry (hash 5) naming an inode that does not exist.
+         std::vector<std::byte> e(12 + 1);
+         e[0] = std::byte{0x77};
+         e[1] = std::byte{0x77};
+         e[8] = std::byte{DT_REG};
+         e[10] = std::byte{1};
+         e[12] = std::byte{'z'};
+         must(txn.put(t, key(d.ino, 2, 5), e));
+       }},
+      {"F6-orphan-item", [&](Volume& v, TreeId t, const Attr&, const Attr&) {
+         auto txn = must(v.begin());
+         must(txn.put(t, key(999999, 4, 0), bytes("stray")));
+       }},
+      {"F4-blocks", [&](Volume& v, TreeId t, const Attr& f, const Attr&) {
+         auto txn = must(v.begin());
+         auto val = *must(txn.get(t, key(f.ino, 1, 0)));
+         val[24] = std::byte{1};  // blocks
+         must(txn.put(t, key(f.ino, 1, 0), val));
+       }},
+      {"F3-parent", [&](Volume& v, TreeId t, const Attr&, const Attr& d) {
+         auto txn = must(v.begin());
+         auto val = *must(txn.get(t, key(d.ino, 1, 0)));
+         val[40] = std::byte{0x55};  // parent
+         must(txn.put(t, key(d.ino, 1, 0), val));
+       }},
+  };
+  for (const auto& c : cases) {
+    INFO(c.code);
+    auto dev = fs_device();
+    Attr f, d;
+    {
+      auto m = mount(*dev);
+      d = must(m.fs->mkdir(m.fs->root(), "d", 0755, 0, 0));
+      f = must(m.fs->mknod(d.ino, "f", S_IFREG | 0644, 0, 0, 0));
+      unmount(m);
+    }
+    REQUIRE(check_filesystems(*dev).empty());
+    {
+      VolumeOptions vo;
+      vo.kinds = fs_kinds();
+      auto v = must(Volume::open(*dev, vo));
+      c.brk(*v, must(Filesystem::default_tree(*v)), f, d);
+      must(v->close());
+    }
+    auto ps = check_filesystems(*dev);
+    bool found = false;
+    for (const auto& p : ps) found |= p.code == c.code;
+    CHECK(found);
+    FsckOptions fo;
+    fo.kinds = fs_kinds();
+    fo.object_checks = [](BlockDevice& x) { return check_filesystems(x); };
+    auto rep = must(fsck_run(*dev, fo));
+    CHECK(rep.exit_code == kFsckUncorrected);
+  }
 }
 
 // Power cuts in the middle of commits: the device stops taking changes at
@@ -601,6 +681,11 @@ TEST_CASE("fs: power cuts during commits recover a committed generation", "[fs][
         INFO(p.code << ": " << p.message);
         CHECK(p.fix == FixClass::Info);
       }
+    }
+    {
+      auto ps = check_filesystems(mem);
+      for (const auto& p : ps) INFO(p.code << ": " << p.message);
+      REQUIRE(ps.empty());
     }
     auto m = mount(mem, true);
     const uint64_t g = m.vol->durable_generation().v;
