@@ -25,18 +25,19 @@ std::atomic<bool> g_cancel{false};
 
 struct Args {
   FsckMode mode = FsckMode::Check;
-  bool mode_given = false, progress = false, json = false, verbose = false;
+  bool mode_given = false, progress = false, json = false, verbose = false, data = false;
   std::string path;
 };
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "Usage: %s [-n|-p|-a|-y] [-f] [-C] [-v] [--json] DEVICE|IMAGE\n"
+               "Usage: %s [-n|-p|-a|-y] [-f] [-c] [-C] [-v] [--json] DEVICE|IMAGE\n"
                "Check a plyfs filesystem and repair it.\n\n"
                "  -n      check only; open read-only and change nothing (the default)\n"
                "  -p, -a  preen: repair what loses nothing, without asking\n"
                "  -y      repair everything that can be repaired\n"
                "  -f      accepted for compatibility: every run is a full check\n"
+               "  -c      also read every file data block and verify its checksum\n"
                "  -C      show progress\n"
                "  -v      list every problem, including information\n"
                "  --json  print a machine-readable report on standard output\n"
@@ -138,12 +139,13 @@ int real_main(int argc, char** argv) {
     a.mode_given = true;
     return true;
   };
-  for (int c; (c = getopt_long(argc, argv, "npayfCvVh", kLong, nullptr)) != -1;) {
+  for (int c; (c = getopt_long(argc, argv, "npayfcCvVh", kLong, nullptr)) != -1;) {
     switch (c) {
       case 'n': if (!set_mode(FsckMode::Check)) return usage_error("-n, -p and -y exclude each other"); break;
       case 'p': case 'a': if (!set_mode(FsckMode::Preen)) return usage_error("-n, -p and -y exclude each other"); break;
       case 'y': if (!set_mode(FsckMode::Yes)) return usage_error("-n, -p and -y exclude each other"); break;
       case 'f': break;
+      case 'c': a.data = true; break;
       case 'C': a.progress = true; break;
       case 'v': a.verbose = true; break;
       case 'J': a.json = true; break;
@@ -167,7 +169,7 @@ int real_main(int argc, char** argv) {
   std::signal(SIGTERM, [](int) { g_cancel = true; });
   FsckOptions fo;
   fo.kinds = fs_kinds();
-  fo.object_checks = [](BlockDevice& d) { return check_filesystems(d); };
+  fo.object_checks = [&a](BlockDevice& d) { return check_filesystems(d, a.data); };
   fo.mode = a.mode;
   fo.cancel = &g_cancel;
   if (a.progress)

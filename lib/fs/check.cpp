@@ -13,6 +13,7 @@
 
 #include "fs/disk_fs.h"
 #include "fs/fs.h"
+#include "util/checksum.h"
 
 namespace plyfs {
 namespace {
@@ -33,7 +34,8 @@ struct InodeInfo {
 
 class Checker {
  public:
-  Checker(TreeId t, uint32_t bs, std::vector<Problem>& out) : tree_(t), bs_(bs), out_(out) {}
+  Checker(TreeId t, uint32_t bs, std::vector<Problem>& out, Volume* data)
+      : tree_(t), bs_(bs), out_(out), data_(data) {}
 
   void problem(const std::string& code, uint64_t ino, const std::string& what) {
     out_.push_back(Problem{code, Error::kNoBlock,
@@ -182,11 +184,24 @@ class Checker {
       problem("F4-extent", ino, "extent items overlap at block " + std::to_string(blk));
     i.ext_end = blk + n;
     i.mapped += n;
+    if (data_ && !pre) {
+      // -c: every block against its checksum (format.md#fs-extent).
+      std::vector<std::byte> buf(uint64_t(n) * bs_);
+      auto r = data_->read_data(BlockNo{d->disk_start.get() + d->offset.get()}, buf);
+      if (!r) return problem("F7-data", ino, "cannot read the data at file block " + std::to_string(blk) + ": " + r.error().message());
+      for (uint32_t b = 0; b < n; b++)
+        if (xxh3(std::span(buf).subspan(uint64_t(b) * bs_, bs_)) !=
+            view_as<le64>(v, sizeof(disk::Extent) + 8ull * b)->get())
+          problem("F7-data", ino, "data checksum mismatch at file block " + std::to_string(blk + b) +
+                                      " (device block " +
+                                      std::to_string(d->disk_start.get() + d->offset.get() + b) + ")");
+    }
   }
 
   TreeId tree_;
   uint32_t bs_;
   std::vector<Problem>& out_;
+  Volume* data_;  // -c: read and verify data blocks
   uint64_t root_ = 0;
   std::map<uint64_t, InodeInfo> inodes_;
   std::set<uint64_t> objects_, orphans_;
@@ -197,7 +212,7 @@ class Checker {
 
 }  // namespace
 
-std::vector<Problem> check_filesystems(Volume& vol) {
+std::vector<Problem> check_filesystems(Volume& vol, bool data) {
   std::vector<Problem> out;
   auto t = vol.begin();
   if (!t) {
@@ -211,7 +226,7 @@ std::vector<Problem> check_filesystems(Volume& vol) {
   }
   for (const auto& ti : *trees) {
     if (ti.kind != disk::kKindFs) continue;
-    Checker c(ti.id, vol.block_size(), out);
+    Checker c(ti.id, vol.block_size(), out, data ? &vol : nullptr);
     auto r = t->scan(ti.id, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
       c.item(k, v);
       return true;
@@ -225,14 +240,14 @@ std::vector<Problem> check_filesystems(Volume& vol) {
   return out;
 }
 
-std::vector<Problem> check_filesystems(BlockDevice& dev) {
+std::vector<Problem> check_filesystems(BlockDevice& dev, bool data) {
   VolumeOptions vo;
   vo.read_only = true;
   vo.kinds = fs_kinds();
   vo.cache_bytes = 64ull << 20;
   auto vol = Volume::open(dev, vo);
   if (!vol) return {Problem{"F-item", Error::kNoBlock, "cannot open: " + vol.error().message(), 0}};
-  return check_filesystems(**vol);
+  return check_filesystems(**vol, data);
 }
 
 }  // namespace plyfs

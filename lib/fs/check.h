@@ -13,9 +13,10 @@ namespace plyfs {
 // Every problem found in every filesystem tree of the volume's durable
 // generation. Codes: F1-info, F2-dirent, F2-nlink, F3-parent, F4-extent,
 // F4-blocks, F5-inline, F6-orphan-item, F-item (an item that does not decode
-// or has an unknown type).
-std::vector<Problem> check_filesystems(Volume& vol);
+// or has an unknown type); with `data`, also F7-data: every data block is
+// read and compared with its checksum (fsck -c).
+std::vector<Problem> check_filesystems(Volume& vol, bool data = false);
 // The same on a device, opened read-only (fsck's pass 5 hook).
-std::vector<Problem> check_filesystems(BlockDevice& dev);
+std::vector<Problem> check_filesystems(BlockDevice& dev, bool data = false);
 
 }  // namespace plyfs

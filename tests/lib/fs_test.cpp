@@ -360,6 +360,11 @@ TEST_CASE("fs: a corrupt data block reads as EIO and turns the filesystem read-o
     }
   }
   REQUIRE(hit);
+  // fsck -c finds it; without -c the metadata alone is consistent.
+  CHECK(check_filesystems(*dev).empty());
+  auto ps = check_filesystems(*dev, true);
+  REQUIRE(ps.size() == 1);
+  CHECK(ps[0].code == "F7-data");
   auto m2 = mount(*dev);
   std::vector<std::byte> got(data.size());
   CHECK(m2.fs->read(f.ino, 0, got).error().code == EIO);
