@@ -1,0 +1,553 @@
+// A randomized differential test: one random sequence of operations runs on
+// a tmpfs directory and on a plyfs mount; every result (success or errno)
+// must match, and so must the trees, compared at every remount of plyfs and
+// at the end. PLYFS_SEED replays a run; PLYFS_TEST_SCALE multiplies its
+// length.
+#include <linux/falloc.h>
+#include <sys/syscall.h>
+#include <sys/xattr.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "fuse_util.h"
+
+using namespace plyfs::fusetest;
+
+namespace {
+
+// The namespace: 8 directory slots (depth up to 3) and 5 leaf names in each,
+// 48 paths in all, so that operations collide and fail often.
+const std::vector<std::string> kDirs = {"", "A", "B", "A/C", "A/D", "B/E", "A/C/F", "B/G"};
+const std::vector<std::string> kLeaves = {"f0", "f1", "f2", "f3", "f4"};
+
+std::vector<std::string> all_paths() {
+  std::vector<std::string> out;
+  for (const auto& d : kDirs) {
+    if (!d.empty()) out.push_back(d);
+    for (const auto& l : kLeaves) out.push_back(d.empty() ? l : d + "/" + l);
+  }
+  return out;
+}
+
+// The outcome of an operation: its return value and errno.
+struct Outcome {
+  long ret = 0;
+  int err = 0;
+  std::string data;  // what a read returned
+  bool operator==(const Outcome&) const = default;
+};
+std::string describe(const Outcome& o) {
+  std::ostringstream s;
+  s << "ret " << o.ret << " errno " << (o.err ? errstr(o.err) : "0");
+  if (!o.data.empty()) s << " (" << o.data.size() << " bytes read)";
+  return s.str();
+}
+
+Outcome done(long r) { return Outcome{r, r < 0 ? errno : 0, {}}; }
+
+// One random operation, fully decided before it runs, so that it can be
+// applied to both trees.
+struct Op {
+  enum Kind {
+    Create, Write, Truncate, Rename, Link, Unlink, Mkdir, Rmdir, Symlink, SetXattr,
+    RemoveXattr, Chmod, Utimens, Fallocate, Read
+  } kind;
+  std::string a, b;
+  uint64_t off = 0, len = 0;
+  int flags = 0;
+  uint32_t mode = 0;
+  std::string data;
+  timespec ts[2]{};
+};
+
+const char* kind_name(Op::Kind k) {
+  static const char* names[] = {"create", "write", "truncate", "rename", "link",
+                                "unlink", "mkdir", "rmdir", "symlink", "setxattr",
+                                "removexattr", "chmod", "utimens", "fallocate", "read"};
+  return names[k];
+}
+
+uint64_t rand_off(std::mt19937_64& rng) {
+  switch (rng() % 20) {
+    case 0: return rng() % (2 << 20);
+    case 1: case 2: case 3: case 4: case 5: return rng() % (256 << 10);
+    default: return rng() % (16 << 10);
+  }
+}
+uint64_t rand_len(std::mt19937_64& rng) {
+  switch (rng() % 10) {
+    case 0: return 1 + rng() % (128 << 10);
+    case 1: case 2: case 3: return 1 + rng() % (8 << 10);
+    default: return 1 + rng() % 512;
+  }
+}
+
+// What exists in the model tree, so that most operations pick names that
+// exist (or could be created) rather than fail for a missing parent.
+struct Existing {
+  std::vector<std::string> all;   // every path
+  std::vector<std::string> dirs;  // directories, "" for the root
+  std::vector<std::string> files;  // everything else
+};
+
+Existing scan_model(const std::string& root) {
+  Existing e;
+  e.dirs.push_back("");
+  std::vector<std::string> todo{""};
+  while (!todo.empty()) {
+    std::string rel = todo.back();
+    todo.pop_back();
+    DIR* d = opendir(rel.empty() ? root.c_str() : (root + "/" + rel).c_str());
+    if (!d) continue;
+    while (dirent* de = readdir(d)) {
+      std::string n = de->d_name;
+      if (n == "." || n == "..") continue;
+      std::string r = rel.empty() ? n : rel + "/" + n;
+      e.all.push_back(r);
+      if (de->d_type == DT_DIR) {
+        e.dirs.push_back(r);
+        todo.push_back(r);
+      } else {
+        e.files.push_back(r);
+      }
+    }
+    closedir(d);
+  }
+  std::sort(e.all.begin(), e.all.end());  // readdir order is not the seed's
+  std::sort(e.dirs.begin(), e.dirs.end());
+  std::sort(e.files.begin(), e.files.end());
+  return e;
+}
+
+Op random_op(std::mt19937_64& rng, const std::vector<std::string>& paths, const Existing& ex) {
+  // Three ways to pick a name: any of the fixed namespace, an existing
+  // path, or a fresh name in an existing directory (bounded: at most 8
+  // directories and 48 names in all).
+  auto any = [&] { return paths[rng() % paths.size()]; };
+  auto existing = [&] { return ex.all.empty() ? any() : ex.all[rng() % ex.all.size()]; };
+  auto file = [&] { return ex.files.empty() ? any() : ex.files[rng() % ex.files.size()]; };
+  auto fresh = [&](bool dir) {
+    if (ex.all.size() >= 48 || (dir && ex.dirs.size() > 8)) return any();
+    const std::string& d = ex.dirs[rng() % ex.dirs.size()];
+    if (std::count(d.begin(), d.end(), '/') >= 2) return any();  // depth 3 at most
+    static const std::vector<std::string> names = {"f0", "f1", "f2", "f3", "f4", "A", "B", "C"};
+    const std::string& n = names[rng() % names.size()];
+    return d.empty() ? n : d + "/" + n;
+  };
+  // p_existing and p_fresh in percent; the rest is any().
+  auto pick = [&](int p_existing, int p_fresh, bool dir = false) {
+    int r = int(rng() % 100);
+    if (r < p_existing) return existing();
+    if (r < p_existing + p_fresh) return fresh(dir);
+    return any();
+  };
+  Op op{};
+  // Weights: writes and creates most, then the namespace operations.
+  static const std::vector<std::pair<Op::Kind, int>> weights = {
+      {Op::Create, 10}, {Op::Write, 18}, {Op::Truncate, 6}, {Op::Rename, 8},
+      {Op::Link, 4},    {Op::Unlink, 7}, {Op::Mkdir, 5},    {Op::Rmdir, 5},
+      {Op::Symlink, 3}, {Op::SetXattr, 5}, {Op::RemoveXattr, 2}, {Op::Chmod, 3},
+      {Op::Utimens, 3}, {Op::Fallocate, 6}, {Op::Read, 6}};
+  int total = 0;
+  for (auto& w : weights) total += w.second;
+  int r = int(rng() % uint64_t(total));
+  for (auto& w : weights) {
+    if (r < w.second) {
+      op.kind = w.first;
+      break;
+    }
+    r -= w.second;
+  }
+  switch (op.kind) {
+    case Op::Create: case Op::Symlink:
+      op.a = pick(25, 50);
+      break;
+    case Op::Mkdir:
+      op.a = pick(20, 55, true);
+      break;
+    case Op::Rename:
+      op.a = pick(75, 0);
+      op.b = pick(35, 45, true);
+      break;
+    case Op::Link:
+      op.a = pick(80, 0);
+      op.b = pick(20, 60);
+      break;
+    case Op::Write: case Op::Truncate: case Op::Read: case Op::Fallocate:
+      op.a = rng() % 100 < 70 ? file() : pick(30, 0);
+      break;
+    case Op::Rmdir:
+      op.a = rng() % 100 < 60 && ex.dirs.size() > 1 ? ex.dirs[1 + rng() % (ex.dirs.size() - 1)]
+                                                   : pick(50, 0);
+      break;
+    default:
+      op.a = pick(75, 0);
+      break;
+  }
+  switch (op.kind) {
+    case Op::Create:
+      op.flags = rng() % 3 == 0 ? O_EXCL : (rng() % 4 == 0 ? O_TRUNC : 0);
+      op.mode = std::vector<uint32_t>{0644, 0600, 0755, 0444}[rng() % 4];
+      break;
+    case Op::Write:
+      op.off = rand_off(rng);
+      op.data = random_bytes(rng, rand_len(rng));
+      op.flags = (rng() % 8 == 0 ? O_APPEND : 0) | (rng() % 3 == 0 ? O_CREAT : 0);
+      break;
+    case Op::Truncate:
+    case Op::Read:
+      op.off = rng() % 3 == 0 ? rand_off(rng) + rand_len(rng) : rand_off(rng);
+      op.len = rand_len(rng);
+      break;
+    case Op::Rename:
+      op.flags = std::vector<int>{0, 0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE}[rng() % 5];
+      break;
+    case Op::Mkdir:
+      op.mode = std::vector<uint32_t>{0755, 0700, 0775}[rng() % 3];
+      // Directory slots sometimes, so that the tree grows deep.
+      if (rng() % 5 == 0) op.a = kDirs[1 + rng() % (kDirs.size() - 1)];
+      break;
+
+    case Op::Symlink: {
+      size_t n = rng() % 10 == 0 ? 1 + rng() % 3000 : 1 + rng() % 40;
+      op.data = "target/";
+      while (op.data.size() < n) op.data += char('a' + rng() % 26);
+      op.data.resize(n);
+      break;
+    }
+    case Op::SetXattr:
+      op.data = random_bytes(rng, rng() % 4 == 0 ? 0 : rng() % 300);
+      op.b = "user.x" + std::to_string(rng() % 4);
+      op.flags = std::vector<int>{0, 0, XATTR_CREATE, XATTR_REPLACE}[rng() % 4];
+      break;
+    case Op::RemoveXattr:
+      op.b = "user.x" + std::to_string(rng() % 4);
+      break;
+    case Op::Chmod:
+      op.mode = uint32_t(rng() % 01000) | 0600;  // keep the owner able to open it
+      break;
+    case Op::Utimens:
+      for (auto& t : op.ts) {
+        t.tv_sec = time_t(1000000000 + rng() % 1000000000);
+        t.tv_nsec = long(rng() % 1000000000);
+      }
+      if (rng() % 5 == 0) op.ts[0].tv_nsec = UTIME_OMIT;
+      break;
+    case Op::Fallocate:
+      op.flags = std::vector<int>{0, FALLOC_FL_KEEP_SIZE,
+                                  FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                  FALLOC_FL_ZERO_RANGE,
+                                  FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE}[rng() % 5];
+      op.off = rand_off(rng);
+      op.len = rand_len(rng);
+      break;
+    default:
+      break;
+  }
+  return op;
+}
+
+std::string describe(const Op& op) {
+  std::ostringstream s;
+  s << kind_name(op.kind) << " a=" << op.a;
+  if (op.kind == Op::Rename || op.kind == Op::Link || op.kind == Op::SetXattr ||
+      op.kind == Op::RemoveXattr)
+    s << " b=" << op.b;
+  s << " off=" << op.off << " len=" << (op.data.empty() ? op.len : op.data.size())
+    << " flags=0x" << std::hex << op.flags << " mode=0" << std::oct << op.mode;
+  return s.str();
+}
+
+// Applies op under root. `tmpfs` says which side: tmpfs has no ZERO_RANGE,
+// so it gets the equivalent punch and allocate.
+Outcome apply(const Op& op, const std::string& root, bool tmpfs) {
+  const std::string a = root + "/" + op.a, b = root + "/" + op.b;
+  errno = 0;
+  switch (op.kind) {
+    case Op::Create: {
+      int fd = ::open(a.c_str(), O_CREAT | O_WRONLY | O_NOFOLLOW | op.flags, op.mode);
+      if (fd < 0) return done(fd);
+      return done(::close(fd));
+    }
+    case Op::Write: {
+      int fd = ::open(a.c_str(), O_WRONLY | O_NOFOLLOW | op.flags, 0644);
+      if (fd < 0) return done(fd);
+      Outcome o = done(::pwrite(fd, op.data.data(), op.data.size(), off_t(op.off)));
+      ::close(fd);
+      return o;
+    }
+    case Op::Truncate: {
+      int fd = ::open(a.c_str(), O_WRONLY | O_NOFOLLOW);
+      if (fd < 0) return done(fd);
+      Outcome o = done(::ftruncate(fd, off_t(op.off)));
+      ::close(fd);
+      return o;
+    }
+    case Op::Read: {
+      int fd = ::open(a.c_str(), O_RDONLY | O_NOFOLLOW);
+      if (fd < 0) return done(fd);
+      std::string buf(op.len, '\0');
+      ssize_t n = ::pread(fd, buf.data(), buf.size(), off_t(op.off));
+      Outcome o = done(n);
+      if (n > 0) o.data = buf.substr(0, size_t(n));
+      ::close(fd);
+      return o;
+    }
+    case Op::Rename:
+      return done(syscall(SYS_renameat2, AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), op.flags));
+    case Op::Link: return done(::link(a.c_str(), b.c_str()));
+    case Op::Unlink: return done(::unlink(a.c_str()));
+    case Op::Mkdir: return done(::mkdir(a.c_str(), op.mode));
+    case Op::Rmdir: return done(::rmdir(a.c_str()));
+    case Op::Symlink: return done(::symlink(op.data.c_str(), a.c_str()));
+    case Op::SetXattr:
+      return done(::lsetxattr(a.c_str(), op.b.c_str(), op.data.data(), op.data.size(), op.flags));
+    case Op::RemoveXattr: return done(::lremovexattr(a.c_str(), op.b.c_str()));
+    case Op::Chmod: return done(::fchmodat(AT_FDCWD, a.c_str(), op.mode, AT_SYMLINK_NOFOLLOW));
+    case Op::Utimens: return done(::utimensat(AT_FDCWD, a.c_str(), op.ts, AT_SYMLINK_NOFOLLOW));
+    case Op::Fallocate: {
+      int fd = ::open(a.c_str(), O_WRONLY | O_NOFOLLOW);
+      if (fd < 0) return done(fd);
+      Outcome o;
+      if (tmpfs && (op.flags & FALLOC_FL_ZERO_RANGE)) {
+        o = done(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(op.off),
+                             off_t(op.len)));
+        if (o.ret == 0)
+          o = done(::fallocate(fd, op.flags & FALLOC_FL_KEEP_SIZE, off_t(op.off), off_t(op.len)));
+      } else {
+        o = done(::fallocate(fd, op.flags, off_t(op.off), off_t(op.len)));
+      }
+      ::close(fd);
+      return o;
+    }
+  }
+  return {};
+}
+
+// What the comparison looks at, for one name.
+struct Node {
+  std::string type;
+  uint32_t mode = 0;
+  uint64_t size = 0, nlink = 0;
+  std::string content;  // file data or symlink target
+  std::map<std::string, std::string> xattrs;
+  std::string first_name;  // the first path of this inode (hard links)
+  // Compared only between two looks at plyfs (across a remount): tmpfs
+  // differs in blocks and sets its own times.
+  timespec mtime{};
+  uint64_t blocks = 0;
+};
+
+std::map<std::string, std::string> user_xattrs(const std::string& p) {
+  std::map<std::string, std::string> out;
+  std::string names(65536, '\0');
+  ssize_t n = ::llistxattr(p.c_str(), names.data(), names.size());
+  INFO("llistxattr " << p << ": " << std::strerror(errno));
+  REQUIRE(n >= 0);
+  for (size_t i = 0; i < size_t(n);) {
+    std::string name(names.c_str() + i);
+    i += name.size() + 1;
+    if (name.rfind("user.", 0) != 0) continue;
+    std::string v(65536, '\0');
+    ssize_t m = ::lgetxattr(p.c_str(), name.c_str(), v.data(), v.size());
+    INFO("lgetxattr " << p << " " << name << ": " << std::strerror(errno));
+    REQUIRE(m >= 0);
+    out[name] = v.substr(0, size_t(m));
+  }
+  return out;
+}
+
+void walk(const std::string& root, const std::string& rel, std::map<std::string, Node>& out,
+          std::map<ino_t, std::string>& seen) {
+  for (const auto& name : list_dir(rel.empty() ? root : root + "/" + rel)) {
+    const std::string r = rel.empty() ? name : rel + "/" + name;
+    const std::string p = root + "/" + r;
+    struct stat st = lstat_of(p);
+    Node n;
+    n.mode = st.st_mode & 07777;
+    n.nlink = st.st_nlink;
+    n.mtime = st.st_mtim;
+    n.blocks = uint64_t(st.st_blocks);
+    auto [it, fresh] = seen.emplace(st.st_ino, r);
+    n.first_name = it->second;
+    if (S_ISDIR(st.st_mode)) {
+      n.type = "dir";
+    } else if (S_ISREG(st.st_mode)) {
+      n.type = "file";
+      n.size = uint64_t(st.st_size);
+      n.content = read_file(p);
+    } else if (S_ISLNK(st.st_mode)) {
+      n.type = "symlink";
+      n.size = uint64_t(st.st_size);
+      std::vector<char> buf(8192);
+      ssize_t k = ::readlink(p.c_str(), buf.data(), buf.size());
+      REQUIRE(k >= 0);
+      n.content.assign(buf.data(), size_t(k));
+    } else {
+      n.type = "other";
+    }
+    if (!S_ISLNK(st.st_mode)) n.xattrs = user_xattrs(p);
+    out[r] = n;
+    if (S_ISDIR(st.st_mode)) walk(root, r, out, seen);
+  }
+}
+
+std::map<std::string, Node> snapshot(const std::string& root) {
+  std::map<std::string, Node> out;
+  std::map<ino_t, std::string> seen;
+  walk(root, "", out, seen);
+  return out;
+}
+
+// Returns the plyfs side's snapshot.
+std::map<std::string, Node> compare_trees(const std::string& model, const std::string& mnt,
+                                          const std::string& when) {
+  auto a = snapshot(model), b = snapshot(mnt);
+  INFO("comparing the trees " << when);
+  std::set<std::string> names;
+  for (auto& [k, v] : a) names.insert(k);
+  for (auto& [k, v] : b) names.insert(k);
+  for (const auto& n : names) {
+    INFO("path " << n);
+    REQUIRE(a.count(n) == 1);
+    REQUIRE(b.count(n) == 1);
+    const Node &x = a[n], &y = b[n];
+    REQUIRE(x.type == y.type);
+    REQUIRE(x.mode == y.mode);
+    REQUIRE(x.nlink == y.nlink);
+    REQUIRE(x.size == y.size);
+    if (x.content != y.content) {
+      size_t i = 0;
+      while (i < x.content.size() && i < y.content.size() && x.content[i] == y.content[i]) i++;
+      FAIL("contents differ from byte " << i << " (sizes " << x.content.size() << " and "
+                                        << y.content.size() << ")");
+    }
+    REQUIRE(x.xattrs == y.xattrs);
+    REQUIRE(x.first_name == y.first_name);
+  }
+  return b;
+}
+
+// What plyfs showed before an unmount it shows after the next mount: the
+// times and block counts the daemon stored are those the kernel had.
+void compare_remount(const std::map<std::string, Node>& before,
+                     const std::map<std::string, Node>& after) {
+  REQUIRE(before.size() == after.size());
+  for (const auto& [path, x] : before) {
+    INFO("path " << path << " across a remount");
+    REQUIRE(after.count(path) == 1);
+    const Node& y = after.at(path);
+    REQUIRE(x.blocks == y.blocks);
+    // The times a program saw are the ones stored (with the writeback
+    // cache the kernel's own mtime of a written file).
+    REQUIRE(x.mtime.tv_sec == y.mtime.tv_sec);
+    REQUIRE(x.mtime.tv_nsec == y.mtime.tv_nsec);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("differential: random operations on tmpfs and plyfs agree", "[diff]") {
+  const uint64_t s = seed("diff");
+  std::mt19937_64 rng(s);
+  const uint64_t nops = 50000 * scale();
+  TempDir tmp;
+  // The model directory must be tmpfs: TempDir picks /dev/shm when it can.
+  const std::string model = tmp / "model";
+  REQUIRE(::mkdir(model.c_str(), 0755) == 0);
+  ::umask(022);
+  const std::string img = tmp / "image";
+  mkfs(img, "2G", tmp / "mkfs.log");
+  auto m = std::make_unique<Mount>(img, tmp / "mnt");
+  m->start();
+  // The roots start alike.
+  REQUIRE(::chmod(m->path().c_str(), 0755) == 0);
+
+  std::set<uint64_t> remounts;
+  while (remounts.size() < 10) remounts.insert(1 + rng() % (nops - 1));
+  const auto paths = all_paths();
+  std::map<std::string, int> counts, failures;
+  uint64_t errors = 0;
+  Existing ex;
+  bool refresh = true;
+  // PLYFS_DIFF_LOG=FILE writes every operation and its outcome there.
+  FILE* trace = nullptr;
+  if (const char* t = std::getenv("PLYFS_DIFF_LOG")) trace = std::fopen(t, "w");
+  struct Closer {
+    FILE*& f;
+    ~Closer() { if (f) std::fclose(f); }
+  } closer{trace};
+  for (uint64_t i = 0; i < nops; i++) {
+    if (trace && remounts.count(i)) std::fprintf(trace, "--- remount\n");
+    if (remounts.count(i)) {
+      auto before = compare_trees(model, m->path(), "before remount at op " + std::to_string(i));
+      int rc = m->unmount();
+      INFO("plyfs log:\n" << m->log());
+      REQUIRE(rc == 0);
+      m.reset();
+      require_fsck_clean(img, tmp / "fsck.log");
+      m = std::make_unique<Mount>(img, tmp / "mnt");
+      m->start();
+      compare_remount(before, compare_trees(model, m->path(), "after remount at op " + std::to_string(i)));
+    }
+    if (refresh) {
+      ex = scan_model(model);
+      refresh = false;
+    }
+    const Op op = random_op(rng, paths, ex);
+    const Outcome want = apply(op, model, true);
+    const Outcome got = apply(op, m->path(), false);
+    if (trace) {
+      std::fprintf(trace, "%llu %s -> %s\n", static_cast<unsigned long long>(i), describe(op).c_str(),
+                   describe(got).c_str());
+      std::fflush(trace);
+    }
+    counts[kind_name(op.kind)]++;
+    // The namespace changed: pick from the new one.
+    if (want.ret >= 0 && op.kind != Op::Read && op.kind != Op::Truncate &&
+        op.kind != Op::SetXattr && op.kind != Op::RemoveXattr && op.kind != Op::Chmod &&
+        op.kind != Op::Utimens && op.kind != Op::Fallocate)
+      refresh = true;
+    if (want.ret < 0) {
+      failures[kind_name(op.kind)]++;
+      errors++;
+    }
+    if (!(want == got)) {
+      FAIL("op " << i << " (" << describe(op) << "): tmpfs " << describe(want) << ", plyfs "
+                 << describe(got) << "; seed " << s);
+    }
+    if (op.kind == Op::Utimens && want.ret == 0) {
+      struct stat x = lstat_of(model + "/" + op.a), y = lstat_of(m->path() + "/" + op.a);
+      INFO("op " << i << " " << describe(op));
+      REQUIRE(x.st_mtim.tv_sec == y.st_mtim.tv_sec);
+      REQUIRE(x.st_mtim.tv_nsec == y.st_mtim.tv_nsec);
+      if (op.ts[0].tv_nsec != UTIME_OMIT) {
+        REQUIRE(x.st_atim.tv_sec == y.st_atim.tv_sec);
+        REQUIRE(x.st_atim.tv_nsec == y.st_atim.tv_nsec);
+      }
+    }
+  }
+  auto before = compare_trees(model, m->path(), "at the end");
+  int rc = m->unmount();
+  INFO("plyfs log:\n" << m->log());
+  REQUIRE(rc == 0);
+  m.reset();
+  require_fsck_clean(img, tmp / "fsck.log");
+  m = std::make_unique<Mount>(img, tmp / "mnt");
+  m->start();
+  compare_remount(before, compare_trees(model, m->path(), "after the last remount"));
+  rc = m->unmount();
+  REQUIRE(rc == 0);
+  m.reset();
+  require_fsck_clean(img, tmp / "fsck.log");
+
+  std::printf("[diff] %llu operations, %llu failed alike:", static_cast<unsigned long long>(nops),
+              static_cast<unsigned long long>(errors));
+  for (auto& [k, n] : counts) std::printf(" %s %d/%d", k.c_str(), failures[k], n);
+  std::printf("\n");
+  // The namespace is small enough that collisions and errors are common.
+  REQUIRE(errors > nops / 10);
+}
