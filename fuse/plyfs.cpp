@@ -198,7 +198,10 @@ uint32_t umask_of(const fuse_ctx* c) { return g->dont_mask ? c->umask : 0; }
 // --- operations ---------------------------------------------------------------------
 
 void op_init(void*, fuse_conn_info* conn) {
-  if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+  if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) {
+    conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+    g->fs->set_kernel_times(true);  // the kernel owns mtime/ctime of written files
+  }
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
@@ -254,6 +257,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int valid, fuse
   else if (valid & FUSE_SET_ATTR_ATIME) s.atime = st->st_atim;
   if (valid & FUSE_SET_ATTR_MTIME_NOW) s.mtime = timespec{0, UTIME_NOW};
   else if (valid & FUSE_SET_ATTR_MTIME) s.mtime = st->st_mtim;
+  if (valid & FUSE_SET_ATTR_CTIME) s.ctime = st->st_ctim;
   auto a = fs().setattr(to_fs(ino), s);
   if (!a) return reply_err(req, a.error());
   struct stat out = to_stat(*a);
@@ -307,6 +311,14 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (S_ISDIR(a->mode)) return (void)fuse_reply_err(req, EISDIR);
   if ((fi->flags & O_ACCMODE) != O_RDONLY && fs().read_only())
     return (void)fuse_reply_err(req, EROFS);
+  // libfuse turns on FUSE_CAP_ATOMIC_O_TRUNC by default: the kernel then
+  // sends O_TRUNC here instead of a SETATTR, and trusts the open to truncate.
+  if ((fi->flags & O_TRUNC) && S_ISREG(a->mode)) {
+    SetAttr s;
+    s.size = 0;
+    auto t = fs().setattr(to_fs(ino), s);
+    if (!t) return reply_err(req, t.error());
+  }
   fi->keep_cache = 1;  // only this daemon changes the files
   fuse_reply_open(req, fi);
 }
@@ -527,6 +539,18 @@ void report(int fd, unsigned char code) {
 int main(int argc, char** argv) {
   fuse_args args = FUSE_ARGS_INIT(argc, argv);
   Config cfg;
+  // What the option parser allocated is freed on every way out of main
+  // (LeakSanitizer builds fail on the early returns otherwise).
+  struct ArgsGuard {
+    fuse_args& a;
+    Config& c;
+    ~ArgsGuard() {
+      fuse_opt_free_args(&a);
+      std::free(const_cast<char*>(c.image));
+      std::free(const_cast<char*>(c.mountpoint));
+      std::free(const_cast<char*>(c.cache));
+    }
+  } args_guard{args, cfg};
   if (fuse_opt_parse(&args, &cfg, kOpts, opt_proc) != 0) return 1;
   if (cfg.help) {
     usage();

@@ -1029,8 +1029,8 @@ Result<Attr> Filesystem::setattr(uint64_t ino, const SetAttr& s) {
   if (s.gid) r.a.gid = *s.gid;
   if (s.atime) r.a.atime = s.atime->tv_nsec == UTIME_NOW ? n : *s.atime;
   if (s.mtime) r.a.mtime = s.mtime->tv_nsec == UTIME_NOW ? n : *s.mtime;
-  if (s.size && !s.mtime) r.a.mtime = n;
-  r.a.ctime = n;
+  if (s.size && !s.mtime && !kernel_times_) r.a.mtime = n;
+  r.a.ctime = s.ctime ? *s.ctime : n;
   PLY_CHECK(c.put_inode(r));
   return r.a;
 }
@@ -1185,7 +1185,7 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
       std::memcpy(d.data() + off, in.data(), in.size());
       PLY_CHECK(c.set_inline(ino, d, old));
       r.a.size = d.size();
-      r.a.mtime = r.a.ctime = now();
+      if (!kernel_times_) r.a.mtime = r.a.ctime = now();
       PLY_CHECK(c.put_inode(r));
       return in.size();
     }
@@ -1219,7 +1219,7 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
     }
     r.a.size = std::max(r.a.size, end);
     r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
-    r.a.mtime = r.a.ctime = now();
+    if (!kernel_times_) r.a.mtime = r.a.ctime = now();
     return c.put_inode(r);
   };
   auto r = apply();
@@ -1246,7 +1246,7 @@ Result<void> Filesystem::truncate_locked(uint64_t ino, uint64_t size) {
       d.resize(size);
       PLY_CHECK(c.set_inline(ino, d, old));
       r.a.size = size;
-      r.a.mtime = r.a.ctime = now();
+      if (!kernel_times_) r.a.mtime = r.a.ctime = now();
       return c.put_inode(r);
     }
   }
@@ -1283,7 +1283,7 @@ Result<void> Filesystem::truncate_locked(uint64_t ino, uint64_t size) {
     }
     if (first) {
       r.a.size = size;
-      r.a.mtime = r.a.ctime = now();
+      if (!kernel_times_) r.a.mtime = r.a.ctime = now();
     }
     r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
     PLY_CHECK(c.put_inode(r));
@@ -1335,7 +1335,7 @@ Result<void> Filesystem::fallocate(uint64_t ino, int mode, uint64_t off, uint64_
       int64_t delta = 0;
       done = PLY_TRY(c.punch(ino, wf, wl, delta, kPunchBatch));
       r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
-      r.a.mtime = r.a.ctime = now();
+      if (!kernel_times_) r.a.mtime = r.a.ctime = now();
       PLY_CHECK(c.put_inode(r));
     }
     if (mode & FALLOC_FL_PUNCH_HOLE) return ok();
@@ -1387,8 +1387,8 @@ Result<void> Filesystem::fallocate(uint64_t ino, int mode, uint64_t off, uint64_
     }
     r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
     if (!(mode & FALLOC_FL_KEEP_SIZE) && stop == lb && end > r.a.size) r.a.size = end;
-    r.a.ctime = now();
-    if (!(mode & FALLOC_FL_KEEP_SIZE)) r.a.mtime = r.a.ctime;
+    if (!kernel_times_) r.a.ctime = now();
+    if (!kernel_times_ && !(mode & FALLOC_FL_KEEP_SIZE)) r.a.mtime = r.a.ctime;
     PLY_CHECK(c.put_inode(r));
     pos = stop;
   }
@@ -1480,7 +1480,7 @@ Result<uint64_t> Filesystem::copy_range(uint64_t in, uint64_t off_in, uint64_t o
     r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
     done += step;
     if (done == nb) r.a.size = std::max(r.a.size, off_out + len);
-    r.a.mtime = r.a.ctime = now();
+    if (!kernel_times_) r.a.mtime = r.a.ctime = now();
     PLY_CHECK(c.put_inode(r));
   }
   return len;

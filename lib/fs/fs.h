@@ -53,6 +53,7 @@ struct SetAttr {
   std::optional<uint32_t> mode, uid, gid;
   std::optional<uint64_t> size;
   std::optional<timespec> atime, mtime;  // tv_nsec == UTIME_NOW: now
+  std::optional<timespec> ctime;         // default: now
 };
 
 struct DirEntry {
@@ -139,6 +140,11 @@ class Filesystem {
   Result<void> release_all();
   size_t orphan_count();
 
+  // With a kernel writeback cache the kernel keeps a file's mtime and ctime
+  // as it writes and sends them with setattr; writes then leave them alone,
+  // so that the times a program saw are the ones stored.
+  void set_kernel_times(bool on) { kernel_times_ = on; }
+
   // Durable: commits the open generation.
   Result<void> sync();
   // Turns the filesystem read-only after an error (EIO for the caller).
@@ -168,6 +174,7 @@ class Filesystem {
   std::mutex pin_mu_;
   std::unordered_map<uint64_t, uint64_t> pins_;
   std::atomic<bool> failed_{false};
+  bool kernel_times_ = false;
 };
 
 }  // namespace plyfs
