@@ -676,7 +676,9 @@ int main(int argc, char** argv) {
   fuse_session_destroy(se);
 
   // Whatever the kernel still held is gone now: free the orphans and commit.
-  int rc = ret == 0 ? 0 : 1;
+  // The session loop returns the number of the signal that ended it: a
+  // SIGTERM, SIGINT or SIGHUP is a requested, clean unmount.
+  int rc = (ret == 0 || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
   if (!d.vol->read_only() && !d.vol->failure()) {
     auto r = d.fs->release_all();
     if (!r) {

@@ -954,3 +954,53 @@ TEST_CASE("an unlinked file stays readable while open", "[e2e]") {
   ::close(fd);
   fx.unmount();
 }
+
+namespace {
+// Opens `p` for writing as another user; the errno, or 0.
+int open_as(uid_t uid, const std::string& p) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0) _exit(100);
+    int fd = ::open(p.c_str(), O_WRONLY);
+    _exit(fd >= 0 ? 0 : errno);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 200;
+}
+}  // namespace
+
+// With default_permissions the kernel enforces POSIX ACLs; plyfs stores them
+// and gives new files their directory's default ACL.
+TEST_CASE("POSIX ACLs: inheritance and enforcement", "[e2e]") {
+  Fixture fx("64M", {"default_permissions,allow_other"});
+  ::umask(022);
+  REQUIRE(::chmod(fx.tmp.path().c_str(), 0711) == 0);  // other users may pass through
+  REQUIRE(::mkdir((fx / "d").c_str(), 0755) == 0);
+  // u::rwx, u:1000:rwx, g::r-x, m::rwx, o::--- in the kernel's xattr encoding.
+  std::string acl;
+  auto put16 = [&](uint16_t x) { acl.push_back(char(x)); acl.push_back(char(x >> 8)); };
+  auto put32 = [&](uint32_t x) { put16(uint16_t(x)); put16(uint16_t(x >> 16)); };
+  put32(2);
+  for (auto [tag, perm, id] : {std::tuple{1, 7, ~0u}, {2, 7, 1000u}, {4, 5, ~0u}, {0x10, 7, ~0u}, {0x20, 0, ~0u}}) {
+    put16(uint16_t(tag));
+    put16(uint16_t(perm));
+    put32(id);
+  }
+  REQUIRE(::setxattr((fx / "d").c_str(), "system.posix_acl_default", acl.data(), acl.size(), 0) == 0);
+  {
+    int fd = ::open((fx / "d/f").c_str(), O_CREAT | O_WRONLY, 0666);  // under umask 022
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  struct stat st = lstat_of(fx / "d/f");
+  CHECK((st.st_mode & 07777) == 0660);  // the ACL's mask, not the umask, sets the group bits
+  CHECK(::getxattr((fx / "d/f").c_str(), "system.posix_acl_access", nullptr, 0) == 44);
+  CHECK(open_as(1000, fx / "d/f") == 0);       // named user: allowed
+  CHECK(open_as(1001, fx / "d/f") == EACCES);  // other: ---
+  fx.remount();
+  CHECK(open_as(1000, fx / "d/f") == 0);
+  CHECK(open_as(1001, fx / "d/f") == EACCES);
+  CHECK((lstat_of(fx / "d/f").st_mode & 07777) == 0660);
+  fx.unmount();
+}

@@ -253,6 +253,16 @@ class Mount {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   }
 
+  // Waits for a daemon that unmounts by itself (after SIGTERM or SIGINT)
+  // to exit; returns its exit status as unmount() does.
+  int wait_exit(int timeout_s = 60) {
+    REQUIRE(pid_ > 0);
+    int st = 0;
+    if (!reap(timeout_s, &st)) FAIL("plyfs did not exit in " << timeout_s << " s; log:\n" << log());
+    mounted_ = false;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+
   // SIGKILLs the daemon and clears the dead mount (umount -l).
   void kill9() {
     REQUIRE(pid_ > 0);

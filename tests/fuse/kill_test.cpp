@@ -170,3 +170,55 @@ TEST_CASE("a second mount of a mounted image fails", "[kill]") {
   REQUIRE_SAME(read_file(m2 / "f"), "first mount");
   REQUIRE(m2.unmount() == 0);
 }
+
+// SIGTERM and SIGINT unmount and commit: everything written is there at the
+// next mount, though nothing called fsync and periodic commits are off.
+TEST_CASE("SIGTERM and SIGINT commit and unmount cleanly", "[kill]") {
+  for (int sig : {SIGTERM, SIGINT}) {
+    INFO("signal " << sig);
+    TempDir tmp;
+    const std::string img = tmp / "image";
+    mkfs(img, "64M", tmp / "mkfs.log");
+    {
+      Mount m(img, tmp / "mnt", {"commit=0"});
+      m.start();
+      write_file(m / "f", std::string(100000, 'x'));
+      REQUIRE(::mkdir((m / "d").c_str(), 0755) == 0);
+      REQUIRE(kill(m.pid(), sig) == 0);
+      REQUIRE(m.wait_exit() == 0);  // it unmounts, commits and exits by itself
+      REQUIRE(dev_of(m.path()) == dev_of(tmp.path()));
+    }
+    require_fsck_clean(img, tmp / "fsck.log");
+    Mount m2(img, tmp / "mnt");
+    m2.start();
+    REQUIRE(read_file(m2 / "f") == std::string(100000, 'x'));
+    REQUIRE(S_ISDIR(lstat_of(m2 / "d").st_mode));
+    REQUIRE(m2.unmount() == 0);
+  }
+}
+
+// -o ro: reads work, every change is EROFS, and the image is not written.
+TEST_CASE("a read-only mount changes nothing", "[kill]") {
+  TempDir tmp;
+  const std::string img = tmp / "image";
+  mkfs(img, "64M", tmp / "mkfs.log");
+  {
+    Mount m(img, tmp / "mnt");
+    m.start();
+    write_file(m / "f", "content");
+    REQUIRE(m.unmount() == 0);
+  }
+  const std::string before = slurp(img);
+  Mount m(img, tmp / "mnt", {"ro"});
+  m.start();
+  REQUIRE(read_file(m / "f") == "content");
+  errno = 0;
+  CHECK(::open((m / "g").c_str(), O_CREAT | O_WRONLY, 0644) < 0);
+  CHECK(errno == EROFS);
+  CHECK(::mkdir((m / "d").c_str(), 0755) != 0);
+  CHECK(errno == EROFS);
+  CHECK(::unlink((m / "f").c_str()) != 0);
+  CHECK(errno == EROFS);
+  REQUIRE(m.unmount() == 0);
+  REQUIRE(slurp(img) == before);
+}
