@@ -644,6 +644,17 @@ Result<void> Filesystem::unpin(uint64_t ino, uint64_t n) {
   return ok();
 }
 
+// An inode whose last name just went: freed now unless something above
+// still holds it (then at its last unpin, or at the next mount).
+Result<void> Filesystem::free_if_unpinned(uint64_t ino) {
+  {
+    std::lock_guard lk(pin_mu_);
+    if (pins_.count(ino)) return ok();
+  }
+  std::lock_guard il(inode_lock(ino));
+  return free_inode(ino);
+}
+
 Result<void> Filesystem::release_all() {
   std::vector<uint64_t> inos;
   {
@@ -822,18 +833,7 @@ Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool w
       freed = r.a.ino;
     }
   }
-  if (freed) {
-    bool pinned;
-    {
-      std::lock_guard lk(pin_mu_);
-      pinned = pins_.count(freed);
-    }
-    if (!pinned) {
-      std::lock_guard il(inode_lock(freed));
-      PLY_CHECK(free_inode(freed));
-    }
-  }
-  return ok();
+  return freed ? free_if_unpinned(freed) : ok();
 }
 
 Result<void> Filesystem::unlink(uint64_t dir, std::string_view name) {
@@ -944,18 +944,7 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
     if (odir != ndir) PLY_CHECK(c.put_inode(od));
     PLY_CHECK(c.put_inode(nd));
   }
-  if (freed) {
-    bool pinned;
-    {
-      std::lock_guard lk(pin_mu_);
-      pinned = pins_.count(freed);
-    }
-    if (!pinned) {
-      std::lock_guard il(inode_lock(freed));
-      PLY_CHECK(free_inode(freed));
-    }
-  }
-  return ok();
+  return freed ? free_if_unpinned(freed) : ok();
 }
 
 Result<void> Filesystem::readdir(uint64_t dir, uint64_t cookie,

@@ -156,6 +156,7 @@ class Filesystem {
   struct Ctx;
   Result<void> free_orphans();
   Result<void> free_inode(uint64_t ino);
+  Result<void> free_if_unpinned(uint64_t ino);
   Result<Attr> make_node(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
                          uint32_t uid, uint32_t gid, std::string_view symlink_target,
                          uint32_t umask);
