@@ -65,10 +65,8 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// Runs argv with stdout and stderr into `log` (appended); returns the exit
-// status, or 128 + the signal. Kills it after `timeout_s`.
-inline int run(const std::vector<std::string>& argv, const std::string& log,
-               int timeout_s = 300) {
+// Starts argv with stdout and stderr into `log` (appended); returns its pid.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
   pid_t pid = fork();
   if (pid < 0) FAIL("fork: " << std::strerror(errno));
   if (pid == 0) {
@@ -83,6 +81,14 @@ inline int run(const std::vector<std::string>& argv, const std::string& log,
     execv(av[0], av.data());
     _exit(127);
   }
+  return pid;
+}
+
+// Runs argv with stdout and stderr into `log` (appended); returns the exit
+// status, or 128 + the signal. Kills it after `timeout_s`.
+inline int run(const std::vector<std::string>& argv, const std::string& log,
+               int timeout_s = 300) {
+  const pid_t pid = spawn(argv, log);
   auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
   int st = 0;
   for (;;) {
@@ -196,20 +202,7 @@ class Mount {
       argv.push_back("-o");
       argv.push_back(o);
     }
-    pid_ = fork();
-    if (pid_ < 0) FAIL("fork: " << std::strerror(errno));
-    if (pid_ == 0) {
-      int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      std::vector<char*> av;
-      for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
-      av.push_back(nullptr);
-      execv(av[0], av.data());
-      _exit(127);
-    }
+    pid_ = spawn(argv, log_);
     auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
     for (;;) {
       int st;
