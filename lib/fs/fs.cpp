@@ -42,9 +42,13 @@ uint64_t name_hash(std::string_view n) {
   return h ? h : 1;
 }
 
+// The coarse clock, as the kernel's own filesystems use (current_time()):
+// with the writeback cache the kernel compares a file's times with its
+// coarse clock on every write, and a finer time from us would look
+// different and cost a SETATTR round trip per new file.
 timespec now() {
   timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
+  clock_gettime(CLOCK_REALTIME_COARSE, &t);
   return t;
 }
 
