@@ -19,8 +19,8 @@ namespace plyfs {
 namespace {
 
 using disk::ItemType;
-constexpr uint64_t kOffMask = (1ull << 56) - 1;
-constexpr uint32_t kInodeInline = 1;
+using disk::kOffMask;
+using disk::kInodeInline;
 
 struct InodeInfo {
   uint32_t mode = 0, nlink = 0, flags = 0;

@@ -23,6 +23,8 @@ enum class ItemType : uint8_t {
   Orphan = 0x06,  // object 0, offset = inode number: empty value
 };
 
+inline constexpr uint64_t kOffMask = (1ull << 56) - 1;  // the offset part of a key's lo
+
 inline constexpr uint32_t kFsMagic = 0x53464c50;  // "PLFS"
 inline constexpr uint32_t kFsVersion = 1;
 
@@ -43,6 +45,8 @@ struct Timespec {
 };
 static_assert(sizeof(Timespec) == 16);
 
+inline constexpr uint32_t kInodeInline = 1;  // Inode.flags: the data is in Inline items
+
 struct Inode {
   le32 mode;        // type and permission bits, as st_mode
   le32 uid, gid;
@@ -52,7 +56,7 @@ struct Inode {
   le64 rdev;        // device number of a device node
   le64 parent;      // a directory's parent (the root: itself); 0 otherwise
   le64 generation;  // the generation the inode was created in
-  le32 flags;       // 0: no flags are defined
+  le32 flags;       // kInodeInline, or 0
   le32 reserved0;
   Timespec atime, mtime, ctime, btime;
 };

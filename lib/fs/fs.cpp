@@ -22,13 +22,13 @@ using disk::ItemType;
 
 namespace {
 
-constexpr uint64_t kOffMask = (1ull << 56) - 1;
+using disk::kOffMask;
+using disk::kInodeInline;
 constexpr uint32_t kMaxLinks = 65000;
 // Blocks one tree operation may allocate: a generous bound on
 // BTree::max_new_nodes() for trees up to 8 levels, reserved up front so that
 // a multi-item operation cannot run out of space halfway.
 constexpr uint64_t kOpBlocks = 20;
-constexpr uint32_t kInodeInline = 1;  // Inode.flags: the data is in Inline items
 constexpr size_t kPunchBatch = 512;   // extent items removed per transaction
 
 Key ikey(uint64_t obj, ItemType t, uint64_t off = 0) {
@@ -472,13 +472,6 @@ struct Filesystem::Ctx {
   }
 };
 
-namespace {
-// A batch of new data blocks written to the device, not yet mapped.
-struct NewExt {
-  Ext e;
-};
-}  // namespace
-
 // --- creation and opening -------------------------------------------------
 
 Result<TreeId> Filesystem::create(Volume& v, const FsCreateOptions& o) {
@@ -870,9 +863,9 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
     auto de = PLY_TRY(c.find(ndir, nname));
     if (nd.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
     Rec src = PLY_TRY(c.inode(se->ino));
-    // A directory may not move below itself.
-    auto below = [&](uint64_t moving) -> Result<bool> {
-      uint64_t p = ndir;
+    // A directory may not move below itself: is `into` inside `moving`?
+    auto below = [&](uint64_t moving, uint64_t into) -> Result<bool> {
+      uint64_t p = into;
       for (int depth = 0; depth < 100000; depth++) {
         if (p == moving) return true;
         if (p == root_) return false;
@@ -886,11 +879,9 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
       Rec dst = PLY_TRY(c.inode(de->ino));
       if (src.a.ino == dst.a.ino) return ok();
       if (odir != ndir) {
-        if (S_ISDIR(src.a.mode) && PLY_TRY(below(src.a.ino))) return Error::invalid("moving a directory below itself");
-        std::swap(ndir, odir);
-        bool b = S_ISDIR(dst.a.mode) && PLY_TRY(below(dst.a.ino));
-        std::swap(ndir, odir);
-        if (b) return Error::invalid("moving a directory below itself");
+        if ((S_ISDIR(src.a.mode) && PLY_TRY(below(src.a.ino, ndir))) ||
+            (S_ISDIR(dst.a.mode) && PLY_TRY(below(dst.a.ino, odir))))
+          return Error::invalid("moving a directory below itself");
       }
       PLY_CHECK(c.retarget(odir, oname, dst.a.ino, dt_of(dst.a.mode)));
       PLY_CHECK(c.retarget(ndir, nname, src.a.ino, dt_of(src.a.mode)));
@@ -912,7 +903,7 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
     if (de && (flags & RENAME_NOREPLACE)) return Error::io(EEXIST, "target exists");
     if (de && de->ino == src.a.ino) return ok();  // two names of one inode: nothing to do
     const bool is_dir = S_ISDIR(src.a.mode);
-    if (is_dir && odir != ndir && PLY_TRY(below(src.a.ino)))
+    if (is_dir && odir != ndir && PLY_TRY(below(src.a.ino, ndir)))
       return Error::invalid("moving a directory below itself");
     if (de) {
       Rec dst = PLY_TRY(c.inode(de->ino));
@@ -1127,7 +1118,6 @@ Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
 
 // Moves an inline file's data into a block (format.md#fs-inline).
 Result<void> Filesystem::unshare_inline(uint64_t ino) {
-  Attr a = PLY_TRY(getattr(ino));
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
   std::vector<std::byte> data;
@@ -1148,7 +1138,6 @@ Result<void> Filesystem::unshare_inline(uint64_t ino) {
   for (const Ext& e : news) PLY_CHECK(c.put_extent(ino, e));
   r.flags &= ~kInodeInline;
   r.a.blocks = news.size() * (bs_ / 512);
-  (void)a;
   return c.put_inode(r);
 }
 

@@ -20,11 +20,8 @@ TEST_CASE("SIGKILL of the daemon keeps everything fsync'd", "[kill]") {
   std::map<std::string, std::string> durable;  // path -> content, after the kill
   std::vector<std::string> gone;                // must not exist after the kill
 
-  for (int round = 0; round < 4; round++) {
-    INFO("round " << round);
-    Mount m(img, tmp / "mnt", opts);
-    m.start();
-    // What the earlier rounds made durable is there.
+  // What the earlier rounds made durable is there; what they removed is not.
+  auto check_durable = [&](const Mount& m) {
     for (const auto& [p, data] : durable) {
       INFO(p);
       REQUIRE_SAME(read_file(m / p), data);
@@ -34,6 +31,12 @@ TEST_CASE("SIGKILL of the daemon keeps everything fsync'd", "[kill]") {
       INFO(p << " should not exist");
       REQUIRE_ERRNO(::lstat((m / p).c_str(), &st), ENOENT);
     }
+  };
+  for (int round = 0; round < 4; round++) {
+    INFO("round " << round);
+    Mount m(img, tmp / "mnt", opts);
+    m.start();
+    check_durable(m);
     gone.clear();
     const std::string dir = "r" + std::to_string(round);
     REQUIRE(::mkdir((m / dir).c_str(), 0755) == 0);
@@ -121,15 +124,7 @@ TEST_CASE("SIGKILL of the daemon keeps everything fsync'd", "[kill]") {
   }
   Mount m(img, tmp / "mnt", opts);
   m.start();
-  for (const auto& [p, data] : durable) {
-    INFO(p);
-    REQUIRE_SAME(read_file(m / p), data);
-  }
-  for (const auto& p : gone) {
-    struct stat st;
-    INFO(p << " should not exist");
-    REQUIRE_ERRNO(::lstat((m / p).c_str(), &st), ENOENT);
-  }
+  check_durable(m);
   int rc = m.unmount();
   INFO(m.log());
   REQUIRE(rc == 0);
