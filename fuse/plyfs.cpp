@@ -2,11 +2,12 @@
 //
 //   plyfs IMAGE MOUNTPOINT [-f] [-d] [-o opts]
 //
-// The daemon is a thin translation from FUSE requests to the filesystem
-// layer (lib/fs): inode numbers pass through unchanged except the root, which
-// FUSE calls 1. Every reply that hands the kernel an inode (lookup, create,
-// readdirplus...) pins it in the filesystem, and forget unpins it, so that a
-// file unlinked while open stays readable until the kernel lets it go.
+// The daemon is a thin translation from FUSE requests to the union layer
+// (lib/union), which shows a view of one or more branches: inode numbers
+// pass through unchanged except the root, which FUSE calls 1. Every reply
+// that hands the kernel an inode (lookup, create, readdirplus...) pins it,
+// and forget unpins it, so that a file unlinked while open stays readable
+// until the kernel lets it go.
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
@@ -31,6 +32,8 @@
 
 #include "blockdev/blockdev.h"
 #include "fs/fs.h"
+#include "union/union.h"
+#include "union/view.h"
 
 using namespace plyfs;
 
@@ -41,6 +44,9 @@ struct Config {
   const char* mountpoint = nullptr;
   unsigned commit = 5;
   const char* cache = nullptr;
+  const char* view = nullptr;
+  const char* branches = nullptr;
+  const char* copyup = nullptr;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
 };
 
@@ -50,6 +56,10 @@ enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO };
 const struct fuse_opt kOpts[] = {
     {"commit=%u", offsetof(Config, commit), 0},
     {"cache=%s", offsetof(Config, cache), 0},
+    {"view=%s", offsetof(Config, view), 0},
+    {"branches=%s", offsetof(Config, branches), 0},
+    {"dirs=%s", offsetof(Config, branches), 0},
+    {"copyup=%s", offsetof(Config, copyup), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -93,6 +103,12 @@ void usage() {
       "                     fsync, sync and unmount)\n"
       "  -o cache=SIZE      metadata cache size, e.g. 256M (default 256M)\n"
       "  -o ro              read-only\n"
+      "  -o view=NAME       show the view NAME (plyctl view list); default: the\n"
+      "                     default view, or the default branch read-write\n"
+      "  -o branches=A=rw:B=ro:...\n"
+      "                     show this stack of branches, leftmost first (dirs= works too)\n"
+      "  -o copyup=MODE     owner of copied-up files: owner (default), current, or\n"
+      "                     const:UID:GID:MODE (octal mode)\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
       "  and the other options of mount.fuse3(8).\n"
       "\n"
@@ -122,7 +138,8 @@ bool parse_size(const char* s, uint64_t& out) {
 struct Daemon {
   std::unique_ptr<FileDevice> dev;
   std::unique_ptr<Volume> vol;
-  std::unique_ptr<Filesystem> fs;
+  std::vector<std::unique_ptr<Filesystem>> branches;
+  std::unique_ptr<Union> u;
   bool daemonized = false;
   bool acl = false;
   bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
@@ -144,7 +161,7 @@ void log_error(const char* fmt, ...) {
   va_end(ap);
 }
 
-Filesystem& fs() { return *g->fs; }
+Union& fs() { return *g->u; }
 uint64_t to_fs(fuse_ino_t i) { return i == FUSE_ROOT_ID ? fs().root() : i; }
 fuse_ino_t to_fuse(uint64_t i) { return i == fs().root() ? FUSE_ROOT_ID : i; }
 
@@ -153,7 +170,7 @@ fuse_ino_t to_fuse(uint64_t i) { return i == fs().root() ? FUSE_ROOT_ID : i; }
 int errno_of(const Error& e) {
   if (e.code == EUCLEAN || e.code == EIO) {
     log_error("%s", e.message().c_str());
-    g->fs->fail(e);
+    g->u->fail(e);
     return EIO;
   }
   return e.code;
@@ -189,19 +206,22 @@ fuse_entry_param to_entry(const Attr& a) {
 
 void reply_entry(fuse_req_t req, const Result<Attr>& a) {
   if (!a) return reply_err(req, a.error());
-  fs().pin(a->ino);
-  fuse_entry_param e = to_entry(*a);
+  fuse_entry_param e = to_entry(*a);  // the union counted the reference
   if (fuse_reply_entry(req, &e) != 0) (void)fs().unpin(a->ino);
 }
 
 uint32_t umask_of(const fuse_ctx* c) { return g->dont_mask ? c->umask : 0; }
+Caller caller(fuse_req_t req) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  return Caller{c->uid, c->gid, umask_of(c)};
+}
 
 // --- operations ---------------------------------------------------------------------
 
 void op_init(void*, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) {
     conn->want |= FUSE_CAP_WRITEBACK_CACHE;
-    g->fs->set_kernel_times(true);  // the kernel owns mtime/ctime of written files
+    g->u->set_kernel_times(true);  // the kernel owns mtime/ctime of written files
   }
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
@@ -260,7 +280,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int valid, fuse
   if (valid & FUSE_SET_ATTR_MTIME_NOW) s.mtime = timespec{0, UTIME_NOW};
   else if (valid & FUSE_SET_ATTR_MTIME) s.mtime = st->st_mtim;
   if (valid & FUSE_SET_ATTR_CTIME) s.ctime = st->st_ctim;
-  auto a = fs().setattr(to_fs(ino), s);
+  auto a = fs().setattr(to_fs(ino), s, caller(req));
   if (!a) return reply_err(req, a.error());
   struct stat out = to_stat(*a);
   fuse_reply_attr(req, &out, g->timeout);
@@ -273,22 +293,19 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 }
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
-  const fuse_ctx* c = fuse_req_ctx(req);
-  reply_entry(req, fs().mknod(to_fs(parent), name, mode, rdev, c->uid, c->gid, umask_of(c)));
+  reply_entry(req, fs().mknod(to_fs(parent), name, mode, rdev, caller(req)));
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-  const fuse_ctx* c = fuse_req_ctx(req);
-  reply_entry(req, fs().mkdir(to_fs(parent), name, mode, c->uid, c->gid, umask_of(c)));
+  reply_entry(req, fs().mkdir(to_fs(parent), name, mode, caller(req)));
 }
 
 void op_symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
-  const fuse_ctx* c = fuse_req_ctx(req);
-  reply_entry(req, fs().symlink(to_fs(parent), name, target, c->uid, c->gid));
+  reply_entry(req, fs().symlink(to_fs(parent), name, target, caller(req)));
 }
 
 void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char* name) {
-  reply_entry(req, fs().link(to_fs(ino), to_fs(parent), name));
+  reply_entry(req, fs().link(to_fs(ino), to_fs(parent), name, caller(req)));
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -303,7 +320,7 @@ void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
 
 void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
                const char* newname, unsigned flags) {
-  auto r = fs().rename(to_fs(parent), name, to_fs(newparent), newname, flags);
+  auto r = fs().rename(to_fs(parent), name, to_fs(newparent), newname, flags, caller(req));
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -311,14 +328,20 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto a = fs().getattr(to_fs(ino));
   if (!a) return reply_err(req, a.error());
   if (S_ISDIR(a->mode)) return (void)fuse_reply_err(req, EISDIR);
-  if ((fi->flags & O_ACCMODE) != O_RDONLY && fs().read_only())
-    return (void)fuse_reply_err(req, EROFS);
+  const bool for_write = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
+  if (for_write && fs().read_only()) return (void)fuse_reply_err(req, EROFS);
+  // A file of a read-only branch is copied up now, so that the writes of
+  // this handle land in a writable branch.
+  if (for_write) {
+    auto o = fs().open(to_fs(ino), true, caller(req));
+    if (!o) return reply_err(req, o.error());
+  }
   // libfuse turns on FUSE_CAP_ATOMIC_O_TRUNC by default: the kernel then
   // sends O_TRUNC here instead of a SETATTR, and trusts the open to truncate.
   if ((fi->flags & O_TRUNC) && S_ISREG(a->mode)) {
     SetAttr s;
     s.size = 0;
-    auto t = fs().setattr(to_fs(ino), s);
+    auto t = fs().setattr(to_fs(ino), s, caller(req));
     if (!t) return reply_err(req, t.error());
   }
   fi->keep_cache = 1;  // only this daemon changes the files
@@ -327,11 +350,8 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                fuse_file_info* fi) {
-  const fuse_ctx* c = fuse_req_ctx(req);
-  auto a = fs().mknod(to_fs(parent), name, S_IFREG | (mode & 07777), 0, c->uid, c->gid,
-                      umask_of(c));
+  auto a = fs().mknod(to_fs(parent), name, S_IFREG | (mode & 07777), 0, caller(req));
   if (!a) return reply_err(req, a.error());
-  fs().pin(a->ino);
   fuse_entry_param e = to_entry(*a);
   fi->keep_cache = 1;
   if (fuse_reply_create(req, &e, fi) != 0) (void)fs().unpin(a->ino);
@@ -348,7 +368,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
               fuse_file_info*) {
   auto n = fs().write(to_fs(ino), uint64_t(off),
-                      std::span(reinterpret_cast<const std::byte*>(data), size));
+                      std::span(reinterpret_cast<const std::byte*>(data), size), caller(req));
   if (!n) return reply_err(req, n.error());
   fuse_reply_write(req, *n);
 }
@@ -392,23 +412,27 @@ void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool
       return true;
     }
     fuse_entry_param e{};
+    uint64_t entry_ino = d.ino;
     if (dot) {
       e.attr.st_ino = to_fuse(d.ino);
       e.attr.st_mode = S_IFDIR;
     } else {
-      auto a = fs().getattr(d.ino);
+      auto a = fs().lookup(to_fs(ino), name);
       if (!a) {
         if (a.error().code == ENOENT) return true;  // removed meanwhile
         err = a.error();
         return false;
       }
       e = to_entry(*a);
+      entry_ino = a->ino;
     }
     size_t need = fuse_add_direntry_plus(req, buf.data() + used, size - used, name.c_str(), &e,
                                          off_t(d.next));
-    if (need > size - used) return false;
-    used += need;
-    if (!dot) fs().pin(d.ino);  // the kernel counts a lookup for each entry it links
+    if (need > size - used) {
+      if (!dot) (void)fs().unpin(entry_ino);  // not handed out after all
+      return false;
+    }
+    used += need;  // the kernel counts a lookup for each entry it links
     return true;
   });
   if (!r) return reply_err(req, r.error());
@@ -442,7 +466,8 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
 void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value,
                  size_t size, int flags) {
   auto r = fs().setxattr(to_fs(ino), name,
-                         std::span(reinterpret_cast<const std::byte*>(value), size), flags);
+                         std::span(reinterpret_cast<const std::byte*>(value), size), flags,
+                         caller(req));
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -468,14 +493,14 @@ void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
-  auto r = fs().removexattr(to_fs(ino), name);
+  auto r = fs().removexattr(to_fs(ino), name, caller(req));
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
 void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
                   fuse_file_info*) {
   if (off < 0 || len <= 0) return (void)fuse_reply_err(req, EINVAL);
-  auto r = fs().fallocate(to_fs(ino), mode, uint64_t(off), uint64_t(len));
+  auto r = fs().fallocate(to_fs(ino), mode, uint64_t(off), uint64_t(len), caller(req));
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -489,7 +514,8 @@ void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_i
 void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_info*,
                         fuse_ino_t out, off_t off_out, fuse_file_info*, size_t len, int flags) {
   if (flags) return (void)fuse_reply_err(req, EINVAL);
-  auto r = fs().copy_range(to_fs(in), uint64_t(off_in), to_fs(out), uint64_t(off_out), len);
+  auto r = fs().copy_range(to_fs(in), uint64_t(off_in), to_fs(out), uint64_t(off_out), len,
+                           caller(req));
   if (!r) return reply_err(req, r.error());
   fuse_reply_write(req, size_t(*r));
 }
@@ -556,6 +582,9 @@ int main(int argc, char** argv) {
       std::free(const_cast<char*>(c.image));
       std::free(const_cast<char*>(c.mountpoint));
       std::free(const_cast<char*>(c.cache));
+      std::free(const_cast<char*>(c.view));
+      std::free(const_cast<char*>(c.branches));
+      std::free(const_cast<char*>(c.copyup));
     }
   } args_guard{args, cfg};
   if (fuse_opt_parse(&args, &cfg, kOpts, opt_proc) != 0) return 1;
@@ -574,6 +603,24 @@ int main(int argc, char** argv) {
   uint64_t cache = 256ull << 20;
   if (cfg.cache && !parse_size(cfg.cache, cache)) {
     std::fprintf(stderr, "plyfs: bad cache size '%s' (e.g. 256M, at least 1M)\n", cfg.cache);
+    return 1;
+  }
+  CopyUpMode copyup;
+  if (cfg.copyup) {
+    std::string m = cfg.copyup;
+    unsigned uid, gid, mode;
+    if (m == "owner") copyup.kind = CopyUpMode::Owner;
+    else if (m == "current") copyup.kind = CopyUpMode::Current;
+    else if (std::sscanf(m.c_str(), "const:%u:%u:%o", &uid, &gid, &mode) == 3 && mode <= 07777)
+      copyup = CopyUpMode{CopyUpMode::Const, uid, gid, mode};
+    else {
+      std::fprintf(stderr, "plyfs: bad copyup mode '%s' (owner, current or const:UID:GID:MODE)\n",
+                   cfg.copyup);
+      return 1;
+    }
+  }
+  if (cfg.view && cfg.branches) {
+    std::fprintf(stderr, "plyfs: view= and branches= exclude each other\n");
     return 1;
   }
   bool acl = false;
@@ -634,15 +681,27 @@ int main(int argc, char** argv) {
     return 32;
   }
   d.vol = std::move(*vol);
-  auto tree = Filesystem::default_tree(*d.vol);
-  auto fsr = tree ? Filesystem::open(*d.vol, *tree) : Result<std::unique_ptr<Filesystem>>(tree.error());
-  if (!fsr) {
-    std::fprintf(stderr, "plyfs: cannot open the filesystem in %s: %s\n", cfg.image,
-                 fsr.error().message().c_str());
+  auto stack = cfg.branches ? parse_stack(*d.vol, cfg.branches)
+               : cfg.view   ? view_stack(*d.vol, cfg.view)
+                            : default_stack(*d.vol);
+  if (!stack) {
+    std::fprintf(stderr, "plyfs: %s: %s\n", cfg.image, stack.error().message().c_str());
     report(status_fd, 32);
     return 32;
   }
-  d.fs = std::move(*fsr);
+  std::vector<UnionBranch> ub;
+  for (const auto& l : *stack) {
+    auto fsr = Filesystem::open(*d.vol, l.tree);
+    if (!fsr) {
+      std::fprintf(stderr, "plyfs: cannot open branch %llu of %s: %s\n",
+                   (unsigned long long)l.tree.v, cfg.image, fsr.error().message().c_str());
+      report(status_fd, 32);
+      return 32;
+    }
+    ub.push_back({fsr->get(), l.writable && !cfg.ro});
+    d.branches.push_back(std::move(*fsr));
+  }
+  d.u = std::make_unique<Union>(std::move(ub), copyup);
 
   fuse_opt_add_arg(&args, "-osubtype=plyfs");
   std::string fsname = std::string("-ofsname=") + cfg.image;
@@ -687,13 +746,14 @@ int main(int argc, char** argv) {
   // SIGTERM, SIGINT or SIGHUP is a requested, clean unmount.
   int rc = (ret == 0 || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
   if (!d.vol->read_only() && !d.vol->failure()) {
-    auto r = d.fs->release_all();
+    auto r = d.u->release_all();
     if (!r) {
       log_error("freeing unlinked files failed: %s", r.error().message().c_str());
       rc = 1;
     }
   }
-  d.fs.reset();
+  d.u.reset();
+  d.branches.clear();
   auto c = d.vol->close();
   if (!c) {
     log_error("final commit failed: %s", c.error().message().c_str());

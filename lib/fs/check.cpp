@@ -105,6 +105,8 @@ class Checker {
       if (i.blocks != i.mapped * (bs_ / 512))
         problem("F4-blocks", ino, "blocks " + std::to_string(i.blocks) + ", extents map " +
                                       std::to_string(i.mapped * (bs_ / 512)));
+      if ((i.flags & disk::kInodeOpaque) && !S_ISDIR(i.mode))
+        problem("U2-opaque", ino, "the opaque flag on a non-directory");
       if (S_ISREG(i.mode) && (i.flags & kInodeInline) && i.mapped)
         problem("F5-inline", ino, "inline file with extent items");
     }
@@ -126,7 +128,8 @@ class Checker {
   void info(std::span<const std::byte> v) {
     if (v.size() != sizeof(disk::FsInfo)) return problem("F1-info", 0, "info item of wrong size");
     const auto* d = view_as<disk::FsInfo>(v);
-    if (d->magic.get() != disk::kFsMagic || d->version.get() != disk::kFsVersion)
+    if (d->magic.get() != disk::kFsMagic || d->version.get() < disk::kFsVersionMin ||
+        d->version.get() > disk::kFsVersion)
       return problem("F1-info", 0, "bad magic or version in the info item");
     root_ = d->root_ino.get();
   }
@@ -141,13 +144,21 @@ class Checker {
           !seqs.insert(d->seq).second)
         return problem("F-item", dir, "malformed directory entry");
       const uint64_t t = d->ino.get();
+      p += sizeof(disk::Dirent) + d->name_len;
+      if (d->type == disk::kDtWhiteout) {  // names no inode (format.md#fs-union)
+        if (t != 0) problem("U1-whiteout", dir, "a whiteout entry names inode " + std::to_string(t));
+        continue;
+      }
+      if (t == 0) {
+        problem("F2-dirent", dir, "an entry names inode 0");
+        continue;
+      }
       targets_.emplace(t, dir);
       InodeInfo& i = inodes_[t];  // may be created before its inode item is seen
       i.names++;
       i.named_in.insert(dir);
       if (d->type == DT_DIR) inodes_[dir].subdirs++;
       entry_types_[dir].emplace_back(t, d->type);
-      p += sizeof(disk::Dirent) + d->name_len;
     }
   }
 
@@ -212,8 +223,42 @@ class Checker {
 
 }  // namespace
 
+namespace {
+// The branch fields (pass 6): parents name filesystem trees, without cycles;
+// names are unique.
+void check_branches(Volume& vol, std::vector<Problem>& out) {
+  auto bs = Filesystem::branches(vol);
+  if (!bs) return;  // the per-tree checks report unreadable info items
+  std::map<uint64_t, const BranchMeta*> by_id;
+  std::set<std::string> names;
+  for (const auto& b : *bs) {
+    by_id[b.tree.v] = &b;
+    if (!names.insert(b.name).second)
+      out.push_back(Problem{"U3-branch", Error::kNoBlock, "two branches are named \"" + b.name + "\"", b.tree.v});
+  }
+  for (const auto& b : *bs) {
+    if (b.parent.v && !by_id.count(b.parent.v)) {
+      out.push_back(Problem{"U3-branch", Error::kNoBlock,
+                            "branch \"" + b.name + "\" names missing parent tree " + std::to_string(b.parent.v),
+                            b.tree.v});
+      continue;
+    }
+    uint64_t p = b.parent.v;
+    for (size_t steps = 0; p; steps++) {
+      if (steps > by_id.size() || p == b.tree.v) {
+        out.push_back(Problem{"U3-branch", Error::kNoBlock, "branch \"" + b.name + "\" is its own ancestor", b.tree.v});
+        break;
+      }
+      auto it = by_id.find(p);
+      p = it == by_id.end() ? 0 : it->second->parent.v;
+    }
+  }
+}
+}  // namespace
+
 std::vector<Problem> check_filesystems(Volume& vol, bool data) {
   std::vector<Problem> out;
+  check_branches(vol, out);
   auto t = vol.begin();
   if (!t) {
     out.push_back(Problem{"F-item", Error::kNoBlock, "cannot read: " + t.error().message(), 0});

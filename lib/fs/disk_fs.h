@@ -26,7 +26,14 @@ enum class ItemType : uint8_t {
 inline constexpr uint64_t kOffMask = (1ull << 56) - 1;  // the offset part of a key's lo
 
 inline constexpr uint32_t kFsMagic = 0x53464c50;  // "PLFS"
-inline constexpr uint32_t kFsVersion = 1;
+// Version 2 adds whiteout entries, opaque directories and the branch fields
+// of FsInfo (format.md#fs-union). Version 1 trees are read as version 2 (they
+// hold none of them) and rewritten as 2 when opened read-write.
+inline constexpr uint32_t kFsVersion = 2;
+inline constexpr uint32_t kFsVersionMin = 1;
+
+// FsInfo.branch_flags
+inline constexpr uint32_t kBranchReadOnly = 1;  // never changed, even in a rw view
 
 struct FsInfo {
   le32 magic;
@@ -34,7 +41,9 @@ struct FsInfo {
   le64 root_ino;     // the root directory
   le64 created_ns;   // creation time
   uint8_t name[32];  // branch name, NUL-padded
-  le64 reserved[2];
+  le64 parent;       // tree id of the branch this one was created from or layered on; 0: none
+  le32 branch_flags; // kBranchReadOnly
+  le32 reserved;
 };
 static_assert(sizeof(FsInfo) == 72);
 
@@ -46,6 +55,12 @@ struct Timespec {
 static_assert(sizeof(Timespec) == 16);
 
 inline constexpr uint32_t kInodeInline = 1;  // Inode.flags: the data is in Inline items
+inline constexpr uint32_t kInodeOpaque = 2;  // Inode.flags: a directory that hides the
+                                             // same directory of the branches below it
+
+// Dirent.type of a whiteout: the name is deleted in the union (it hides the
+// name in the branches below); Dirent.ino is 0 and no inode exists.
+inline constexpr uint8_t kDtWhiteout = 14;  // DT_WHT
 
 struct Inode {
   le32 mode;        // type and permission bits, as st_mode

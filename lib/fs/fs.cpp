@@ -24,6 +24,8 @@ namespace {
 
 using disk::kOffMask;
 using disk::kInodeInline;
+using disk::kInodeOpaque;
+using disk::kDtWhiteout;
 constexpr uint32_t kMaxLinks = 65000;
 // Blocks one tree operation may allocate: a generous bound on
 // BTree::max_new_nodes() for trees up to 8 levels, reserved up front so that
@@ -88,7 +90,7 @@ std::vector<std::byte> encode_inode(const Rec& r) {
   d->rdev.set(r.a.rdev);
   d->parent.set(r.parent);
   d->generation.set(r.a.generation);
-  d->flags.set(r.flags);
+  d->flags.set((r.flags & ~kInodeOpaque) | (r.a.opaque ? kInodeOpaque : 0));
   d->reserved0.set(0);
   put_ts(d->atime, r.a.atime);
   put_ts(d->mtime, r.a.mtime);
@@ -118,6 +120,7 @@ Result<Rec> decode_inode(uint64_t ino, std::span<const std::byte> v) {
   r.a.mtime = get_ts(d->mtime);
   r.a.ctime = get_ts(d->ctime);
   r.a.btime = get_ts(d->btime);
+  r.a.opaque = S_ISDIR(r.a.mode) && (r.flags & kInodeOpaque);
   return r;
 }
 
@@ -365,11 +368,41 @@ struct Filesystem::Ctx {
     }
     return t.put(fs.tree_, ikey(dir, ItemType::Dirent, h), encode_dirents(b));
   }
+  // Whiteouts do not count: a directory holding only whiteouts is empty,
+  // and removing it removes them (they are items of the directory).
   Result<bool> dir_empty(uint64_t dir) {
     bool empty = true;
+    std::optional<Error> err;
     PLY_CHECK(t.scan(fs.tree_, ikey(dir, ItemType::Dirent, 0), ikey(dir, ItemType::Dirent, kOffMask),
-                     [&](Key, std::span<const std::byte>) { return empty = false; }));
+                     [&](Key k, std::span<const std::byte> v) {
+                       auto es = decode_dirents(k, v);
+                       if (!es) {
+                         err = es.error();
+                         return false;
+                       }
+                       for (const auto& e : *es)
+                         if (e.type != kDtWhiteout) return empty = false;
+                       return true;
+                     }));
+    if (err) return *err;
     return empty;
+  }
+  // The live entry of `name`: a whiteout counts as none.
+  Result<std::optional<DirentRec>> find_live(uint64_t dir, std::string_view name) {
+    auto e = PLY_TRY(find(dir, name));
+    if (e && e->type == kDtWhiteout) return std::optional<DirentRec>{};
+    return e;
+  }
+  // Adds an entry where `name` is free or a whiteout; true if it was a whiteout.
+  Result<bool> add_over_whiteout(uint64_t dir, std::string_view name, uint64_t ino, uint8_t type) {
+    auto e = PLY_TRY(find(dir, name));
+    if (e && e->type != kDtWhiteout) return Error::io(EEXIST, "name exists");
+    if (e) {
+      PLY_CHECK(retarget(dir, name, ino, type));
+      return true;
+    }
+    PLY_CHECK(add_entry(dir, name, ino, type));
+    return false;
   }
 
   // Extent items overlapping file blocks [from, to), in order. Items are at
@@ -484,7 +517,11 @@ Result<TreeId> Filesystem::create(Volume& v, const FsCreateOptions& o) {
   info.root_ino.set(root);
   timespec n = now();
   info.created_ns.set(uint64_t(n.tv_sec) * 1000000000ull + uint64_t(n.tv_nsec));
-  std::memcpy(info.name, o.name.data(), std::min<size_t>(o.name.size(), sizeof info.name));
+  if (o.name.empty() || o.name.size() > sizeof info.name)
+    return Error::invalid("a branch name has 1 to 32 bytes");
+  std::memcpy(info.name, o.name.data(), o.name.size());
+  info.parent.set(o.parent.v);
+  info.branch_flags.set(o.read_only ? disk::kBranchReadOnly : 0);
   PLY_CHECK(t.put(id, ikey(0, ItemType::FsInfo), bytes_of(&info, sizeof info)));
   Rec r;
   r.a.ino = root;
@@ -519,27 +556,76 @@ Result<TreeId> Filesystem::default_tree(Volume& v) {
   return Error::io(ENOENT, "the image holds no filesystem tree");
 }
 
+namespace {
+Result<disk::FsInfo> read_info(Volume::Txn& t, TreeId tree) {
+  auto info = PLY_TRY(t.tree_info(tree));
+  if (info.kind != disk::kKindFs)
+    return Error::invalid("tree " + std::to_string(tree.v) + " is not a filesystem tree");
+  auto val = PLY_TRY(t.get(tree, ikey(0, ItemType::FsInfo)));
+  if (!val || val->size() != sizeof(disk::FsInfo))
+    return Error::corrupt(Error::kNoBlock, "filesystem tree without a valid info item");
+  disk::FsInfo fi;
+  std::memcpy(&fi, val->data(), sizeof fi);
+  if (fi.magic.get() != disk::kFsMagic)
+    return Error::corrupt(Error::kNoBlock, "filesystem info item has a bad magic number");
+  if (fi.version.get() < disk::kFsVersionMin || fi.version.get() > disk::kFsVersion)
+    return Error::io(EOPNOTSUPP, "filesystem tree version " + std::to_string(fi.version.get()) +
+                                     " is not supported");
+  return fi;
+}
+
+BranchMeta meta_of(TreeId tree, const disk::FsInfo& fi, Generation created) {
+  BranchMeta m;
+  m.tree = tree;
+  m.name.assign(reinterpret_cast<const char*>(fi.name), strnlen(reinterpret_cast<const char*>(fi.name), sizeof fi.name));
+  m.parent = TreeId{fi.parent.get()};
+  m.read_only = fi.branch_flags.get() & disk::kBranchReadOnly;
+  m.root = fi.root_ino.get();
+  m.created_ns = fi.created_ns.get();
+  m.created = created;
+  return m;
+}
+}  // namespace
+
+Result<BranchMeta> Filesystem::branch(Volume& v, TreeId tree) {
+  auto t = PLY_TRY(v.begin());
+  auto fi = PLY_TRY(read_info(t, tree));
+  return meta_of(tree, fi, PLY_TRY(t.tree_info(tree)).created);
+}
+
+Result<std::vector<BranchMeta>> Filesystem::branches(Volume& v) {
+  auto t = PLY_TRY(v.begin());
+  std::vector<BranchMeta> out;
+  for (const auto& ti : PLY_TRY(t.list_trees()))
+    if (ti.kind == disk::kKindFs) out.push_back(meta_of(ti.id, PLY_TRY(read_info(t, ti.id)), ti.created));
+  return out;
+}
+
+Result<void> Filesystem::set_branch(Volume& v, const BranchMeta& m) {
+  if (m.name.empty() || m.name.size() > 32) return Error::invalid("a branch name has 1 to 32 bytes");
+  auto t = PLY_TRY(v.begin({.reserve_blocks = 2 * kOpBlocks}));
+  auto fi = PLY_TRY(read_info(t, m.tree));
+  std::memset(fi.name, 0, sizeof fi.name);
+  std::memcpy(fi.name, m.name.data(), m.name.size());
+  fi.parent.set(m.parent.v);
+  fi.branch_flags.set(m.read_only ? disk::kBranchReadOnly : 0);
+  fi.version.set(disk::kFsVersion);
+  return t.put(m.tree, ikey(0, ItemType::FsInfo), bytes_of(&fi, sizeof fi));
+}
+
 Filesystem::Filesystem(Volume& v, TreeId tree, uint64_t root)
     : vol_(v), tree_(tree), root_(root), bs_(v.block_size()) {}
 
 Result<std::unique_ptr<Filesystem>> Filesystem::open(Volume& v, TreeId tree) {
   uint64_t root;
+  bool old_version;
   {
     auto t = PLY_TRY(v.begin());
-    auto info = PLY_TRY(t.tree_info(tree));
-    if (info.kind != disk::kKindFs)
-      return Error::invalid("tree " + std::to_string(tree.v) + " is not a filesystem tree");
-    auto val = PLY_TRY(t.get(tree, ikey(0, ItemType::FsInfo)));
-    if (!val || val->size() != sizeof(disk::FsInfo))
-      return Error::corrupt(Error::kNoBlock, "filesystem tree without a valid info item");
-    const auto* fi = view_as<disk::FsInfo>(std::span<const std::byte>(*val));
-    if (fi->magic.get() != disk::kFsMagic)
-      return Error::corrupt(Error::kNoBlock, "filesystem info item has a bad magic number");
-    if (fi->version.get() != disk::kFsVersion)
-      return Error::io(EOPNOTSUPP, "filesystem tree version " +
-                                       std::to_string(fi->version.get()) + " is not supported");
-    root = fi->root_ino.get();
+    auto fi = PLY_TRY(read_info(t, tree));
+    root = fi.root_ino.get();
+    old_version = fi.version.get() < disk::kFsVersion;
   }
+  if (old_version && !v.read_only()) PLY_CHECK(set_branch(v, PLY_TRY(branch(v, tree))));
   std::unique_ptr<Filesystem> fs(new Filesystem(v, tree, root));
   {
     auto t = PLY_TRY(v.begin());
@@ -689,7 +775,7 @@ Result<Attr> Filesystem::lookup(uint64_t dir, std::string_view name) {
   Rec d = PLY_TRY(c.dir(dir));
   if (name == ".") return d.a;
   if (name == "..") return PLY_TRY(c.inode(d.parent)).a;
-  auto e = PLY_TRY(c.find(dir, name));
+  auto e = PLY_TRY(c.find_live(dir, name));
   if (!e) return Error::io(ENOENT, "no such entry");
   return PLY_TRY(c.inode(e->ino)).a;
 }
@@ -704,7 +790,7 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
   std::unique_lock lk(mu_);
   Rec d = PLY_TRY(c.dir(dir));
   if (d.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
-  if (PLY_TRY(c.find(dir, name))) return Error::io(EEXIST, "name exists");
+  if (PLY_TRY(c.find_live(dir, name))) return Error::io(EEXIST, "name exists");
   const bool is_dir = S_ISDIR(mode);
   if (is_dir && d.a.nlink >= ~0u - 1) return Error::io(EMLINK, "too many subdirectories");
   Rec r;
@@ -734,10 +820,13 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
     r.a.size = target.size();
     PLY_CHECK(c.set_inline(r.a.ino, bytes_of(target.data(), target.size()), 0));
   }
+  // A directory made over a whiteout hides what the branches below hold
+  // under that name (format.md#fs-union).
+  if (is_dir && PLY_TRY(c.find(dir, name))) r.a.opaque = true;
   PLY_CHECK(c.put_inode(r));
   if (!acl.access.empty()) PLY_CHECK(c.add_xattr(r.a.ino, kAclAccess, acl.access));
   if (!acl.dflt.empty()) PLY_CHECK(c.add_xattr(r.a.ino, kAclDefault, acl.dflt));
-  PLY_CHECK(c.add_entry(dir, name, r.a.ino, dt_of(mode)));
+  (void)PLY_TRY(c.add_over_whiteout(dir, name, r.a.ino, dt_of(mode)));
   d.a.mtime = d.a.ctime = r.a.ctime;
   if (is_dir) d.a.nlink++;
   d.a.size++;
@@ -778,6 +867,108 @@ Result<std::string> Filesystem::readlink(uint64_t ino) {
   return std::string(reinterpret_cast<const char*>(d.data()), d.size());
 }
 
+// --- union support (format.md#fs-union) ---------------------------------------
+
+Result<std::optional<Entry>> Filesystem::entry(uint64_t dir, std::string_view name) {
+  PLY_CHECK(check_name(name));
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  (void)PLY_TRY(c.dir(dir));
+  auto e = PLY_TRY(c.find(dir, name));
+  if (!e) return std::optional<Entry>{};
+  return std::optional<Entry>(Entry{e->ino, e->type});
+}
+
+Result<void> Filesystem::whiteout(uint64_t dir, std::string_view name) {
+  PLY_CHECK(check_name(name));
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 4 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::unique_lock lk(mu_);
+  Rec d = PLY_TRY(c.dir(dir));
+  if (d.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
+  auto e = PLY_TRY(c.find(dir, name));
+  if (e) return e->type == kDtWhiteout ? ok() : Result<void>(Error::io(EEXIST, "name exists"));
+  PLY_CHECK(c.add_entry(dir, name, 0, kDtWhiteout));
+  d.a.mtime = d.a.ctime = now();
+  return c.put_inode(d);
+}
+
+Result<Attr> Filesystem::copy_in(Filesystem& src, uint64_t ino, uint64_t dir,
+                                 std::string_view name) {
+  PLY_CHECK(check_name(name));
+  if (&src == this || &src.vol_ != &vol_) return Error::invalid("copy_in from the same tree or another volume");
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 16 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  // Two tree locks: taken in tree-id order, so two copies in opposite
+  // directions cannot deadlock.
+  std::shared_lock<std::shared_mutex> ls(src.mu_, std::defer_lock);
+  std::unique_lock<std::shared_mutex> lu(mu_, std::defer_lock);
+  if (src.tree_.v < tree_.v) ls.lock(), lu.lock();
+  else lu.lock(), ls.lock();
+  Rec d = PLY_TRY(c.dir(dir));
+  if (d.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
+  if (PLY_TRY(c.find_live(dir, name))) return Error::io(EEXIST, "name exists");
+  auto sv = PLY_TRY(c.t.get(src.tree_, ikey(ino, ItemType::Inode)));
+  if (!sv) return Error::io(ENOENT, "no inode " + std::to_string(ino) + " to copy");
+  Rec r = PLY_TRY(decode_inode(ino, *sv));
+  const bool is_dir = S_ISDIR(r.a.mode);
+  if (auto mine = PLY_TRY(c.t.get(tree_, ikey(ino, ItemType::Inode)))) {
+    // Copied up before under another name: one more link to it.
+    Rec m = PLY_TRY(decode_inode(ino, *mine));
+    if (S_ISDIR(m.a.mode) || m.a.nlink == 0) return Error::io(EEXIST, "object already in this branch");
+    if (m.a.nlink >= kMaxLinks) return Error::io(EMLINK, "too many links");
+    (void)PLY_TRY(c.add_over_whiteout(dir, name, ino, dt_of(m.a.mode)));
+    m.a.nlink++;
+    PLY_CHECK(c.put_inode(m));
+    d.a.size++;  // a copy-up changes nothing the user sees: times stay
+    PLY_CHECK(c.put_inode(d));
+    return m.a;
+  }
+  // Every item of the object except a directory's entries: attributes,
+  // xattrs, inline data and extents, whose space extents gain a reference.
+  std::vector<std::pair<Key, std::vector<std::byte>>> items;
+  std::optional<Error> err;
+  PLY_CHECK(c.t.scan(src.tree_, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+    if (type_of(k) == ItemType::Inode || type_of(k) == ItemType::Dirent) return true;
+    items.emplace_back(k, std::vector<std::byte>(v.begin(), v.end()));
+    if (items.size() % 256 == 0) {
+      // Large files: reserve as we go, so the copy fails cleanly with
+      // ENOSPC rather than halfway through a tree update.
+      if (auto rr = c.t.reserve(2 * kOpBlocks); !rr) {
+        err = rr.error();
+        return false;
+      }
+    }
+    return true;
+  }));
+  if (err) return *err;
+  for (auto& [k, v] : items) {
+    if (type_of(k) == ItemType::Extent) {
+      Ext e = PLY_TRY(decode_extent(k, v));
+      if (e.disk_start) PLY_CHECK(c.t.inc_extent(BlockNo{e.disk_start}));
+    }
+    PLY_CHECK(c.t.put(tree_, k, v));
+  }
+  if (is_dir) {
+    r.a.nlink = 2;
+    r.a.size = 0;
+    r.parent = dir;
+    r.a.opaque = false;
+  } else {
+    r.a.nlink = 1;
+    r.parent = 0;
+  }
+  PLY_CHECK(c.put_inode(r));
+  (void)PLY_TRY(c.add_over_whiteout(dir, name, ino, dt_of(r.a.mode)));
+  d.a.size++;
+  if (is_dir) d.a.nlink++;
+  PLY_CHECK(c.put_inode(d));
+  return r.a;
+}
+
 Result<Attr> Filesystem::link(uint64_t ino, uint64_t dir, std::string_view name) {
   PLY_CHECK(check_name(name));
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
@@ -790,7 +981,7 @@ Result<Attr> Filesystem::link(uint64_t ino, uint64_t dir, std::string_view name)
   if (S_ISDIR(r.a.mode)) return Error::io(EPERM, "hard link to a directory");
   if (r.a.nlink == 0) return Error::io(ENOENT, "the file was removed");
   if (r.a.nlink >= kMaxLinks) return Error::io(EMLINK, "too many links");
-  PLY_CHECK(c.add_entry(dir, name, ino, dt_of(r.a.mode)));
+  (void)PLY_TRY(c.add_over_whiteout(dir, name, ino, dt_of(r.a.mode)));
   r.a.nlink++;
   r.a.ctime = now();
   PLY_CHECK(c.put_inode(r));
@@ -800,7 +991,8 @@ Result<Attr> Filesystem::link(uint64_t ino, uint64_t dir, std::string_view name)
   return r.a;
 }
 
-Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool want_dir) {
+Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool want_dir,
+                                     bool whiteout) {
   if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
   uint64_t freed = 0;
@@ -809,14 +1001,15 @@ Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool w
     Ctx c{*this, std::move(t)};
     std::unique_lock lk(mu_);
     Rec d = PLY_TRY(c.dir(dir));
-    auto e = PLY_TRY(c.find(dir, name));
+    auto e = PLY_TRY(c.find_live(dir, name));
     if (!e) return Error::io(ENOENT, "no such entry");
     Rec r = PLY_TRY(c.inode(e->ino));
     const bool is_dir = S_ISDIR(r.a.mode);
     if (want_dir && !is_dir) return Error::io(ENOTDIR, "not a directory");
     if (!want_dir && is_dir) return Error::io(EISDIR, "is a directory");
     if (is_dir && !PLY_TRY(c.dir_empty(r.a.ino))) return Error::io(ENOTEMPTY, "directory not empty");
-    PLY_CHECK(c.remove_entry(dir, name));
+    if (whiteout) PLY_CHECK(c.retarget(dir, name, 0, kDtWhiteout));
+    else PLY_CHECK(c.remove_entry(dir, name));
     timespec n = now();
     d.a.mtime = d.a.ctime = n;
     if (is_dir) d.a.nlink--;
@@ -833,20 +1026,21 @@ Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool w
   return freed ? free_if_unpinned(freed) : ok();
 }
 
-Result<void> Filesystem::unlink(uint64_t dir, std::string_view name) {
-  return remove_name(dir, name, false);
+Result<void> Filesystem::unlink(uint64_t dir, std::string_view name, bool whiteout) {
+  return remove_name(dir, name, false, whiteout);
 }
-Result<void> Filesystem::rmdir(uint64_t dir, std::string_view name) {
+Result<void> Filesystem::rmdir(uint64_t dir, std::string_view name, bool whiteout) {
   if (name == ".") return Error::invalid("rmdir of .");
   if (name == "..") return Error::io(ENOTEMPTY, "rmdir of ..");
-  return remove_name(dir, name, true);
+  return remove_name(dir, name, true, whiteout);
 }
 
 Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
                                 std::string_view nname, unsigned flags) {
-  if (flags & ~unsigned(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Error::invalid("rename flags");
-  if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
-    return Error::invalid("RENAME_NOREPLACE with RENAME_EXCHANGE");
+  if (flags & ~unsigned(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT))
+    return Error::invalid("rename flags");
+  if ((flags & RENAME_EXCHANGE) && (flags & (RENAME_NOREPLACE | RENAME_WHITEOUT)))
+    return Error::invalid("RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT");
   PLY_CHECK(check_name(oname));
   PLY_CHECK(check_name(nname));
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
@@ -858,9 +1052,9 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
     Rec od0 = PLY_TRY(c.dir(odir));
     Rec nd = PLY_TRY(c.dir(ndir));
     Rec& od = odir == ndir ? nd : od0;  // one record when both are one directory
-    auto se = PLY_TRY(c.find(odir, oname));
+    auto se = PLY_TRY(c.find_live(odir, oname));
     if (!se) return Error::io(ENOENT, "no such entry");
-    auto de = PLY_TRY(c.find(ndir, nname));
+    auto de = PLY_TRY(c.find_live(ndir, nname));
     if (nd.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
     Rec src = PLY_TRY(c.inode(se->ino));
     // A directory may not move below itself: is `into` inside `moving`?
@@ -922,10 +1116,11 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
         freed = dst.a.ino;
       }
     } else {
-      PLY_CHECK(c.add_entry(ndir, nname, src.a.ino, dt_of(src.a.mode)));
+      (void)PLY_TRY(c.add_over_whiteout(ndir, nname, src.a.ino, dt_of(src.a.mode)));
       nd.a.size++;
     }
-    PLY_CHECK(c.remove_entry(odir, oname));
+    if (flags & RENAME_WHITEOUT) PLY_CHECK(c.retarget(odir, oname, 0, kDtWhiteout));
+    else PLY_CHECK(c.remove_entry(odir, oname));
     if (od.a.size) od.a.size--;
     if (is_dir && odir != ndir) {
       src.parent = ndir;
@@ -1013,6 +1208,10 @@ Result<Attr> Filesystem::setattr(uint64_t ino, const SetAttr& s) {
   if (s.gid) r.a.gid = *s.gid;
   if (s.atime) r.a.atime = s.atime->tv_nsec == UTIME_NOW ? n : *s.atime;
   if (s.mtime) r.a.mtime = s.mtime->tv_nsec == UTIME_NOW ? n : *s.mtime;
+  if (s.opaque) {
+    if (!S_ISDIR(r.a.mode)) return Error::io(ENOTDIR, "only directories are opaque");
+    r.a.opaque = *s.opaque;
+  }
   if (s.size && !s.mtime && !kernel_times_) r.a.mtime = n;
   r.a.ctime = s.ctime ? *s.ctime : n;
   PLY_CHECK(c.put_inode(r));

@@ -47,6 +47,7 @@ struct Attr {
   uint32_t mode = 0, uid = 0, gid = 0, nlink = 0;
   uint64_t size = 0, blocks = 0, rdev = 0, generation = 0;
   timespec atime{}, mtime{}, ctime{}, btime{};
+  bool opaque = false;  // a directory that hides the ones below it in a union
 };
 
 struct SetAttr {
@@ -54,6 +55,23 @@ struct SetAttr {
   std::optional<uint64_t> size;
   std::optional<timespec> atime, mtime;  // tv_nsec == UTIME_NOW: now
   std::optional<timespec> ctime;         // default: now
+  std::optional<bool> opaque;            // directories only
+};
+
+// A raw directory entry: what a name is in this tree, whiteouts included.
+struct Entry {
+  uint64_t ino;  // 0 for a whiteout
+  uint8_t type;  // DT_*, or DT_WHT for a whiteout
+};
+
+// A filesystem tree's branch fields (format.md#fs-info).
+struct BranchMeta {
+  TreeId tree;
+  std::string name;
+  TreeId parent;        // the branch it was created from or layered on; 0: none
+  bool read_only = false;
+  uint64_t root = 0, created_ns = 0;
+  Generation created;   // generation of its root record
 };
 
 struct DirEntry {
@@ -66,6 +84,8 @@ struct DirEntry {
 struct FsCreateOptions {
   std::string name = "main";
   uint32_t root_mode = 0755, uid = 0, gid = 0;
+  TreeId parent{0};
+  bool read_only = false;
 };
 
 // mkfs: an empty image whose one filesystem tree (the default branch) holds
@@ -81,6 +101,11 @@ class Filesystem {
   static Result<TreeId> default_tree(Volume& v);
   // Opens a filesystem tree. Read-write opens free the orphans a crash left.
   static Result<std::unique_ptr<Filesystem>> open(Volume& v, TreeId tree);
+  // Every filesystem tree of the image with its branch fields, by tree id.
+  static Result<std::vector<BranchMeta>> branches(Volume& v);
+  static Result<BranchMeta> branch(Volume& v, TreeId tree);
+  // Rewrites a branch's name, parent or read-only flag (one generation).
+  static Result<void> set_branch(Volume& v, const BranchMeta& m);
 
   uint64_t root() const { return root_; }
   TreeId tree() const { return tree_; }
@@ -99,12 +124,30 @@ class Filesystem {
   Result<Attr> symlink(uint64_t dir, std::string_view name, std::string_view target,
                        uint32_t uid, uint32_t gid);
   Result<Attr> link(uint64_t ino, uint64_t dir, std::string_view name);
-  Result<void> unlink(uint64_t dir, std::string_view name);
-  Result<void> rmdir(uint64_t dir, std::string_view name);
-  // flags: RENAME_NOREPLACE, RENAME_EXCHANGE.
+  // With `whiteout` the name becomes a whiteout in the same generation.
+  Result<void> unlink(uint64_t dir, std::string_view name, bool whiteout = false);
+  Result<void> rmdir(uint64_t dir, std::string_view name, bool whiteout = false);
+  // flags: RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT (the old name
+  // becomes a whiteout).
   Result<void> rename(uint64_t odir, std::string_view oname, uint64_t ndir,
                       std::string_view nname, unsigned flags);
   Result<std::string> readlink(uint64_t ino);
+
+  // Whiteouts and copy-up, for the union layer (format.md#fs-union). A
+  // whiteout is an entry of its own type; creating a name over one replaces
+  // it, and a directory made over one is opaque. Lookup, rmdir's emptiness
+  // test and rename treat a whiteout as no entry; readdir returns them with
+  // type DT_WHT so that a union can hide the names below.
+  Result<std::optional<Entry>> entry(uint64_t dir, std::string_view name);
+  // Makes `name` a whiteout (EEXIST if it names a file; no-op if it is one).
+  Result<void> whiteout(uint64_t dir, std::string_view name);
+  // Copies object `ino` of `src` (another tree of the same volume) into this
+  // tree under dir/name, keeping its inode number, attributes and xattrs and
+  // sharing its data extents (no data is copied): O(1) in the file size. A
+  // directory comes over empty. If this tree already holds `ino` (a hard
+  // link copied up by another name) the name is linked to it. A whiteout at
+  // the name is replaced. One generation.
+  Result<Attr> copy_in(Filesystem& src, uint64_t ino, uint64_t dir, std::string_view name);
   Result<Attr> setattr(uint64_t ino, const SetAttr& s);
 
   // Entries after cookie (0: from the start, with "." and ".."), in cookie
@@ -160,7 +203,7 @@ class Filesystem {
   Result<Attr> make_node(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
                          uint32_t uid, uint32_t gid, std::string_view symlink_target,
                          uint32_t umask);
-  Result<void> remove_name(uint64_t dir, std::string_view name, bool want_dir);
+  Result<void> remove_name(uint64_t dir, std::string_view name, bool want_dir, bool whiteout);
   Result<size_t> write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in);
   Result<void> truncate_locked(uint64_t ino, uint64_t size);
   Result<void> unshare_inline(uint64_t ino);

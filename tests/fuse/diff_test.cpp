@@ -480,7 +480,12 @@ TEST_CASE("differential: random operations on tmpfs and plyfs agree", "[diff]") 
     FILE*& f;
     ~Closer() { if (f) std::fclose(f); }
   } closer{trace};
+  // PLYFS_DIFF_CHECK_FROM=N compares the whole trees after every operation
+  // from the N-th on (to find the operation that made them differ).
+  uint64_t check_from = ~0ull;
+  if (const char* c = std::getenv("PLYFS_DIFF_CHECK_FROM")) check_from = std::strtoull(c, nullptr, 10);
   for (uint64_t i = 0; i < nops; i++) {
+    if (i >= check_from) (void)compare_trees(model, m->path(), "after op " + std::to_string(i - 1));
     if (trace && remounts.count(i)) std::fprintf(trace, "--- remount\n");
     if (remounts.count(i)) {
       auto before = compare_trees(model, m->path(), "before remount at op " + std::to_string(i));

@@ -1,0 +1,709 @@
+// The union layer (union.h; semantics in format.md#fs-union).
+#include "union/union.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+
+#include <algorithm>
+#include <map>
+
+#include "fs/disk_fs.h"
+
+namespace plyfs {
+
+namespace {
+constexpr uint8_t kWh = disk::kDtWhiteout;
+// Entries gathered per branch in one readdir round; one hash group (at most
+// 128 names) always fits.
+constexpr size_t kReaddirBatch = 256;
+constexpr int kMaxDepth = 4096;
+
+bool missing(const Error& e) { return e.code == ENOENT || e.code == ENOTDIR; }
+}  // namespace
+
+Union::Union(std::vector<UnionBranch> branches, CopyUpMode copyup)
+    : br_(std::move(branches)), copyup_(copyup) {
+  root_ = br_.at(0).fs->root();
+  bs_ = br_[0].fs->block_size();
+  Node r;
+  r.parent = root_;
+  r.is_dir = true;
+  r.refs = 1;
+  for (size_t b = 0; b < br_.size(); b++) {
+    r.inst.emplace_back(int(b), br_[b].fs->root());
+    auto a = br_[b].fs->getattr(br_[b].fs->root());
+    if (a && a->opaque) break;
+  }
+  nodes_.emplace(root_, std::move(r));
+}
+
+// --- nodes ------------------------------------------------------------------------
+
+Result<Union::Node> Union::node(uint64_t ino) {
+  std::lock_guard lk(nodes_mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end()) return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
+  return it->second;
+}
+
+void Union::remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
+                     bool count) {
+  {
+    std::lock_guard lk(nodes_mu_);
+    Node& n = nodes_[ino];
+    if (count) n.refs++;
+    if (ino != root_) {
+      n.parent = parent;
+      n.name = std::string(name);
+      n.is_dir = S_ISDIR(f.attr.mode);
+      n.inst = f.inst;
+    }
+  }
+  if (count)
+    for (auto& b : br_)
+      if (b.writable) b.fs->pin(ino);
+}
+
+int Union::branch_of(uint64_t ino) {
+  auto n = node(ino);
+  return n ? n->inst.at(0).first : -1;
+}
+
+int Union::writable_left_of(int b) const {
+  for (int j = std::min<int>(b, int(br_.size()) - 1); j >= 0; j--)
+    if (br_[j].writable) return j;
+  return -1;
+}
+
+int Union::leftmost_writable() const {
+  for (size_t j = 0; j < br_.size(); j++)
+    if (br_[j].writable) return int(j);
+  return -1;
+}
+
+// --- resolution ----------------------------------------------------------------------
+
+Result<std::optional<Union::Found>> Union::resolve(const Node& dir, std::string_view name) {
+  std::optional<Found> f;
+  for (auto [b, dino] : dir.inst) {
+    auto e = br_[b].fs->entry(dino, name);
+    if (!e) {
+      if (missing(e.error())) continue;
+      return e.error();
+    }
+    if (!*e) continue;
+    if ((*e)->type == kWh) break;  // hides this name in every branch to the right
+    auto a = br_[b].fs->getattr((*e)->ino);
+    if (!a) return a.error();
+    if (!f) {
+      f = Found{*a, {{b, (*e)->ino}}, b};
+      if (!S_ISDIR(a->mode) || a->opaque) break;
+    } else {
+      if (!S_ISDIR(a->mode)) break;  // a non-directory ends the merge
+      f->inst.emplace_back(b, (*e)->ino);
+      if (a->opaque) break;
+    }
+  }
+  if (f && !S_ISDIR(f->attr.mode)) {
+    // A number names one object: its leftmost copy (a hard link copied up
+    // by another name, format.md#fs-union).
+    const uint64_t ino = f->attr.ino;
+    for (int j = 0; j < f->top_branch; j++) {
+      auto a = br_[j].fs->getattr(ino);
+      if (a && a->nlink > 0 && !S_ISDIR(a->mode)) {
+        f->attr = *a;
+        f->inst = {{j, ino}};
+        break;
+      }
+    }
+  }
+  return f;
+}
+
+Result<bool> Union::below_has(const Node& dir, int b, std::string_view name) {
+  for (auto [bb, dino] : dir.inst) {
+    if (bb <= b) continue;
+    auto e = br_[bb].fs->entry(dino, name);
+    if (!e) {
+      if (missing(e.error())) continue;
+      return e.error();
+    }
+    if (*e) return true;
+  }
+  return false;
+}
+
+// Whether a branch left of `b` holds anything at the name: then a change
+// made in b would stay hidden.
+static Result<bool> left_has(const std::vector<UnionBranch>& br,
+                             const std::vector<std::pair<int, uint64_t>>& inst, int b,
+                             std::string_view name) {
+  for (auto [bb, dino] : inst) {
+    if (bb >= b) break;
+    auto e = br[bb].fs->entry(dino, name);
+    if (!e) {
+      if (missing(e.error())) continue;
+      return e.error();
+    }
+    if (*e) return true;
+  }
+  return false;
+}
+
+Result<Attr> Union::getattr(uint64_t ino) {
+  Node n = PLY_TRY(node(ino));
+  auto [b, i] = n.inst.at(0);
+  Attr a = PLY_TRY(br_[b].fs->getattr(i));
+  a.ino = ino;
+  return a;
+}
+
+Result<Attr> Union::lookup(uint64_t dir, std::string_view name) {
+  if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  std::shared_lock lk(mu_);
+  Node d = PLY_TRY(node(dir));
+  if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
+  if (name == ".") return getattr(dir);
+  if (name == "..") return getattr(d.parent);
+  auto f = PLY_TRY(resolve(d, name));
+  if (!f) return Error::io(ENOENT, "no such entry");
+  remember(f->attr.ino, dir, name, *f, true);
+  return f->attr;
+}
+
+// --- readdir ------------------------------------------------------------------------------
+
+namespace {
+struct Merged {
+  std::string name;
+  uint64_t ino;
+  uint8_t type;
+};
+}  // namespace
+
+// One round of a merged listing: the visible names with hash >= from's,
+// complete below `bound` (exclusive; ~0: to the end). Cookies are
+// hash << 7 | rank, the rank counting the visible names of one hash in
+// name order (format.md#fs-union).
+static Result<void> gather(const std::vector<UnionBranch>& br,
+                           const std::vector<std::pair<int, uint64_t>>& inst, uint64_t from_hash,
+                           std::map<std::pair<uint64_t, std::string>, Merged>& first,
+                           uint64_t& bound) {
+  bound = ~0ull;
+  for (auto [b, dino] : inst) {
+    size_t count = 0;
+    uint64_t last = 0;
+    auto r = br[b].fs->readdir(dino, std::max<uint64_t>(from_hash << 7, 3), [&](const DirEntry& e) {
+      const uint64_t h = (e.next - 1) >> 7;
+      if (h >= bound) return false;  // past what another branch completed
+      if (count >= kReaddirBatch && h != last) {
+        bound = std::min(bound, h);
+        return false;
+      }
+      count++;
+      last = h;
+      first.try_emplace({h, std::string(e.name)}, Merged{std::string(e.name), e.ino, e.type});
+      return true;
+    });
+    if (!r && !missing(r.error())) return r.error();
+  }
+  return ok();
+}
+
+Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
+                            const std::function<bool(const DirEntry&)>& fn) {
+  Node d;
+  {
+    std::shared_lock lk(mu_);
+    d = PLY_TRY(node(dir));
+  }
+  if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
+  if (cookie == 0 && !fn(DirEntry{".", dir, DT_DIR, 1})) return ok();
+  if (cookie <= 1 && !fn(DirEntry{"..", d.parent, DT_DIR, 2})) return ok();
+  uint64_t from = std::max<uint64_t>(cookie, 3);
+  for (;;) {
+    std::map<std::pair<uint64_t, std::string>, Merged> first;
+    uint64_t bound;
+    {
+      std::shared_lock lk(mu_);
+      PLY_CHECK(gather(br_, d.inst, from >> 7, first, bound));
+    }
+    uint64_t group = ~0ull, rank = 0;
+    for (const auto& [key, m] : first) {
+      if (key.first >= bound) break;
+      if (m.type == kWh) continue;
+      if (key.first != group) group = key.first, rank = 0;
+      const uint64_t ck = key.first << 7 | std::min<uint64_t>(rank++, 127);
+      if (ck < from) continue;
+      if (!fn(DirEntry{m.name, m.ino, m.type, ck + 1})) return ok();
+    }
+    if (bound == ~0ull) return ok();
+    from = bound << 7;
+  }
+}
+
+Result<bool> Union::union_empty(uint64_t dir) {
+  Node d = PLY_TRY(node(dir));
+  std::map<std::pair<uint64_t, std::string>, Merged> first;
+  uint64_t from = 0;
+  for (;;) {
+    uint64_t bound;
+    first.clear();
+    PLY_CHECK(gather(br_, d.inst, from, first, bound));
+    for (const auto& [key, m] : first)
+      if (key.first < bound && m.type != kWh) return false;
+    if (bound == ~0ull) return true;
+    from = bound;
+  }
+}
+
+// --- copy-up ----------------------------------------------------------------------------------
+
+Result<void> Union::apply_copyup_mode(int b, uint64_t ino, bool is_dir, const Caller& c) {
+  if (copyup_.kind == CopyUpMode::Owner) return ok();
+  auto a = PLY_TRY(br_[b].fs->getattr(ino));
+  SetAttr s;
+  s.ctime = a.ctime;
+  if (copyup_.kind == CopyUpMode::Const) {
+    s.uid = copyup_.uid;
+    s.gid = copyup_.gid;
+    s.mode = copyup_.mode | (is_dir ? 0111 & copyup_.mode : 0);
+  } else {
+    s.uid = c.uid;
+    s.gid = c.gid;
+    s.mode = a.mode & 07777 & ~c.umask;
+  }
+  if (S_ISLNK(a.mode)) s.mode.reset();
+  (void)PLY_TRY(br_[b].fs->setattr(ino, s));
+  return ok();
+}
+
+Result<uint64_t> Union::dir_in(uint64_t dir, int b) {
+  Node n = PLY_TRY(node(dir));
+  for (auto [bb, i] : n.inst)
+    if (bb == b) return i;
+  if (dir == root_) return Error::io(EROFS, "the root of a branch is hidden by an opaque root");
+  {
+    auto last = n.inst.back();
+    if (last.first < b) {
+      auto a = PLY_TRY(br_[last.first].fs->getattr(last.second));
+      if (a.opaque) return Error::io(EROFS, "an opaque directory hides this branch's part");
+    }
+  }
+  const uint64_t pb = PLY_TRY(dir_in(n.parent, b));
+  auto [tb, ti] = n.inst.front();
+  Attr a = PLY_TRY(br_[b].fs->copy_in(*br_[tb].fs, ti, pb, n.name));
+  std::lock_guard lk(nodes_mu_);
+  auto& inst = nodes_[dir].inst;
+  inst.insert(std::upper_bound(inst.begin(), inst.end(), std::make_pair(b, a.ino)), {b, a.ino});
+  return a.ino;
+}
+
+Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
+  Node n = PLY_TRY(node(ino));
+  auto [b, i] = n.inst.at(0);
+  if (br_[b].writable) return b;
+  const int t = writable_left_of(b);
+  if (t < 0) return Error::io(EROFS, "no writable branch left of the file's branch");
+  if (n.is_dir) {
+    (void)PLY_TRY(dir_in(ino, t));
+    PLY_CHECK(apply_copyup_mode(t, ino, true, c));
+    return t;
+  }
+  // The name the object was found by must still name it: a file whose
+  // name went away has no place to be copied to.
+  Node p = PLY_TRY(node(n.parent));
+  auto f = PLY_TRY(resolve(p, n.name));
+  if (!f || f->attr.ino != ino) return Error::io(ESTALE, "the file's name is gone");
+  const uint64_t pd = PLY_TRY(dir_in(n.parent, t));
+  (void)PLY_TRY(br_[t].fs->copy_in(*br_[b].fs, i, pd, n.name));
+  PLY_CHECK(apply_copyup_mode(t, ino, false, c));
+  std::lock_guard lk(nodes_mu_);
+  nodes_[ino].inst = {{t, ino}};
+  return t;
+}
+
+Result<int> Union::writable_instance(uint64_t ino, const Caller& c) {
+  {
+    std::shared_lock lk(mu_);
+    Node n = PLY_TRY(node(ino));
+    if (br_[n.inst.at(0).first].writable) return n.inst[0].first;
+  }
+  std::unique_lock lk(mu_);
+  return copy_up(ino, c);
+}
+
+Result<void> Union::open(uint64_t ino, bool for_write, const Caller& c) {
+  if (!for_write) return ok();
+  (void)PLY_TRY(writable_instance(ino, c));
+  return ok();
+}
+
+// --- names -------------------------------------------------------------------------------------
+
+Result<Attr> Union::create(uint64_t dir, std::string_view name, const Caller& c,
+                           const std::function<Result<Attr>(Filesystem&, uint64_t)>& make,
+                           bool is_dir) {
+  if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  std::unique_lock lk(mu_);
+  Node d = PLY_TRY(node(dir));
+  if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
+  if (PLY_TRY(resolve(d, name))) return Error::io(EEXIST, "name exists");
+  (void)c;
+  const int t = leftmost_writable();
+  if (t < 0) return Error::io(EROFS, "no writable branch");
+  if (PLY_TRY(left_has(br_, d.inst, t, name)))
+    return Error::io(EROFS, "a read-only branch left of every writable one hides the name");
+  const uint64_t pd = PLY_TRY(dir_in(dir, t));
+  d = PLY_TRY(node(dir));
+  // A directory made where a branch to the right holds the name must hide
+  // it: a whiteout first (the name is invisible, so the view is unchanged),
+  // then the directory over it, which makes it opaque in the same step.
+  if (is_dir && PLY_TRY(below_has(d, t, name))) PLY_CHECK(br_[t].fs->whiteout(pd, name));
+  Attr a = PLY_TRY(make(*br_[t].fs, pd));
+  remember(a.ino, dir, name, Found{a, {{t, a.ino}}, t}, true);
+  return a;
+}
+
+Result<Attr> Union::mknod(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
+                          const Caller& c) {
+  return create(dir, name, c, [&](Filesystem& fs, uint64_t pd) {
+    return fs.mknod(pd, name, mode, rdev, c.uid, c.gid, c.umask);
+  }, false);
+}
+
+Result<Attr> Union::mkdir(uint64_t dir, std::string_view name, uint32_t mode, const Caller& c) {
+  return create(dir, name, c, [&](Filesystem& fs, uint64_t pd) {
+    return fs.mkdir(pd, name, mode, c.uid, c.gid, c.umask);
+  }, true);
+}
+
+Result<Attr> Union::symlink(uint64_t dir, std::string_view name, std::string_view target,
+                            const Caller& c) {
+  return create(dir, name, c, [&](Filesystem& fs, uint64_t pd) {
+    return fs.symlink(pd, name, target, c.uid, c.gid);
+  }, false);
+}
+
+Result<Attr> Union::link(uint64_t ino, uint64_t dir, std::string_view name, const Caller& c) {
+  if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  std::unique_lock lk(mu_);
+  Node d = PLY_TRY(node(dir));
+  if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
+  if (PLY_TRY(resolve(d, name))) return Error::io(EEXIST, "name exists");
+  Node n = PLY_TRY(node(ino));
+  if (n.is_dir) return Error::io(EPERM, "hard link to a directory");
+  const int t = PLY_TRY(copy_up(ino, c));
+  if (PLY_TRY(left_has(br_, d.inst, t, name)))
+    return Error::io(EROFS, "a read-only branch hides the new name");
+  const uint64_t pd = PLY_TRY(dir_in(dir, t));
+  Attr a = PLY_TRY(br_[t].fs->link(ino, pd, name));
+  remember(ino, dir, name, Found{a, {{t, ino}}, t}, true);
+  return a;
+}
+
+Result<void> Union::unlink(uint64_t dir, std::string_view name) {
+  if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  std::unique_lock lk(mu_);
+  Node d = PLY_TRY(node(dir));
+  auto f = PLY_TRY(resolve(d, name));
+  if (!f) return Error::io(ENOENT, "no such entry");
+  if (S_ISDIR(f->attr.mode)) return Error::io(EISDIR, "is a directory");
+  const int b = f->top_branch;
+  if (br_[b].writable) {
+    uint64_t dino = 0;
+    for (auto [bb, i] : d.inst)
+      if (bb == b) dino = i;
+    return br_[b].fs->unlink(dino, name, PLY_TRY(below_has(d, b, name)));
+  }
+  const int t = writable_left_of(b);
+  if (t < 0) return Error::io(EROFS, "the name is in a read-only branch");
+  const uint64_t pd = PLY_TRY(dir_in(dir, t));
+  return br_[t].fs->whiteout(pd, name);
+}
+
+Result<void> Union::rmdir(uint64_t dir, std::string_view name) {
+  if (name == ".") return Error::invalid("rmdir of .");
+  if (name == "..") return Error::io(ENOTEMPTY, "rmdir of ..");
+  if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  std::unique_lock lk(mu_);
+  Node d = PLY_TRY(node(dir));
+  auto f = PLY_TRY(resolve(d, name));
+  if (!f) return Error::io(ENOENT, "no such entry");
+  if (!S_ISDIR(f->attr.mode)) return Error::io(ENOTDIR, "not a directory");
+  remember(f->attr.ino, dir, name, *f);
+  if (!PLY_TRY(union_empty(f->attr.ino))) return Error::io(ENOTEMPTY, "directory not empty");
+  const int b = f->top_branch;
+  if (br_[b].writable) {
+    uint64_t dino = 0;
+    for (auto [bb, i] : d.inst)
+      if (bb == b) dino = i;
+    return br_[b].fs->rmdir(dino, name, PLY_TRY(below_has(d, b, name)));
+  }
+  const int t = writable_left_of(b);
+  if (t < 0) return Error::io(EROFS, "the directory is in a read-only branch");
+  const uint64_t pd = PLY_TRY(dir_in(dir, t));
+  return br_[t].fs->whiteout(pd, name);
+}
+
+Result<void> Union::materialize(uint64_t dir, int b, const Caller& c, int depth) {
+  if (depth > kMaxDepth) return Error::invalid("directory tree too deep to move");
+  const uint64_t tino = PLY_TRY(dir_in(dir, b));
+  Node n = PLY_TRY(node(dir));
+  std::vector<Merged> names;
+  {
+    std::map<std::pair<uint64_t, std::string>, Merged> first;
+    uint64_t from = 0, bound;
+    do {
+      first.clear();
+      PLY_CHECK(gather(br_, n.inst, from, first, bound));
+      for (auto& [key, m] : first)
+        if (key.first < bound && m.type != kWh) names.push_back(m);
+      from = bound;
+    } while (bound != ~0ull);
+  }
+  for (const Merged& m : names) {
+    auto f = PLY_TRY(resolve(n, m.name));
+    if (!f) continue;
+    const uint64_t ino = f->attr.ino;
+    if (S_ISDIR(f->attr.mode)) {
+      remember(ino, dir, m.name, *f);
+      PLY_CHECK(materialize(ino, b, c, depth + 1));
+    } else if (f->top_branch != b) {
+      (void)PLY_TRY(br_[b].fs->copy_in(*br_[f->inst[0].first].fs, ino, tino, m.name));
+      std::lock_guard lk(nodes_mu_);
+      if (auto it = nodes_.find(ino); it != nodes_.end()) it->second.inst = {{b, ino}};
+    }
+  }
+  SetAttr s;
+  s.opaque = true;
+  s.ctime = PLY_TRY(br_[b].fs->getattr(tino)).ctime;
+  (void)PLY_TRY(br_[b].fs->setattr(tino, s));
+  std::lock_guard lk(nodes_mu_);
+  nodes_[dir].inst = {{b, tino}};
+  return ok();
+}
+
+Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
+                           std::string_view nname, unsigned flags, const Caller& c) {
+  if (flags & ~unsigned(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Error::invalid("rename flags");
+  if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+    return Error::invalid("RENAME_NOREPLACE with RENAME_EXCHANGE");
+  if (oname.size() > 255 || nname.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
+  std::unique_lock lk(mu_);
+  Node od = PLY_TRY(node(odir));
+  Node nd = PLY_TRY(node(ndir));
+  auto src = PLY_TRY(resolve(od, oname));
+  if (!src) return Error::io(ENOENT, "no such entry");
+  auto dst = PLY_TRY(resolve(nd, nname));
+  const bool exchange = flags & RENAME_EXCHANGE;
+  if (exchange && !dst) return Error::io(ENOENT, "no entry to exchange with");
+  if (dst && (flags & RENAME_NOREPLACE)) return Error::io(EEXIST, "target exists");
+  const uint64_t sino = src->attr.ino;
+  const bool sdir = S_ISDIR(src->attr.mode);
+  if (dst && dst->attr.ino == sino) return ok();
+  remember(sino, odir, oname, *src);
+  if (dst) remember(dst->attr.ino, ndir, nname, *dst);
+  const bool ddir = dst && S_ISDIR(dst->attr.mode);
+  // A directory may not move below itself.
+  auto below = [&](uint64_t moving, uint64_t into) -> Result<bool> {
+    for (int i = 0; i < kMaxDepth; i++) {
+      if (into == moving) return true;
+      if (into == root_) return false;
+      into = PLY_TRY(node(into)).parent;
+    }
+    return Error::invalid("directory chain too deep");
+  };
+  if (sdir && PLY_TRY(below(sino, ndir))) return Error::invalid("moving a directory below itself");
+  if (exchange && ddir && PLY_TRY(below(dst->attr.ino, odir)))
+    return Error::invalid("moving a directory below itself");
+  if (!exchange && dst) {
+    if (sdir && !ddir) return Error::io(ENOTDIR, "target is not a directory");
+    if (!sdir && ddir) return Error::io(EISDIR, "target is a directory");
+    if (ddir && !PLY_TRY(union_empty(dst->attr.ino))) return Error::io(ENOTEMPTY, "target directory not empty");
+  }
+  // The branch the rename happens in: the source's own if writable, else
+  // the nearest writable one to its left; further left if a branch there
+  // holds something at either name that would hide the result.
+  int lim = src->top_branch;
+  if (dst) lim = std::min(lim, dst->top_branch);
+  for (auto [bb, i] : nd.inst) {
+    if (bb >= lim) break;
+    auto e = br_[bb].fs->entry(i, nname);
+    if (e && *e) { lim = bb; break; }
+  }
+  const int t = writable_left_of(lim);
+  if (t < 0) return Error::io(EROFS, "no writable branch for the rename");
+  // 1. Each object that moves, into branch t at its old name: view-equivalent steps.
+  auto bring = [&](uint64_t dir, std::string_view name, const Found& f) -> Result<void> {
+    if (S_ISDIR(f.attr.mode)) {
+      if (f.inst.size() == 1 && f.inst[0].first == t) return ok();
+      return materialize(f.attr.ino, t, c);
+    }
+    const uint64_t pd = PLY_TRY(dir_in(dir, t));
+    auto e = PLY_TRY(br_[t].fs->entry(pd, name));
+    if (e && e->type != kWh && e->ino == f.attr.ino) return ok();
+    (void)PLY_TRY(br_[t].fs->copy_in(*br_[f.inst[0].first].fs, f.attr.ino, pd, name));
+    return ok();
+  };
+  PLY_CHECK(bring(odir, oname, *src));
+  if (exchange) PLY_CHECK(bring(ndir, nname, *dst));
+  const uint64_t opd = PLY_TRY(dir_in(odir, t));
+  const uint64_t npd = PLY_TRY(dir_in(ndir, t));
+  od = PLY_TRY(node(odir));
+  nd = PLY_TRY(node(ndir));
+  // 2. A directory that lands where a branch to the right holds the name
+  // must hide it; it is alone at its old place, so opaque changes nothing yet.
+  auto hide_below = [&](bool is_dir, uint64_t ino, const Node& to, std::string_view name) -> Result<void> {
+    if (!is_dir || !PLY_TRY(below_has(to, t, name))) return ok();
+    Attr a = PLY_TRY(br_[t].fs->getattr(ino));
+    if (a.opaque) return ok();
+    SetAttr s;
+    s.opaque = true;
+    s.ctime = a.ctime;
+    (void)PLY_TRY(br_[t].fs->setattr(ino, s));
+    return ok();
+  };
+  PLY_CHECK(hide_below(sdir, sino, nd, nname));
+  if (exchange) PLY_CHECK(hide_below(ddir, dst->attr.ino, od, oname));
+  // 3. The one visible step.
+  unsigned f = flags & (RENAME_NOREPLACE | RENAME_EXCHANGE);
+  if (!exchange && PLY_TRY(below_has(od, t, oname))) f |= RENAME_WHITEOUT;
+  PLY_CHECK(br_[t].fs->rename(opd, oname, npd, nname, f));
+  std::lock_guard nl(nodes_mu_);
+  auto move = [&](uint64_t ino, uint64_t parent, std::string_view name) {
+    Node& n = nodes_[ino];
+    n.parent = parent;
+    n.name = std::string(name);
+    n.inst = {{t, ino}};
+  };
+  move(sino, ndir, nname);
+  if (exchange) move(dst->attr.ino, odir, oname);
+  return ok();
+}
+
+Result<std::string> Union::readlink(uint64_t ino) {
+  Node n = PLY_TRY(node(ino));
+  return br_[n.inst.at(0).first].fs->readlink(n.inst[0].second);
+}
+
+// --- attributes and data --------------------------------------------------------------------
+
+Result<Attr> Union::setattr(uint64_t ino, const SetAttr& s, const Caller& c) {
+  const int b = PLY_TRY(writable_instance(ino, c));
+  Node n = PLY_TRY(node(ino));
+  Attr a = PLY_TRY(br_[b].fs->setattr(n.inst.at(0).second, s));
+  a.ino = ino;
+  return a;
+}
+
+Result<size_t> Union::read(uint64_t ino, uint64_t off, std::span<std::byte> out) {
+  Node n = PLY_TRY(node(ino));
+  return br_[n.inst.at(0).first].fs->read(n.inst[0].second, off, out);
+}
+
+Result<size_t> Union::write(uint64_t ino, uint64_t off, std::span<const std::byte> in,
+                            const Caller& c) {
+  const int b = PLY_TRY(writable_instance(ino, c));
+  return br_[b].fs->write(ino, off, in);
+}
+
+Result<void> Union::fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len, const Caller& c) {
+  const int b = PLY_TRY(writable_instance(ino, c));
+  return br_[b].fs->fallocate(ino, mode, off, len);
+}
+
+Result<uint64_t> Union::lseek(uint64_t ino, uint64_t off, int whence) {
+  Node n = PLY_TRY(node(ino));
+  return br_[n.inst.at(0).first].fs->lseek(n.inst[0].second, off, whence);
+}
+
+Result<uint64_t> Union::copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
+                                   uint64_t len, const Caller& c) {
+  const int bo = PLY_TRY(writable_instance(out, c));
+  Node ni = PLY_TRY(node(in));
+  const int bi = ni.inst.at(0).first;
+  if (bi == bo) return br_[bo].fs->copy_range(in, off_in, out, off_out, len);
+  // Another branch: the same volume, but extents are shared only inside one
+  // tree's operation, so the bytes are copied.
+  std::vector<std::byte> buf(std::min<uint64_t>(len, 1 << 20));
+  uint64_t done = 0;
+  while (done < len) {
+    auto chunk = std::span(buf).first(std::min<uint64_t>(buf.size(), len - done));
+    size_t n = PLY_TRY(br_[bi].fs->read(in, off_in + done, chunk));
+    if (n == 0) break;
+    size_t w = PLY_TRY(br_[bo].fs->write(out, off_out + done, chunk.first(n)));
+    done += w;
+    if (w < n) break;
+  }
+  return done;
+}
+
+Result<void> Union::setxattr(uint64_t ino, std::string_view name, std::span<const std::byte> value,
+                             int flags, const Caller& c) {
+  const int b = PLY_TRY(writable_instance(ino, c));
+  Node n = PLY_TRY(node(ino));
+  return br_[b].fs->setxattr(n.inst.at(0).second, name, value, flags);
+}
+
+Result<std::vector<std::byte>> Union::getxattr(uint64_t ino, std::string_view name) {
+  Node n = PLY_TRY(node(ino));
+  return br_[n.inst.at(0).first].fs->getxattr(n.inst[0].second, name);
+}
+
+Result<std::vector<std::string>> Union::listxattr(uint64_t ino) {
+  Node n = PLY_TRY(node(ino));
+  return br_[n.inst.at(0).first].fs->listxattr(n.inst[0].second);
+}
+
+Result<void> Union::removexattr(uint64_t ino, std::string_view name, const Caller& c) {
+  const int b = PLY_TRY(writable_instance(ino, c));
+  Node n = PLY_TRY(node(ino));
+  return br_[b].fs->removexattr(n.inst.at(0).second, name);
+}
+
+Filesystem::StatFs Union::statfs() { return br_[0].fs->statfs(); }
+
+// --- references and state ---------------------------------------------------------------------
+
+
+Result<void> Union::unpin(uint64_t ino, uint64_t n) {
+  {
+    std::lock_guard lk(nodes_mu_);
+    auto it = nodes_.find(ino);
+    if (it != nodes_.end() && ino != root_) {
+      if (it->second.refs > n) it->second.refs -= n;
+      else nodes_.erase(it);
+    }
+  }
+  Result<void> r = ok();
+  for (auto& b : br_)
+    if (b.writable)
+      if (auto e = b.fs->unpin(ino, n); !e && r) r = e;
+  return r;
+}
+
+Result<void> Union::release_all() {
+  Result<void> r = ok();
+  for (auto& b : br_)
+    if (b.writable)
+      if (auto e = b.fs->release_all(); !e && r) r = e;
+  return r;
+}
+
+Result<void> Union::sync() { return br_[0].fs->sync(); }
+
+void Union::fail(const Error& e) {
+  for (auto& b : br_) b.fs->fail(e);
+}
+
+bool Union::read_only() const {
+  return leftmost_writable() < 0 || br_[0].fs->read_only();
+}
+
+void Union::set_kernel_times(bool on) {
+  for (auto& b : br_) b.fs->set_kernel_times(on);
+}
+
+}  // namespace plyfs

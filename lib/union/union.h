@@ -1,0 +1,177 @@
+// The union layer: one view of an ordered stack of branches (filesystem
+// trees of one image), with Unionfs's semantics (format.md#fs-union):
+//
+//  - lookup goes from the leftmost (highest-priority) branch to the right and
+//    stops at the first file or whiteout; directories merge, down to the
+//    first opaque one;
+//  - readdir merges the branches' entries, without duplicates and without
+//    the names whiteouts hide, with stable cookies;
+//  - a change to an object of a read-only branch first copies it up into
+//    the nearest writable branch to its left, creating its parent
+//    directories there lazily; the copy keeps the inode number and shares
+//    the data extents (Filesystem::copy_in), so it is O(1) in the file size;
+//  - deleting a name that a branch further right also holds leaves a
+//    whiteout; mkdir over a whiteout makes an opaque directory;
+//  - rename never fails with EXDEV: the source is copied up (a directory:
+//    its whole visible subtree, as metadata, then made opaque) and renamed
+//    inside one branch, leaving a whiteout where the old name must stay
+//    hidden.
+//
+// Inode numbers: a union inode number is the object's inode number, which
+// the image allocates once for all branches; a copy keeps it. A number
+// resolves to the leftmost branch holding that object, so hard links keep
+// naming one file after a copy-up by one of their names, and st_ino stays
+// the same across remounts and copy-ups.
+//
+// Atomicity: every step that changes a branch is one Filesystem operation,
+// so one generation. A multi-step operation orders its steps so that every
+// prefix shows the user the same view as before (copy-ups, parent
+// directories, whiteouts at names already hidden), and the last step makes
+// the change visible: a crash or error between steps never shows a half-done
+// operation.
+//
+// This layer reaches the branches only through Filesystem; it never touches
+// the volume's trees itself.
+#pragma once
+
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fs/fs.h"
+
+namespace plyfs {
+
+struct UnionBranch {
+  Filesystem* fs;
+  bool writable;
+};
+
+// How a copy-up sets the owner and mode of the copy (Unionfs's three modes).
+struct CopyUpMode {
+  enum Kind { Owner, Const, Current } kind = Owner;
+  uint32_t uid = 0, gid = 0, mode = 0;  // Const
+};
+
+// The caller of an operation (for CopyUpMode::Current).
+struct Caller {
+  uint32_t uid = 0, gid = 0, umask = 022;
+};
+
+class Union {
+ public:
+  // `branches` left (highest priority) to right; at least one.
+  Union(std::vector<UnionBranch> branches, CopyUpMode copyup = {});
+
+  uint64_t root() const { return root_; }
+  uint32_t block_size() const { return bs_; }
+  size_t branch_count() const { return br_.size(); }
+  // The branch index that holds `ino` now (its leftmost instance), or -1.
+  int branch_of(uint64_t ino);
+
+  Result<Attr> getattr(uint64_t ino);
+  Result<Attr> lookup(uint64_t dir, std::string_view name);
+  Result<Attr> mknod(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
+                     const Caller& c);
+  Result<Attr> mkdir(uint64_t dir, std::string_view name, uint32_t mode, const Caller& c);
+  Result<Attr> symlink(uint64_t dir, std::string_view name, std::string_view target,
+                       const Caller& c);
+  Result<Attr> link(uint64_t ino, uint64_t dir, std::string_view name, const Caller& c);
+  Result<void> unlink(uint64_t dir, std::string_view name);
+  Result<void> rmdir(uint64_t dir, std::string_view name);
+  Result<void> rename(uint64_t odir, std::string_view oname, uint64_t ndir,
+                      std::string_view nname, unsigned flags, const Caller& c);
+  Result<std::string> readlink(uint64_t ino);
+  Result<Attr> setattr(uint64_t ino, const SetAttr& s, const Caller& c);
+  // Entries after `cookie` (0: from the start, with "." and ".."), merged.
+  Result<void> readdir(uint64_t dir, uint64_t cookie,
+                       const std::function<bool(const DirEntry&)>& fn);
+
+  // Opening for writing copies the file up, so that every later write of
+  // that handle goes to a writable branch.
+  Result<void> open(uint64_t ino, bool for_write, const Caller& c);
+  Result<size_t> read(uint64_t ino, uint64_t off, std::span<std::byte> out);
+  Result<size_t> write(uint64_t ino, uint64_t off, std::span<const std::byte> in, const Caller& c);
+  Result<void> fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len, const Caller& c);
+  Result<uint64_t> lseek(uint64_t ino, uint64_t off, int whence);
+  Result<uint64_t> copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
+                              uint64_t len, const Caller& c);
+
+  Result<void> setxattr(uint64_t ino, std::string_view name, std::span<const std::byte> value,
+                        int flags, const Caller& c);
+  Result<std::vector<std::byte>> getxattr(uint64_t ino, std::string_view name);
+  Result<std::vector<std::string>> listxattr(uint64_t ino);
+  Result<void> removexattr(uint64_t ino, std::string_view name, const Caller& c);
+
+  Filesystem::StatFs statfs();
+
+  // References from above (the kernel's lookup counts): every lookup,
+  // mknod, mkdir, symlink and link that succeeds counts one reference to
+  // the node it returns, and unpin drops them (FUSE's forget; a caller that
+  // could not hand the entry out unpins it at once). A node stays known while
+  // referenced; the writable branches keep unlinked files alive meanwhile.
+  Result<void> unpin(uint64_t ino, uint64_t n = 1);
+  Result<void> release_all();
+
+  Result<void> sync();
+  void fail(const Error& e);
+  bool read_only() const;
+  void set_kernel_times(bool on);
+
+ private:
+  // What the union knows of an object the kernel references.
+  struct Node {
+    uint64_t parent = 0;   // union inode of the directory it was found in
+    std::string name;      // its name there
+    bool is_dir = false;
+    // (branch index, inode there), left to right. A directory: every branch
+    // whose same-named directory merges into it (down to the first opaque
+    // one); anything else: one, the leftmost branch holding the object.
+    std::vector<std::pair<int, uint64_t>> inst;
+    uint64_t refs = 0;
+  };
+  struct Found {          // one name resolved in a merged directory
+    Attr attr;
+    std::vector<std::pair<int, uint64_t>> inst;
+    int top_branch;       // branch of the visible (leftmost) entry
+  };
+
+  Result<Node> node(uint64_t ino);
+  // Records what the union knows of `ino`; `count`: one more reference.
+  void remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
+                bool count = false);
+  Result<std::optional<Found>> resolve(const Node& dir, std::string_view name);
+  // Whether a branch right of `b` holds anything (entry or whiteout) at the name.
+  Result<bool> below_has(const Node& dir, int b, std::string_view name);
+  int writable_left_of(int b) const;  // nearest writable branch left of b (b itself if writable)
+  int leftmost_writable() const;
+  // The inode of directory `dir` in branch `b`, copying it and its parents
+  // there first if needed.
+  Result<uint64_t> dir_in(uint64_t dir, int b);
+  // Makes `ino` (not a directory) live in a writable branch; returns it.
+  Result<int> copy_up(uint64_t ino, const Caller& c);
+  Result<int> writable_instance(uint64_t ino, const Caller& c);
+  Result<void> apply_copyup_mode(int b, uint64_t ino, bool is_dir, const Caller& c);
+  // Copies the visible subtree of directory `dir` into branch b and makes
+  // every directory of it there opaque (for a rename of a merged directory).
+  Result<void> materialize(uint64_t dir, int b, const Caller& c, int depth = 0);
+  Result<bool> union_empty(uint64_t dir);
+  Result<Attr> create(uint64_t dir, std::string_view name, const Caller& c,
+                      const std::function<Result<Attr>(Filesystem&, uint64_t)>& make,
+                      bool is_dir);
+
+  std::vector<UnionBranch> br_;
+  CopyUpMode copyup_;
+  uint64_t root_;
+  uint32_t bs_;
+  // Shared by operations that change no name; exclusive for those that do
+  // (creates, deletes, renames, copy-ups), so that a resolution is not
+  // undone halfway by another thread.
+  std::shared_mutex mu_;
+  std::mutex nodes_mu_;
+  std::unordered_map<uint64_t, Node> nodes_;
+};
+
+}  // namespace plyfs

@@ -1,0 +1,235 @@
+// Views in the catalog tree (view.h; items in format.md#catalog).
+#include "union/view.h"
+
+#include <cstring>
+
+#include "btree/btree.h"
+#include "util/endian.h"
+
+namespace plyfs {
+
+namespace disk {
+inline constexpr uint32_t kCatalogMagic = 0x54434c50;  // "PLCT"
+inline constexpr uint32_t kCatalogVersion = 1;
+inline constexpr uint64_t kCatalogHeader = 0;  // key hi of the header (lo 0)
+inline constexpr uint64_t kCatalogView = 1;    // key hi of a view (lo: view id)
+
+struct CatalogHeader {
+  le32 magic;
+  le32 version;
+  le64 reserved;
+};
+static_assert(sizeof(CatalogHeader) == 16);
+
+inline constexpr uint32_t kViewDefault = 1;
+inline constexpr uint32_t kLayerWritable = 1;
+
+struct ViewRecord {
+  uint8_t name[32];  // NUL-padded
+  le32 flags;        // kViewDefault
+  le32 count;        // layers that follow, 1..32
+};
+static_assert(sizeof(ViewRecord) == 40);
+
+struct ViewLayerRecord {
+  le64 tree;   // a filesystem tree (branch)
+  le32 flags;  // kLayerWritable
+  le32 reserved;
+};
+static_assert(sizeof(ViewLayerRecord) == 16);
+}  // namespace disk
+
+namespace {
+
+Result<std::optional<TreeId>> find_catalog(Volume::Txn& t) {
+  for (const auto& ti : PLY_TRY(t.list_trees())) {
+    if (ti.kind != kKindPlain) continue;
+    auto h = PLY_TRY(t.get(ti.id, Key{disk::kCatalogHeader, 0}));
+    if (h && h->size() == sizeof(disk::CatalogHeader) &&
+        view_as<disk::CatalogHeader>(std::span<const std::byte>(*h))->magic.get() == disk::kCatalogMagic)
+      return std::optional<TreeId>(ti.id);
+  }
+  return std::optional<TreeId>{};
+}
+
+Result<View> decode_view(std::span<const std::byte> v) {
+  auto bad = [] { return Error::corrupt(Error::kNoBlock, "malformed view record in the catalog"); };
+  if (v.size() < sizeof(disk::ViewRecord)) return bad();
+  const auto* r = view_as<disk::ViewRecord>(v);
+  const uint32_t n = r->count.get();
+  if (n == 0 || n > kMaxViewLayers || v.size() != sizeof(disk::ViewRecord) + n * sizeof(disk::ViewLayerRecord))
+    return bad();
+  View out;
+  out.name.assign(reinterpret_cast<const char*>(r->name), strnlen(reinterpret_cast<const char*>(r->name), 32));
+  out.is_default = r->flags.get() & disk::kViewDefault;
+  for (uint32_t i = 0; i < n; i++) {
+    const auto* l = view_as<disk::ViewLayerRecord>(v, sizeof(disk::ViewRecord) + i * sizeof(disk::ViewLayerRecord));
+    out.layers.push_back({TreeId{l->tree.get()}, bool(l->flags.get() & disk::kLayerWritable)});
+  }
+  return out;
+}
+
+std::vector<std::byte> encode_view(const View& view) {
+  std::vector<std::byte> v(sizeof(disk::ViewRecord) + view.layers.size() * sizeof(disk::ViewLayerRecord));
+  auto* r = view_as<disk::ViewRecord>(std::span(v));
+  std::memcpy(r->name, view.name.data(), view.name.size());
+  r->flags.set(view.is_default ? disk::kViewDefault : 0);
+  r->count.set(uint32_t(view.layers.size()));
+  for (size_t i = 0; i < view.layers.size(); i++) {
+    auto* l = view_as<disk::ViewLayerRecord>(std::span(v), sizeof(disk::ViewRecord) + i * sizeof(disk::ViewLayerRecord));
+    l->tree.set(view.layers[i].tree.v);
+    l->flags.set(view.layers[i].writable ? disk::kLayerWritable : 0);
+    l->reserved.set(0);
+  }
+  return v;
+}
+
+// Every view with its key, in id order.
+Result<std::vector<std::pair<uint64_t, View>>> read_views(Volume::Txn& t, TreeId cat) {
+  std::vector<std::pair<uint64_t, View>> out;
+  std::optional<Error> err;
+  PLY_CHECK(t.scan(cat, Key{disk::kCatalogView, 0}, Key{disk::kCatalogView, ~0ull},
+                   [&](Key k, std::span<const std::byte> v) {
+                     auto view = decode_view(v);
+                     if (!view) {
+                       err = view.error();
+                       return false;
+                     }
+                     out.emplace_back(k.lo, std::move(*view));
+                     return true;
+                   }));
+  if (err) return *err;
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<View>> list_views(Volume& v) {
+  auto t = PLY_TRY(v.begin());
+  auto cat = PLY_TRY(find_catalog(t));
+  std::vector<View> out;
+  if (!cat) return out;
+  for (auto& [id, view] : PLY_TRY(read_views(t, *cat))) out.push_back(std::move(view));
+  return out;
+}
+
+Result<void> check_stack(Volume& v, const std::vector<ViewLayer>& s) {
+  if (s.empty()) return Error::invalid("a view needs at least one branch");
+  if (s.size() > kMaxViewLayers) return Error::invalid("a view holds at most 32 branches");
+  auto bs = PLY_TRY(Filesystem::branches(v));
+  for (size_t i = 0; i < s.size(); i++) {
+    auto it = std::find_if(bs.begin(), bs.end(), [&](auto& b) { return b.tree == s[i].tree; });
+    if (it == bs.end()) return Error::io(ENOENT, "no branch with tree id " + std::to_string(s[i].tree.v));
+    if (s[i].writable && it->read_only)
+      return Error::io(EROFS, "branch \"" + it->name + "\" is read-only and cannot be writable in a view");
+    for (size_t j = 0; j < i; j++)
+      if (s[j].tree == s[i].tree) return Error::invalid("branch \"" + it->name + "\" is in the stack twice");
+  }
+  return ok();
+}
+
+Result<void> put_view(Volume& v, const View& view) {
+  if (view.name.empty() || view.name.size() > 32) return Error::invalid("a view name has 1 to 32 bytes");
+  PLY_CHECK(check_stack(v, view.layers));
+  auto enc = encode_view(view);
+  if (enc.size() > BTree::max_value_len(v.block_size())) return Error::invalid("too many branches for one view");
+  auto t = PLY_TRY(v.begin({.reserve_blocks = 64}));
+  auto cat = PLY_TRY(find_catalog(t));
+  if (!cat) {
+    cat = PLY_TRY(t.create_tree(kKindPlain));
+    disk::CatalogHeader h{};
+    h.magic.set(disk::kCatalogMagic);
+    h.version.set(disk::kCatalogVersion);
+    PLY_CHECK(t.put(*cat, Key{disk::kCatalogHeader, 0},
+                    std::span(reinterpret_cast<const std::byte*>(&h), sizeof h)));
+  }
+  auto views = PLY_TRY(read_views(t, *cat));
+  uint64_t id = 1;
+  for (auto& [k, old] : views) {
+    if (old.name == view.name) id = k;
+    else if (id <= k) id = k + 1;
+    if (view.is_default && old.is_default && old.name != view.name) {
+      old.is_default = false;
+      PLY_CHECK(t.put(*cat, Key{disk::kCatalogView, k}, encode_view(old)));
+    }
+  }
+  for (auto& [k, old] : views)
+    if (old.name == view.name) id = k;
+  return t.put(*cat, Key{disk::kCatalogView, id}, enc);
+}
+
+Result<void> delete_view(Volume& v, std::string_view name) {
+  auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = 32}));
+  auto cat = PLY_TRY(find_catalog(t));
+  if (cat)
+    for (auto& [k, view] : PLY_TRY(read_views(t, *cat)))
+      if (view.name == name) {
+        (void)PLY_TRY(t.erase(*cat, Key{disk::kCatalogView, k}));
+        return ok();
+      }
+  return Error::io(ENOENT, "no view named \"" + std::string(name) + "\"");
+}
+
+Result<BranchMeta> find_branch(Volume& v, std::string_view name) {
+  auto bs = PLY_TRY(Filesystem::branches(v));
+  for (const auto& b : bs)
+    if (b.name == name) return b;
+  char* end = nullptr;
+  std::string s(name);
+  unsigned long long id = std::strtoull(s.c_str(), &end, 10);
+  if (!s.empty() && end && *end == '\0')
+    for (const auto& b : bs)
+      if (b.tree.v == id) return b;
+  return Error::io(ENOENT, "no branch named \"" + s + "\"");
+}
+
+Result<std::vector<ViewLayer>> parse_stack(Volume& v, std::string_view spec) {
+  std::vector<ViewLayer> out;
+  size_t p = 0;
+  while (p <= spec.size()) {
+    size_t q = spec.find(':', p);
+    if (q == std::string_view::npos) q = spec.size();
+    std::string_view item = spec.substr(p, q - p);
+    if (item.empty()) return Error::invalid("empty branch in \"" + std::string(spec) + "\"");
+    bool writable = out.empty();
+    if (auto eq = item.rfind('='); eq != std::string_view::npos) {
+      auto mode = item.substr(eq + 1);
+      if (mode == "rw") writable = true;
+      else if (mode == "ro") writable = false;
+      else return Error::invalid("branch mode must be rw or ro, not \"" + std::string(mode) + "\"");
+      item = item.substr(0, eq);
+    }
+    auto b = PLY_TRY(find_branch(v, item));
+    out.push_back({b.tree, writable});
+    p = q + 1;
+  }
+  PLY_CHECK(check_stack(v, out));
+  return out;
+}
+
+Result<std::vector<ViewLayer>> view_stack(Volume& v, std::string_view name) {
+  for (auto& view : PLY_TRY(list_views(v)))
+    if (view.name == name) return view.layers;
+  return Error::io(ENOENT, "no view named \"" + std::string(name) + "\"");
+}
+
+Result<std::vector<ViewLayer>> default_stack(Volume& v) {
+  for (auto& view : PLY_TRY(list_views(v)))
+    if (view.is_default) return view.layers;
+  TreeId t = PLY_TRY(Filesystem::default_tree(v));
+  auto b = PLY_TRY(Filesystem::branch(v, t));
+  return std::vector<ViewLayer>{{t, !b.read_only}};
+}
+
+std::string format_stack(Volume& v, const std::vector<ViewLayer>& s) {
+  std::string out;
+  for (const auto& l : s) {
+    if (!out.empty()) out += ':';
+    auto b = Filesystem::branch(v, l.tree);
+    out += b ? b->name : std::to_string(l.tree.v);
+    out += l.writable ? "=rw" : "=ro";
+  }
+  return out;
+}
+
+}  // namespace plyfs

@@ -1,0 +1,49 @@
+// Views: named, ordered stacks of branches kept in the image's catalog
+// (format.md#catalog), and the parsing of ad-hoc stacks for a mount.
+//
+// The catalog is a plain tree (kind 1) whose first item is a header with
+// the magic "PLCT"; it is created with the first view. An image without
+// one has an implicit default view: its default branch, read-write.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fs/fs.h"
+
+namespace plyfs {
+
+struct ViewLayer {
+  TreeId tree;
+  bool writable = false;
+};
+
+struct View {
+  std::string name;
+  bool is_default = false;
+  std::vector<ViewLayer> layers;  // left (highest priority) to right
+};
+
+inline constexpr size_t kMaxViewLayers = 32;
+
+Result<std::vector<View>> list_views(Volume& v);
+// Creates or replaces the view of that name (one generation). Setting
+// is_default clears it on every other view.
+Result<void> put_view(Volume& v, const View& view);
+Result<void> delete_view(Volume& v, std::string_view name);
+
+// The branch named `name` (or a tree id written as a number).
+Result<BranchMeta> find_branch(Volume& v, std::string_view name);
+// "top=rw:middle:base=ro" (Unionfs's dirs= syntax): left to right; a layer
+// without a mode is read-write if it is the first, read-only otherwise.
+Result<std::vector<ViewLayer>> parse_stack(Volume& v, std::string_view spec);
+// What a mount shows when given no view or stack: the default view, or the
+// default branch read-write when there is no view.
+Result<std::vector<ViewLayer>> default_stack(Volume& v);
+Result<std::vector<ViewLayer>> view_stack(Volume& v, std::string_view view);
+// Checks a stack against the branches: every tree exists, none twice, a
+// branch flagged read-only is not writable.
+Result<void> check_stack(Volume& v, const std::vector<ViewLayer>& s);
+std::string format_stack(Volume& v, const std::vector<ViewLayer>& s);
+
+}  // namespace plyfs
