@@ -1,5 +1,7 @@
 // plyctl: inspects plyfs images and, for testing, damages them on purpose.
 //   plyctl show IMAGE [--json]
+//   plyctl branch list|create|remove|set IMAGE ...
+//   plyctl view list|create|delete|default IMAGE ...
 //   plyctl debug tree IMAGE TREE
 //   plyctl debug fields STRUCT
 //   plyctl debug corrupt IMAGE STRUCT [LOCATOR] FIELD (--set V|--flip BIT|--zero|--add N) [--keep-checksum]
@@ -8,7 +10,10 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +21,7 @@
 #include "commit/volume.h"
 #include "fs/fs.h"
 #include "fsck/corrupt.h"
+#include "union/view.h"
 
 #ifndef PLYFS_VERSION
 #define PLYFS_VERSION "unknown"
@@ -39,6 +45,17 @@ void usage(FILE* out) {
   std::fprintf(out,
                "Usage: %s COMMAND ...\n\n"
                "  show IMAGE [--json]          superblocks, space and trees of an image\n"
+               "  branch list IMAGE [--json]   the branches (subvolumes) and their parents\n"
+               "  branch create IMAGE NAME [--clone SRC | --parent P] [--ro]\n"
+               "                               a new empty branch (a layer over P), or an\n"
+               "                               O(1) clone of SRC sharing all its blocks\n"
+               "  branch remove IMAGE NAME     delete a branch, freeing what only it used\n"
+               "  branch set IMAGE NAME [--name NEW] [--ro | --rw]\n"
+               "  view list IMAGE [--json]     the views: ordered stacks of branches\n"
+               "  view create IMAGE NAME STACK [--default]\n"
+               "                               STACK: top=rw:base=ro (leftmost wins)\n"
+               "  view delete IMAGE NAME\n"
+               "  view default IMAGE NAME      the view a mount shows without -o view=\n"
                "  debug tree IMAGE TREE        every node of a tree (TREE: an id, root or space)\n"
                "  debug fields STRUCT          the fields debug corrupt can damage\n"
                "  debug corrupt IMAGE STRUCT [LOCATOR] FIELD ACTION [--keep-checksum]\n"
@@ -230,6 +247,268 @@ int cmd_corrupt(std::vector<std::string> args) {
   return 0;
 }
 
+// --- branches and views (offline: the image must not be mounted) ---------
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += c;
+    }
+  }
+  return o + "\"";
+}
+
+struct Opened {
+  std::unique_ptr<FileDevice> dev;
+  std::unique_ptr<Volume> vol;
+};
+
+Result<Opened> open_volume(const std::string& image, bool write) {
+  Opened o;
+  auto dev = open_image(image, write);
+  if (!dev) {
+    if (dev.error().code == EBUSY)
+      return Error::io(EBUSY, image + " is mounted or in use; unmount it first");
+    return dev.error();
+  }
+  o.dev = std::move(*dev);
+  VolumeOptions vo;
+  vo.kinds = fs_kinds();
+  vo.read_only = !write;
+  vo.cache_bytes = 64ull << 20;
+  o.vol = PLY_TRY(Volume::open(*o.dev, vo));
+  return o;
+}
+
+// Splits options (--x [value]) from positional arguments.
+struct Parsed {
+  std::vector<std::string> pos;
+  std::map<std::string, std::string> opt;
+};
+Result<Parsed> parse(const std::vector<std::string>& args, const std::set<std::string>& with_value,
+                     const std::set<std::string>& flags) {
+  Parsed p;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) == 0) {
+      if (with_value.count(a)) {
+        if (i + 1 >= args.size()) return Error::invalid(a + " needs a value");
+        p.opt[a] = args[++i];
+      } else if (flags.count(a)) {
+        p.opt[a] = "";
+      } else {
+        return Error::invalid("unknown option '" + a + "'");
+      }
+    } else {
+      p.pos.push_back(a);
+    }
+  }
+  return p;
+}
+
+int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
+  auto p = parse(args, {"--clone", "--parent", "--name"}, {"--json", "--ro", "--rw"});
+  if (!p) return usage_error(p.error().message());
+  const auto& pos = p->pos;
+  auto has = [&](const char* o) { return p->opt.count(o) > 0; };
+  if (sub == "list") {
+    if (pos.size() != 1) return usage_error("usage: plyctl branch list IMAGE [--json]");
+    auto o = open_volume(pos[0], false);
+    if (!o) return fail(pos[0] + ": " + o.error().message());
+    auto bs = Filesystem::branches(*o->vol);
+    if (!bs) return fail(pos[0] + ": " + bs.error().message());
+    auto name_of = [&](TreeId t) -> std::string {
+      for (auto& b : *bs)
+        if (b.tree == t) return b.name;
+      return t.v ? std::to_string(t.v) : "";
+    };
+    if (has("--json")) {
+      std::printf("[");
+      for (size_t i = 0; i < bs->size(); i++) {
+        const auto& b = (*bs)[i];
+        std::printf("%s{\"id\": %llu, \"name\": %s, \"parent\": %s, \"read_only\": %s, "
+                    "\"created_generation\": %llu}",
+                    i ? ", " : "", (unsigned long long)b.tree.v, json_str(b.name).c_str(),
+                    b.parent.v ? json_str(name_of(b.parent)).c_str() : "null",
+                    b.read_only ? "true" : "false", (unsigned long long)b.created.v);
+      }
+      std::printf("]\n");
+      return 0;
+    }
+    std::printf("%-6s %-20s %-20s %-4s %s\n", "ID", "NAME", "PARENT", "MODE", "CREATED");
+    for (const auto& b : *bs)
+      std::printf("%-6llu %-20s %-20s %-4s gen %llu\n", (unsigned long long)b.tree.v, b.name.c_str(),
+                  b.parent.v ? name_of(b.parent).c_str() : "-", b.read_only ? "ro" : "rw",
+                  (unsigned long long)b.created.v);
+    return 0;
+  }
+  if (sub == "create") {
+    if (pos.size() != 2 || (has("--clone") && has("--parent")))
+      return usage_error("usage: plyctl branch create IMAGE NAME [--clone SRC | --parent P] [--ro]");
+    auto o = open_volume(pos[0], true);
+    if (!o) return fail(pos[0] + ": " + o.error().message());
+    Volume& v = *o->vol;
+    if (find_branch(v, pos[1])) return fail("a branch named \"" + pos[1] + "\" exists");
+    BranchMeta m;
+    m.name = pos[1];
+    m.read_only = has("--ro");
+    if (has("--clone")) {
+      auto src = find_branch(v, p->opt["--clone"]);
+      if (!src) return fail(src.error().message());
+      auto t = v.begin({.reserve_blocks = 64});
+      if (!t) return fail(t.error().message());
+      auto id = t->clone_tree(src->tree);
+      if (!id) return fail(id.error().message());
+      m.tree = *id;
+      m.parent = src->tree;
+    } else {
+      FsCreateOptions fo;
+      fo.name = m.name;
+      fo.read_only = m.read_only;
+      if (has("--parent")) {
+        auto par = find_branch(v, p->opt["--parent"]);
+        if (!par) return fail(par.error().message());
+        fo.parent = par->tree;
+        // A layer's root starts as its parent's root: same owner and mode.
+        auto pfs = Filesystem::open(v, par->tree);
+        if (!pfs) return fail(pfs.error().message());
+        auto ra = (*pfs)->getattr((*pfs)->root());
+        if (ra) fo.root_mode = ra->mode & 07777, fo.uid = ra->uid, fo.gid = ra->gid;
+      }
+      auto id = Filesystem::create(v, fo);
+      if (!id) return fail(id.error().message());
+      m.tree = *id;
+      m.parent = fo.parent;
+    }
+    if (auto r = Filesystem::set_branch(v, m); !r) return fail(r.error().message());
+    if (auto r = v.close(); !r) return fail(r.error().message());
+    std::printf("created branch \"%s\" (id %llu)\n", m.name.c_str(), (unsigned long long)m.tree.v);
+    return 0;
+  }
+  if (sub == "remove") {
+    if (pos.size() != 2) return usage_error("usage: plyctl branch remove IMAGE NAME");
+    auto o = open_volume(pos[0], true);
+    if (!o) return fail(pos[0] + ": " + o.error().message());
+    Volume& v = *o->vol;
+    auto b = find_branch(v, pos[1]);
+    if (!b) return fail(b.error().message());
+    auto bs = Filesystem::branches(v);
+    if (!bs) return fail(bs.error().message());
+    if (bs->size() == 1) return fail("cannot remove the only branch");
+    for (auto& x : *bs)
+      if (x.parent == b->tree && x.tree != b->tree)
+        return fail("branch \"" + x.name + "\" is layered on \"" + b->name + "\"; remove it first");
+    auto views = list_views(v);
+    if (!views) return fail(views.error().message());
+    for (auto& view : *views)
+      for (auto& l : view.layers)
+        if (l.tree == b->tree)
+          return fail("view \"" + view.name + "\" shows \"" + b->name + "\"; change or delete it first");
+    {
+      auto t = v.begin({.for_delete = true, .reserve_blocks = 64});
+      if (!t) return fail(t.error().message());
+      if (auto r = t->drop_tree(b->tree); !r) return fail(r.error().message());
+    }
+    if (auto r = v.close(); !r) return fail(r.error().message());
+    std::printf("removed branch \"%s\"\n", b->name.c_str());
+    return 0;
+  }
+  if (sub == "set") {
+    if (pos.size() != 2 || (has("--ro") && has("--rw")))
+      return usage_error("usage: plyctl branch set IMAGE NAME [--name NEW] [--ro | --rw]");
+    auto o = open_volume(pos[0], true);
+    if (!o) return fail(pos[0] + ": " + o.error().message());
+    Volume& v = *o->vol;
+    auto b = find_branch(v, pos[1]);
+    if (!b) return fail(b.error().message());
+    if (has("--name")) {
+      if (find_branch(v, p->opt["--name"])) return fail("a branch named \"" + p->opt["--name"] + "\" exists");
+      b->name = p->opt["--name"];
+    }
+    if (has("--ro")) b->read_only = true;
+    if (has("--rw")) b->read_only = false;
+    if (b->read_only) {
+      auto views = list_views(v);
+      if (!views) return fail(views.error().message());
+      for (auto& view : *views)
+        for (auto& l : view.layers)
+          if (l.tree == b->tree && l.writable)
+            return fail("view \"" + view.name + "\" writes to this branch; change it first");
+    }
+    if (auto r = Filesystem::set_branch(v, *b); !r) return fail(r.error().message());
+    if (auto r = v.close(); !r) return fail(r.error().message());
+    return 0;
+  }
+  return usage_error("unknown branch subcommand '" + sub + "'");
+}
+
+int cmd_view(const std::string& sub, const std::vector<std::string>& args) {
+  auto p = parse(args, {}, {"--json", "--default"});
+  if (!p) return usage_error(p.error().message());
+  const auto& pos = p->pos;
+  if (sub == "list") {
+    if (pos.size() != 1) return usage_error("usage: plyctl view list IMAGE [--json]");
+    auto o = open_volume(pos[0], false);
+    if (!o) return fail(pos[0] + ": " + o.error().message());
+    auto views = list_views(*o->vol);
+    if (!views) return fail(views.error().message());
+    if (p->opt.count("--json")) {
+      std::printf("[");
+      for (size_t i = 0; i < views->size(); i++) {
+        const auto& w = (*views)[i];
+        std::printf("%s{\"name\": %s, \"default\": %s, \"branches\": %s}", i ? ", " : "",
+                    json_str(w.name).c_str(), w.is_default ? "true" : "false",
+                    json_str(format_stack(*o->vol, w.layers)).c_str());
+      }
+      std::printf("]\n");
+      return 0;
+    }
+    if (views->empty()) {
+      auto d = default_stack(*o->vol);
+      std::printf("no views; a mount shows %s\n", d ? format_stack(*o->vol, *d).c_str() : "nothing");
+      return 0;
+    }
+    for (const auto& w : *views)
+      std::printf("%-20s %s%s\n", w.name.c_str(), format_stack(*o->vol, w.layers).c_str(),
+                  w.is_default ? "  (default)" : "");
+    return 0;
+  }
+  if (sub == "create" || sub == "delete" || sub == "default") {
+    const size_t want = sub == "create" ? 3 : 2;
+    if (pos.size() != want)
+      return usage_error(sub == "create" ? "usage: plyctl view create IMAGE NAME STACK [--default]"
+                                         : "usage: plyctl view " + sub + " IMAGE NAME");
+    auto o = open_volume(pos[0], true);
+    if (!o) return fail(pos[0] + ": " + o.error().message());
+    Volume& v = *o->vol;
+    Result<void> r = ok();
+    if (sub == "create") {
+      auto stack = parse_stack(v, pos[2]);
+      if (!stack) return fail(stack.error().message());
+      r = put_view(v, View{pos[1], p->opt.count("--default") > 0, *stack});
+    } else if (sub == "delete") {
+      r = delete_view(v, pos[1]);
+    } else {
+      auto views = list_views(v);
+      if (!views) return fail(views.error().message());
+      auto it = std::find_if(views->begin(), views->end(), [&](auto& w) { return w.name == pos[1]; });
+      if (it == views->end()) return fail("no view named \"" + pos[1] + "\"");
+      it->is_default = true;
+      r = put_view(v, *it);
+    }
+    if (!r) return fail(r.error().message());
+    if (auto c = v.close(); !c) return fail(c.error().message());
+    return 0;
+  }
+  return usage_error("unknown view subcommand '" + sub + "'");
+}
+
 int real_main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) return usage_error("no command given");
@@ -241,6 +520,12 @@ int real_main(int argc, char** argv) {
   const std::string cmd = args[0];
   args.erase(args.begin());
   if (cmd == "show") return cmd_show(args);
+  if (cmd == "branch" || cmd == "view") {
+    if (args.empty()) return usage_error(cmd + " needs a subcommand");
+    const std::string sub = args[0];
+    args.erase(args.begin());
+    return cmd == "branch" ? cmd_branch(sub, args) : cmd_view(sub, args);
+  }
   if (cmd == "debug") {
     if (args.empty()) return usage_error("debug needs a subcommand: tree, fields or corrupt");
     const std::string sub = args[0];
