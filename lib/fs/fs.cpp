@@ -396,7 +396,7 @@ struct Filesystem::Ctx {
   // Adds an entry where `name` is free or a whiteout; true if it was a whiteout.
   Result<bool> add_over_whiteout(uint64_t dir, std::string_view name, uint64_t ino, uint8_t type) {
     auto e = PLY_TRY(find(dir, name));
-    if (e && e->type != kDtWhiteout) return Error::io(EEXIST, "name exists");
+    if (e && e->type != kDtWhiteout) return Error::io(EEXIST, "name exists (not a whiteout)");
     if (e) {
       PLY_CHECK(retarget(dir, name, ino, type));
       return true;
@@ -889,7 +889,7 @@ Result<void> Filesystem::whiteout(uint64_t dir, std::string_view name) {
   Rec d = PLY_TRY(c.dir(dir));
   if (d.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
   auto e = PLY_TRY(c.find(dir, name));
-  if (e) return e->type == kDtWhiteout ? ok() : Result<void>(Error::io(EEXIST, "name exists"));
+  if (e) return e->type == kDtWhiteout ? ok() : Result<void>(Error::io(EEXIST, "a whiteout cannot replace a file"));
   PLY_CHECK(c.add_entry(dir, name, 0, kDtWhiteout));
   d.a.mtime = d.a.ctime = now();
   return c.put_inode(d);
@@ -910,7 +910,7 @@ Result<Attr> Filesystem::copy_in(Filesystem& src, uint64_t ino, uint64_t dir,
   else lu.lock(), ls.lock();
   Rec d = PLY_TRY(c.dir(dir));
   if (d.a.nlink == 0) return Error::io(ENOENT, "directory was removed");
-  if (PLY_TRY(c.find_live(dir, name))) return Error::io(EEXIST, "name exists");
+  if (PLY_TRY(c.find_live(dir, name))) return Error::io(EEXIST, "name exists in the copy's branch");
   auto sv = PLY_TRY(c.t.get(src.tree_, ikey(ino, ItemType::Inode)));
   if (!sv) return Error::io(ENOENT, "no inode " + std::to_string(ino) + " to copy");
   Rec r = PLY_TRY(decode_inode(ino, *sv));

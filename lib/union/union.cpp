@@ -279,18 +279,38 @@ Result<void> Union::apply_copyup_mode(int b, uint64_t ino, bool is_dir, const Ca
   return ok();
 }
 
+Result<bool> Union::reachable(uint64_t dir, int b) {
+  for (int depth = 0; depth < kMaxDepth; depth++) {
+    Node n = PLY_TRY(node(dir));
+    for (auto [bb, i] : n.inst)
+      if (bb == b) return true;
+    if (dir == root_) return false;
+    // Right of the last part the merge was cut (an opaque directory, or a
+    // file or whiteout of that name further right): a copy there would not
+    // show. Left of it, or between parts, nothing holds the name.
+    if (n.inst.back().first < b) return false;
+    dir = n.parent;
+  }
+  return Error::invalid("directory chain too deep");
+}
+
+int Union::usable_writable(int b, std::initializer_list<uint64_t> dirs) {
+  for (int t = writable_left_of(b); t >= 0; t = writable_left_of(t - 1)) {
+    bool all = true;
+    for (uint64_t d : dirs) {
+      auto r = reachable(d, t);
+      all = all && r && *r;
+    }
+    if (all) return t;
+  }
+  return -1;
+}
+
 Result<uint64_t> Union::dir_in(uint64_t dir, int b) {
   Node n = PLY_TRY(node(dir));
   for (auto [bb, i] : n.inst)
     if (bb == b) return i;
-  if (dir == root_) return Error::io(EROFS, "the root of a branch is hidden by an opaque root");
-  {
-    auto last = n.inst.back();
-    if (last.first < b) {
-      auto a = PLY_TRY(br_[last.first].fs->getattr(last.second));
-      if (a.opaque) return Error::io(EROFS, "an opaque directory hides this branch's part");
-    }
-  }
+  if (!PLY_TRY(reachable(dir, b))) return Error::io(EROFS, "the directory cannot have a part in that branch");
   const uint64_t pb = PLY_TRY(dir_in(n.parent, b));
   auto [tb, ti] = n.inst.front();
   Attr a = PLY_TRY(br_[b].fs->copy_in(*br_[tb].fs, ti, pb, n.name));
@@ -304,7 +324,7 @@ Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
   Node n = PLY_TRY(node(ino));
   auto [b, i] = n.inst.at(0);
   if (br_[b].writable) return b;
-  const int t = writable_left_of(b);
+  const int t = usable_writable(b, {n.is_dir ? ino : n.parent});
   if (t < 0) return Error::io(EROFS, "no writable branch left of the file's branch");
   if (n.is_dir) {
     (void)PLY_TRY(dir_in(ino, t));
@@ -417,7 +437,7 @@ Result<void> Union::unlink(uint64_t dir, std::string_view name) {
       if (bb == b) dino = i;
     return br_[b].fs->unlink(dino, name, PLY_TRY(below_has(d, b, name)));
   }
-  const int t = writable_left_of(b);
+  const int t = usable_writable(b, {dir});
   if (t < 0) return Error::io(EROFS, "the name is in a read-only branch");
   const uint64_t pd = PLY_TRY(dir_in(dir, t));
   return br_[t].fs->whiteout(pd, name);
@@ -441,7 +461,7 @@ Result<void> Union::rmdir(uint64_t dir, std::string_view name) {
       if (bb == b) dino = i;
     return br_[b].fs->rmdir(dino, name, PLY_TRY(below_has(d, b, name)));
   }
-  const int t = writable_left_of(b);
+  const int t = usable_writable(b, {dir});
   if (t < 0) return Error::io(EROFS, "the directory is in a read-only branch");
   const uint64_t pd = PLY_TRY(dir_in(dir, t));
   return br_[t].fs->whiteout(pd, name);
@@ -533,7 +553,7 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
     auto e = br_[bb].fs->entry(i, nname);
     if (e && *e) { lim = bb; break; }
   }
-  const int t = writable_left_of(lim);
+  const int t = usable_writable(lim, {odir, ndir});
   if (t < 0) return Error::io(EROFS, "no writable branch for the rename");
   // 1. Each object that moves, into branch t at its old name: view-equivalent steps.
   auto bring = [&](uint64_t dir, std::string_view name, const Found& f) -> Result<void> {

@@ -147,6 +147,11 @@ class Union {
   Result<bool> below_has(const Node& dir, int b, std::string_view name);
   int writable_left_of(int b) const;  // nearest writable branch left of b (b itself if writable)
   int leftmost_writable() const;
+  // Whether directory `dir` can have a part in branch b (no opaque
+  // directory of a branch further left cuts b off on the way up).
+  Result<bool> reachable(uint64_t dir, int b);
+  // The nearest writable branch at or left of b where every dir is reachable; -1: none.
+  int usable_writable(int b, std::initializer_list<uint64_t> dirs);
   // The inode of directory `dir` in branch `b`, copying it and its parents
   // there first if needed.
   Result<uint64_t> dir_in(uint64_t dir, int b);

@@ -1,0 +1,571 @@
+// The union layer (lib/union) on an in-memory device: a randomized
+// differential test against a model of what the user sees, over 1-4
+// branches with random contents (files, directories, whiteouts, opaque
+// directories) and random read-only/read-write modes, plus Unionfs's cases
+// one by one.
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+
+#include <map>
+#include <set>
+
+#include "fs/check.h"
+#include "fs/fs.h"
+#include "union/union.h"
+#include "union/view.h"
+#include "test_util.h"
+
+namespace plyfs::test {
+namespace {
+
+const Caller kRoot{0, 0, 0};
+
+// An image with `n` branches, each a filesystem tree.
+struct Image {
+  std::unique_ptr<MemDevice> dev;
+  std::unique_ptr<Volume> vol;
+  std::vector<std::unique_ptr<Filesystem>> fs;
+  std::vector<TreeId> trees;
+
+  void open() {
+    VolumeOptions vo;
+    vo.kinds = fs_kinds();
+    vol = must(Volume::open(*dev, vo));
+    fs.clear();
+    for (TreeId t : trees) fs.push_back(must(Filesystem::open(*vol, t)));
+  }
+  void close() {
+    for (auto& f : fs) must(f->release_all());
+    fs.clear();
+    must(vol->close());
+    vol.reset();
+  }
+};
+
+Image make_image(size_t n) {
+  Image im;
+  im.dev = std::make_unique<MemDevice>(256ull << 20);
+  must(format_filesystem(*im.dev, FormatOptions{}, FsCreateOptions{}));
+  VolumeOptions vo;
+  vo.kinds = fs_kinds();
+  im.vol = must(Volume::open(*im.dev, vo));
+  im.trees.push_back(must(Filesystem::default_tree(*im.vol)));
+  for (size_t i = 1; i < n; i++) {
+    FsCreateOptions o;
+    o.name = "b" + std::to_string(i);
+    im.trees.push_back(must(Filesystem::create(*im.vol, o)));
+  }
+  im.close();
+  im.open();
+  return im;
+}
+
+std::vector<std::byte> bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size()};
+}
+
+// --- the model: what the user sees -------------------------------------------
+
+struct MObj {
+  char type;         // 'f' file, 'd' directory
+  std::string data;  // a file's bytes
+  uint32_t mode;
+  uint64_t ino = 0;  // 0: not known yet (the first walk fills it in)
+};
+using Model = std::map<std::string, MObj>;
+
+std::string parent_of(const std::string& p) {
+  auto s = p.rfind('/');
+  return s == std::string::npos ? "" : p.substr(0, s);
+}
+std::string base_of(const std::string& p) {
+  auto s = p.rfind('/');
+  return s == std::string::npos ? p : p.substr(s + 1);
+}
+bool inside(const std::string& p, const std::string& dir) {
+  return p.size() > dir.size() && p.compare(0, dir.size(), dir) == 0 && p[dir.size()] == '/';
+}
+
+// The union view, computed from the branches by the model's own (simple,
+// recursive) reading of the rules: first occurrence wins, whiteouts hide,
+// directories merge down to the first opaque one or the first non-directory.
+void merge(std::vector<std::unique_ptr<Filesystem>>& fs, const std::vector<std::pair<int, uint64_t>>& dirs,
+           const std::string& prefix, Model& out) {
+  std::map<std::string, std::vector<std::pair<int, Entry>>> names;  // in branch order
+  for (auto [b, ino] : dirs)
+    must(fs[b]->readdir(ino, 0, [&](const DirEntry& e) {
+      if (e.name != "." && e.name != "..") names[std::string(e.name)].push_back({b, Entry{e.ino, e.type}});
+      return true;
+    }));
+  for (auto& [name, occ] : names) {
+    auto [b0, e0] = occ[0];
+    if (e0.type == DT_WHT) continue;
+    const std::string path = prefix.empty() ? name : prefix + "/" + name;
+    Attr a = must(fs[b0]->getattr(e0.ino));
+    if (!S_ISDIR(a.mode)) {
+      std::vector<std::byte> buf(a.size);
+      must(fs[b0]->read(e0.ino, 0, buf));
+      out[path] = MObj{'f', std::string(reinterpret_cast<char*>(buf.data()), buf.size()), a.mode & 07777};
+      continue;
+    }
+    out[path] = MObj{'d', "", a.mode & 07777};
+    std::vector<std::pair<int, uint64_t>> sub{{b0, e0.ino}};
+    bool stop = a.opaque;
+    for (size_t i = 1; i < occ.size() && !stop; i++) {
+      auto [b, e] = occ[i];
+      if (e.type != DT_DIR) break;
+      sub.push_back({b, e.ino});
+      stop = must(fs[b]->getattr(e.ino)).opaque;
+    }
+    merge(fs, sub, path, out);
+  }
+}
+
+// Random contents for one branch, through the filesystem layer directly.
+void populate(Filesystem& fs, std::mt19937_64& rng) {
+  const char* names[] = {"a", "b", "c", "d"};
+  std::vector<uint64_t> dirs{fs.root()};
+  const int n = 4 + int(rng() % 12);
+  for (int i = 0; i < n; i++) {
+    const uint64_t d = dirs[rng() % dirs.size()];
+    const std::string name = names[rng() % 4];
+    switch (rng() % 6) {
+      case 0: case 1: {
+        auto a = fs.mkdir(d, name, 0755, 0, 0);
+        if (a && dirs.size() < 8) dirs.push_back(a->ino);
+        if (a && rng() % 4 == 0) {
+          SetAttr s;
+          s.opaque = true;
+          must(fs.setattr(a->ino, s));
+        }
+        break;
+      }
+      case 2: case 3: {
+        auto a = fs.mknod(d, name, S_IFREG | 0644, 0, 0, 0);
+        if (a) must(fs.write(a->ino, 0, bytes(std::string(1 + rng() % 40, char('A' + rng() % 26)))));
+        break;
+      }
+      default:
+        (void)fs.whiteout(d, name);
+        break;
+    }
+  }
+}
+
+// A branch's whole raw content, whiteouts and opaque flags included.
+std::string dump(Filesystem& fs, uint64_t dir, const std::string& prefix = "") {
+  std::string out;
+  must(fs.readdir(dir, 0, [&](const DirEntry& e) {
+    if (e.name == "." || e.name == "..") return true;
+    const std::string p = prefix + "/" + std::string(e.name);
+    if (e.type == DT_WHT) {
+      out += p + " whiteout\n";
+      return true;
+    }
+    Attr a = must(fs.getattr(e.ino));
+    out += p + " " + std::to_string(a.mode) + " " + std::to_string(a.size) + (a.opaque ? " opaque" : "") + "\n";
+    if (S_ISDIR(a.mode)) out += dump(fs, e.ino, p);
+    else if (S_ISREG(a.mode)) {
+      std::vector<std::byte> buf(a.size);
+      must(fs.read(e.ino, 0, buf));
+      out += std::string(reinterpret_cast<char*>(buf.data()), buf.size()) + "\n";
+    }
+    return true;
+  }));
+  return out;
+}
+
+Result<uint64_t> resolve(Union& u, const std::string& path) {
+  uint64_t ino = u.root();
+  if (path.empty()) return ino;
+  size_t p = 0;
+  while (p <= path.size()) {
+    size_t q = path.find('/', p);
+    if (q == std::string::npos) q = path.size();
+    Attr a = PLY_TRY(u.lookup(ino, path.substr(p, q - p)));
+    ino = a.ino;
+    p = q + 1;
+  }
+  return ino;
+}
+
+// Compares the union with the model; fills in the model's unknown inode
+// numbers and checks the known ones (st_ino persists across copy-ups and
+// renames).
+void compare(Union& u, Model& m) {
+  Model seen;
+  std::function<void(uint64_t, const std::string&)> walk = [&](uint64_t dir, const std::string& prefix) {
+    std::vector<std::pair<std::string, uint64_t>> es;
+    std::set<std::string> names;
+    must(u.readdir(dir, 0, [&](const DirEntry& e) {
+      if (e.name == "." || e.name == "..") return true;
+      INFO("duplicate-free readdir in " << prefix << ": " << e.name);
+      REQUIRE(names.insert(std::string(e.name)).second);
+      es.emplace_back(std::string(e.name), e.ino);
+      return true;
+    }));
+    for (auto& [name, dino] : es) {
+      const std::string path = prefix.empty() ? name : prefix + "/" + name;
+      Attr a = must(u.lookup(dir, name));
+      INFO(path);
+      REQUIRE(a.ino == dino);
+      MObj o{S_ISDIR(a.mode) ? 'd' : 'f', "", a.mode & 07777, a.ino};
+      if (!S_ISDIR(a.mode)) {
+        std::vector<std::byte> buf(a.size + 1);
+        size_t n = must(u.read(a.ino, 0, buf));
+        REQUIRE(n == a.size);
+        o.data.assign(reinterpret_cast<char*>(buf.data()), n);
+      }
+      seen[path] = o;
+      if (S_ISDIR(a.mode)) walk(a.ino, path);
+    }
+  };
+  walk(u.root(), "");
+  std::set<std::string> all;
+  for (auto& [p, o] : m) all.insert(p);
+  for (auto& [p, o] : seen) all.insert(p);
+  std::set<uint64_t> inos;
+  for (const auto& p : all) {
+    INFO("path " << p);
+    REQUIRE(m.count(p) == 1);
+    REQUIRE(seen.count(p) == 1);
+    MObj& want = m[p];
+    const MObj& got = seen[p];
+    REQUIRE(want.type == got.type);
+    REQUIRE(want.mode == got.mode);
+    REQUIRE(want.data == got.data);
+    if (want.ino) REQUIRE(want.ino == got.ino);
+    want.ino = got.ino;
+    if (got.type == 'd') REQUIRE(inos.insert(got.ino).second);  // unique (files may be links)
+  }
+}
+
+struct Config {
+  std::vector<bool> writable;
+};
+
+std::unique_ptr<Union> make_union(Image& im, const Config& c) {
+  std::vector<UnionBranch> bs;
+  for (size_t i = 0; i < im.fs.size(); i++) bs.push_back({im.fs[i].get(), bool(c.writable[i])});
+  return std::make_unique<Union>(std::move(bs));
+}
+
+TEST_CASE("union: random operations agree with the model of the view", "[union][unionmodel]") {
+  const uint64_t s = seed("union-model");
+  std::mt19937_64 rng(s);
+  const int rounds = int(12 * scale());
+  const char* names[] = {"a", "b", "c", "d", "e"};
+  for (int round = 0; round < rounds; round++) {
+    const size_t nb = 1 + rng() % 4;
+    INFO("seed " << s << " round " << round << ", " << nb << " branches");
+    Image im = make_image(nb);
+    Config cfg;
+    for (size_t i = 0; i < nb; i++) cfg.writable.push_back(i == 0 || rng() % 3 == 0);
+    for (size_t i = 0; i < nb; i++) populate(*im.fs[i], rng);
+    std::vector<std::string> ro_before(nb);
+    for (size_t i = 0; i < nb; i++)
+      if (!cfg.writable[i]) ro_before[i] = dump(*im.fs[i], im.fs[i]->root());
+    Model m;
+    {
+      std::vector<std::pair<int, uint64_t>> roots;
+      for (size_t i = 0; i < nb; i++) roots.push_back({int(i), im.fs[i]->root()});
+      merge(im.fs, roots, "", m);
+    }
+    auto u = make_union(im, cfg);
+    compare(*u, m);
+    auto random_path = [&]() {
+      std::string p = names[rng() % 5];
+      while (rng() % 3 == 0 && p.size() < 9) p += std::string("/") + names[rng() % 5];
+      return p;
+    };
+    auto is_dir = [&](const std::string& p) { return p.empty() || (m.count(p) && m[p].type == 'd'); };
+    const int nops = 150;
+    for (int op = 0; op < nops; op++) {
+      const std::string a = random_path(), b = random_path();
+      const std::string pa = parent_of(a), pb = parent_of(b);
+      const int kind = int(rng() % 10);
+      INFO("op " << op << " kind " << kind << " " << a << " " << b);
+      bool want = false, got = false;
+      switch (kind) {
+        case 0: {  // create
+          want = is_dir(pa) && !m.count(a);
+          auto d = resolve(*u, pa);
+          got = d && u->mknod(*d, base_of(a), S_IFREG | 0640, 0, kRoot).ok();
+          if (want) m[a] = MObj{'f', "", 0640};
+          break;
+        }
+        case 1: {  // mkdir
+          want = is_dir(pa) && !m.count(a);
+          auto d = resolve(*u, pa);
+          got = d && u->mkdir(*d, base_of(a), 0750, kRoot).ok();
+          if (want) m[a] = MObj{'d', "", 0750};
+          break;
+        }
+        case 2: case 3: {  // write (copy-up of a lower file)
+          want = m.count(a) && m[a].type == 'f';
+          auto i = resolve(*u, a);
+          if (i && want) {
+            const uint64_t off = rng() % 30;
+            const std::string d(1 + rng() % 20, char('a' + rng() % 26));
+            got = u->open(*i, true, kRoot).ok() && u->write(*i, off, bytes(d), kRoot).ok();
+            std::string& x = m[a].data;
+            if (x.size() < off + d.size()) x.resize(off + d.size(), '\0');
+            x.replace(off, d.size(), d);
+          } else {
+            got = i && u->write(*i, 0, bytes("x"), kRoot).ok();
+          }
+          break;
+        }
+        case 4: {  // truncate or chmod
+          want = m.count(a) > 0;
+          auto i = resolve(*u, a);
+          SetAttr st;
+          if (want && m[a].type == 'f' && rng() % 2) {
+            st.size = rng() % 10;
+            m[a].data.resize(*st.size, '\0');
+          } else {
+            st.mode = 0700 | (rng() % 0100);
+            if (want) m[a].mode = *st.mode;
+          }
+          got = i && u->setattr(*i, st, kRoot).ok();
+          break;
+        }
+        case 5: {  // unlink
+          want = m.count(a) && m[a].type == 'f';
+          auto d = resolve(*u, pa);
+          got = d && u->unlink(*d, base_of(a)).ok();
+          if (want) m.erase(a);
+          break;
+        }
+        case 6: {  // rmdir
+          bool empty = true;
+          for (auto& [p, o] : m) empty &= !inside(p, a);
+          want = m.count(a) && m[a].type == 'd' && empty;
+          auto d = resolve(*u, pa);
+          got = d && u->rmdir(*d, base_of(a)).ok();
+          if (want) m.erase(a);
+          break;
+        }
+        default: {  // rename, files and whole directories, across branches
+          want = m.count(a) && is_dir(pb) && a != b && !inside(b, a);
+          if (want && m.count(b)) {
+            const bool sd = m[a].type == 'd', dd = m[b].type == 'd';
+            bool empty = true;
+            for (auto& [p, o] : m) empty &= !inside(p, b);
+            want = sd == dd && (!dd || empty);
+          }
+          if (a == b && m.count(a)) want = true;  // renaming onto itself: nothing
+          auto od = resolve(*u, pa);
+          auto nd = resolve(*u, pb);
+          if (od && nd) {
+            auto r = u->rename(*od, base_of(a), *nd, base_of(b), 0, kRoot);
+            got = r.ok();
+            if (!r) UNSCOPED_INFO("rename: " << r.error().message());
+          }
+          if (want && a != b) {
+            Model moved;
+            for (auto it = m.begin(); it != m.end();) {
+              if (it->first == b || inside(it->first, b)) it = m.erase(it);
+              else ++it;
+            }
+            for (auto it = m.begin(); it != m.end();) {
+              if (it->first == a || inside(it->first, a)) {
+                moved[b + it->first.substr(a.size())] = it->second;
+                it = m.erase(it);
+              } else {
+                ++it;
+              }
+            }
+            m.merge(moved);
+          }
+          break;
+        }
+      }
+      if (want != got)
+        for (size_t i = 0; i < nb; i++)
+          UNSCOPED_INFO("branch " << i << (cfg.writable[i] ? " rw" : " ro") << ":\n"
+                                  << dump(*im.fs[i], im.fs[i]->root()));
+      REQUIRE(want == got);
+      if (op % 25 == 24) compare(*u, m);
+      if (op % 60 == 59) {  // a remount: whiteouts and opaque flags persist
+        u.reset();
+        im.close();
+        im.open();
+        u = make_union(im, cfg);
+        compare(*u, m);
+      }
+    }
+    compare(*u, m);
+    // Read-only branches never change.
+    for (size_t i = 0; i < nb; i++)
+      if (!cfg.writable[i]) REQUIRE(dump(*im.fs[i], im.fs[i]->root()) == ro_before[i]);
+    u.reset();
+    im.close();
+    auto ps = check_filesystems(*im.dev);
+    for (const auto& p : ps) INFO(p.code << ": " << p.message);
+    REQUIRE(ps.empty());
+  }
+}
+
+// Two branches: a read-write top over a read-only base holding `files`.
+struct TwoLayer {
+  Image im = make_image(2);
+  std::unique_ptr<Union> u;
+  explicit TwoLayer(std::function<void(Filesystem&)> fill) {
+    fill(*im.fs[1]);
+    u = make_union(im, Config{{true, false}});
+  }
+};
+
+TEST_CASE("union: copy-up is O(1), shares extents and keeps st_ino, owner, mode, times, xattrs", "[union]") {
+  uint64_t big_ino = 0;
+  const auto data = std::vector<std::byte>(8 << 20, std::byte{7});
+  TwoLayer t([&](Filesystem& fs) {
+    Attr a = must(fs.mknod(fs.root(), "big", S_IFREG | 0640, 0, 1000, 100));
+    must(fs.write(a.ino, 0, data));
+    must(fs.setxattr(a.ino, "user.k", bytes("v"), 0));
+    SetAttr s;
+    s.mtime = timespec{1000, 5};
+    must(fs.setattr(a.ino, s));
+    big_ino = a.ino;
+  });
+  Union& u = *t.u;
+  Attr before = must(u.lookup(u.root(), "big"));
+  const auto used_before = t.im.vol->space_stats();
+  must(u.open(before.ino, true, kRoot));
+  const auto used_after = t.im.vol->space_stats();
+  // No data block was copied: a few metadata blocks at most.
+  REQUIRE(used_before.free_blocks - used_after.free_blocks < 32);
+  REQUIRE(u.branch_of(before.ino) == 0);
+  Attr after = must(u.getattr(before.ino));
+  CHECK(after.ino == big_ino);
+  CHECK(after.uid == 1000);
+  CHECK(after.gid == 100);
+  CHECK(after.mode == before.mode);
+  CHECK(after.mtime.tv_sec == 1000);
+  CHECK(after.mtime.tv_nsec == 5);
+  CHECK(must(u.getxattr(before.ino, "user.k")) == bytes("v"));
+  // The write lands in the copy; the base keeps its data.
+  must(u.write(before.ino, 0, bytes("new"), kRoot));
+  std::vector<std::byte> buf(3);
+  must(t.im.fs[1]->read(big_ino, 0, buf));
+  CHECK(buf == std::vector<std::byte>(3, std::byte{7}));
+  must(u.read(before.ino, 0, buf));
+  CHECK(buf == bytes("new"));
+  t.u.reset();
+  t.im.close();
+  REQUIRE(check_filesystems(*t.im.dev).empty());
+}
+
+TEST_CASE("union: Unionfs's cases one by one", "[union]") {
+  TwoLayer t([&](Filesystem& fs) {
+    Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
+    must(fs.mknod(d.ino, "x", S_IFREG | 0644, 0, 0, 0));
+    must(fs.mknod(d.ino, "y", S_IFREG | 0644, 0, 0, 0));
+    Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
+    must(fs.link(f.ino, fs.root(), "f2"));
+  });
+  Union& u = *t.u;
+  const uint64_t d = must(u.lookup(u.root(), "d")).ino;
+
+  SECTION("a successful delete never exposes a lower file") {
+    must(u.unlink(d, "x"));
+    CHECK(u.lookup(d, "x").error().code == ENOENT);
+    const uint64_t upper_d = must(t.im.fs[0]->lookup(t.im.fs[0]->root(), "d")).ino;
+    CHECK(upper_d == d);  // the copied-up parent keeps its number
+    auto e = must(t.im.fs[0]->entry(upper_d, "x"));
+    REQUIRE(e);
+    CHECK(e->type == DT_WHT);
+  }
+  SECTION("rmdir of a lower directory needs it empty in the union, then hides it") {
+    CHECK(u.rmdir(u.root(), "d").error().code == ENOTEMPTY);
+    must(u.unlink(d, "x"));
+    must(u.unlink(d, "y"));
+    must(u.rmdir(u.root(), "d"));
+    CHECK(u.lookup(u.root(), "d").error().code == ENOENT);
+    SECTION("mkdir over a whiteout is empty (opaque)") {
+      Attr nd = must(u.mkdir(u.root(), "d", 0700, kRoot));
+      CHECK(nd.opaque);
+      int n = 0;
+      must(u.readdir(nd.ino, 0, [&](const DirEntry&) { return ++n, true; }));
+      CHECK(n == 2);  // . and ..
+    }
+  }
+  SECTION("a failed rename leaves both names as they were") {
+    Attr x = must(u.lookup(d, "x"));
+    CHECK(u.rename(d, "x", u.root(), "d", 0, kRoot).error().code == EISDIR);
+    CHECK(u.rename(u.root(), "d", d, "z", 0, kRoot).error().code == EINVAL);
+    CHECK(must(u.lookup(d, "x")).ino == x.ino);
+    CHECK(must(u.lookup(u.root(), "d")).ino == d);
+  }
+  SECTION("rename of a lower directory: no EXDEV, contents and numbers kept") {
+    const uint64_t x = must(u.lookup(d, "x")).ino;
+    must(u.rename(u.root(), "d", u.root(), "e", 0, kRoot));
+    CHECK(u.lookup(u.root(), "d").error().code == ENOENT);
+    Attr e = must(u.lookup(u.root(), "e"));
+    CHECK(e.ino == d);
+    CHECK(must(u.lookup(e.ino, "x")).ino == x);
+    CHECK(must(u.lookup(e.ino, "y")).ino != 0);
+  }
+  SECTION("hard links survive copy-up") {
+    Attr f = must(u.lookup(u.root(), "f"));
+    must(u.open(f.ino, true, kRoot));
+    must(u.write(f.ino, 0, bytes("hello"), kRoot));
+    Attr f2 = must(u.lookup(u.root(), "f2"));
+    CHECK(f2.ino == f.ino);
+    std::vector<std::byte> buf(5);
+    must(u.read(f2.ino, 0, buf));
+    CHECK(buf == bytes("hello"));
+  }
+  SECTION("readdir merges without duplicates, with stable cookies") {
+    must(u.mknod(d, "z", S_IFREG | 0644, 0, kRoot));
+    std::vector<std::pair<std::string, uint64_t>> all;
+    must(u.readdir(d, 0, [&](const DirEntry& e) { return all.emplace_back(std::string(e.name), e.next), true; }));
+    REQUIRE(all.size() == 5);  // . .. x y z
+    // Resuming after each cookie yields the rest, also after another copy-up.
+    must(u.open(must(u.lookup(d, "x")).ino, true, kRoot));
+    for (size_t i = 0; i < all.size(); i++) {
+      std::vector<std::string> rest;
+      must(u.readdir(d, all[i].second, [&](const DirEntry& e) { return rest.emplace_back(e.name), true; }));
+      REQUIRE(rest.size() == all.size() - i - 1);
+      for (size_t j = 0; j < rest.size(); j++) CHECK(rest[j] == all[i + 1 + j].first);
+    }
+  }
+}
+
+TEST_CASE("union: views and stacks in the catalog persist", "[union]") {
+  Image im = make_image(3);
+  auto bs = must(Filesystem::branches(*im.vol));
+  REQUIRE(bs.size() == 3);
+  CHECK(must(default_stack(*im.vol)).size() == 1);
+  auto st = must(parse_stack(*im.vol, "b1=rw:main:b2=ro"));
+  REQUIRE(st.size() == 3);
+  CHECK(st[0].writable);
+  CHECK(!st[1].writable);
+  CHECK(parse_stack(*im.vol, "main:main").error().code == EINVAL);
+  CHECK(parse_stack(*im.vol, "nope").error().code == ENOENT);
+  CHECK(parse_stack(*im.vol, "main=xx").error().code == EINVAL);
+  must(put_view(*im.vol, View{"v1", true, st}));
+  must(put_view(*im.vol, View{"v2", true, {{st[2].tree, true}}}));
+  im.close();
+  im.open();
+  auto views = must(list_views(*im.vol));
+  REQUIRE(views.size() == 2);
+  CHECK(!views[0].is_default);
+  CHECK(views[1].is_default);
+  CHECK(must(default_stack(*im.vol)).at(0).tree == st[2].tree);
+  CHECK(must(view_stack(*im.vol, "v1")).size() == 3);
+  must(delete_view(*im.vol, "v1"));
+  CHECK(view_stack(*im.vol, "v1").error().code == ENOENT);
+  // A branch flagged read-only may not be writable in a view.
+  BranchMeta b = must(Filesystem::branch(*im.vol, st[2].tree));
+  b.read_only = true;
+  must(Filesystem::set_branch(*im.vol, b));
+  CHECK(parse_stack(*im.vol, "b2=rw").error().code == EROFS);
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
+}
+
+}  // namespace
+}  // namespace plyfs::test
