@@ -1,0 +1,112 @@
+// Branches and union mounts through the real tools: plyctl makes a layer,
+// plyfs mounts a stack of branches, and what the user does in the union
+// (writes, deletes, mkdir over a deleted directory, renames of lower
+// directories) lands in the top branch only, with st_ino kept.
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+
+#include "fuse_util.h"
+
+using namespace plyfs::fusetest;
+
+namespace {
+
+std::string plyctl_bin() { return tool("PLYFS_PLYCTL"); }
+
+void plyctl(const Fixture& fx, std::vector<std::string> args) {
+  args.insert(args.begin(), plyctl_bin());
+  const std::string log = fx.tmp / "plyctl.log";
+  int rc = run(args, log);
+  INFO(slurp(log));
+  REQUIRE(rc == 0);
+}
+
+uint64_t free_blocks(const std::string& p) {
+  struct statvfs v{};
+  REQUIRE(::statvfs(p.c_str(), &v) == 0);
+  return v.f_bfree;
+}
+
+}  // namespace
+
+TEST_CASE("union mount: a layer over a read-only branch", "[union-fuse]") {
+  Fixture fx;
+  REQUIRE(::mkdir((fx / "d").c_str(), 0755) == 0);
+  REQUIRE(::mkdir((fx / "d/sub").c_str(), 0700) == 0);
+  write_file(fx / "d/f", "base");
+  write_file(fx / "d/g", "gone soon");
+  write_file(fx / "d/sub/h", "deep");
+  std::mt19937_64 rng(seed("union-fuse"));
+  const std::string big = random_bytes(rng, 32 << 20);
+  write_file(fx / "big", big);
+  REQUIRE(::setxattr((fx / "big").c_str(), "user.k", "v", 1, 0) == 0);
+  const ino_t f_ino = lstat_of(fx / "d/f").st_ino, sub_ino = lstat_of(fx / "d/sub").st_ino,
+              big_ino = lstat_of(fx / "big").st_ino;
+  fx.unmount();
+  plyctl(fx, {"branch", "create", fx.img, "top", "--parent", "main"});
+  plyctl(fx, {"view", "create", fx.img, "work", "top=rw:main=ro", "--default"});
+  fx.mount();  // the default view now
+
+  // The union shows the base.
+  REQUIRE(read_file(fx / "d/f") == "base");
+  REQUIRE(list_dir(fx / "d") == std::vector<std::string>({"f", "g", "sub"}));
+  // Copy-up of a 32 MiB file: no data copied, inode number and xattrs kept.
+  const uint64_t before = free_blocks(fx.root());
+  {
+    int fd = ::open((fx / "big").c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    pwrite_all(fd, "HEAD", 4, 0);
+    ::close(fd);
+  }
+  CHECK(before - free_blocks(fx.root()) < 64);  // 32 MiB would be 8192 blocks
+  CHECK(lstat_of(fx / "big").st_ino == big_ino);
+  char v[4] = {};
+  CHECK(::getxattr((fx / "big").c_str(), "user.k", v, sizeof v) == 1);
+  // Changes: a write, a delete, a whole directory removed and made again
+  // (opaque: empty), a lower directory renamed (no EXDEV).
+  write_file(fx / "d/f", "changed");
+  REQUIRE(::unlink((fx / "d/g").c_str()) == 0);
+  REQUIRE(::unlink((fx / "d/sub/h").c_str()) == 0);
+  REQUIRE(::rmdir((fx / "d/sub").c_str()) == 0);
+  REQUIRE(::mkdir((fx / "d/sub").c_str(), 0755) == 0);
+  REQUIRE(list_dir(fx / "d/sub").empty());
+  write_file(fx / "d/sub/new", "n");
+  REQUIRE(::rename((fx / "d").c_str(), (fx / "e").c_str()) == 0);
+  auto check_union = [&] {
+    INFO("the union view");
+    CHECK(::access((fx / "d").c_str(), F_OK) != 0);
+    CHECK(read_file(fx / "e/f") == "changed");
+    CHECK(lstat_of(fx / "e/f").st_ino == f_ino);
+    CHECK(list_dir(fx / "e") == std::vector<std::string>({"f", "sub"}));
+    CHECK(list_dir(fx / "e/sub") == std::vector<std::string>({"new"}));
+    CHECK(read_file(fx / "big").substr(0, 4) == "HEAD");
+    CHECK(read_file(fx / "big").substr(4) == big.substr(4));
+  };
+  check_union();
+  (void)sub_ino;
+  fx.remount();
+  check_union();
+  fx.unmount();
+  // The base branch alone is as it was.
+  fx.opts = {"branches=main=ro"};
+  fx.mount();
+  CHECK(read_file(fx / "d/f") == "base");
+  CHECK(list_dir(fx / "d") == std::vector<std::string>({"f", "g", "sub"}));
+  CHECK(read_file(fx / "d/sub/h") == "deep");
+  CHECK(lstat_of(fx / "d/sub").st_ino == sub_ino);
+  CHECK(read_file(fx / "big") == big);
+  CHECK(::mkdir((fx / "x").c_str(), 0755) != 0);
+  CHECK(errno == EROFS);
+  fx.unmount();
+}
+
+TEST_CASE("union mount: bad stacks are refused with exit 32", "[union-fuse]") {
+  Fixture fx;
+  fx.unmount();
+  for (std::string bad : {"branches=nope", "branches=main:main", "view=none", "branches=main=xx"}) {
+    const std::string log = fx.tmp / "bad.log";
+    int rc = run({plyfs_bin(), fx.img, fx.tmp / "mnt", "-f", "-o", bad}, log);
+    INFO(bad << ": " << slurp(log));
+    CHECK(rc == 32);
+  }
+}
