@@ -41,10 +41,20 @@ Union::Union(std::vector<UnionBranch> branches, CopyUpMode copyup)
 // --- nodes ------------------------------------------------------------------------
 
 Result<Union::Node> Union::node(uint64_t ino) {
-  std::lock_guard lk(nodes_mu_);
+  std::shared_lock lk(nodes_mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
   return it->second;
+}
+
+// The part that serves a non-merging operation: copies two integers, so
+// that reads and writes take the node lock only shared and briefly.
+Result<std::pair<int, uint64_t>> Union::top(uint64_t ino) {
+  std::shared_lock lk(nodes_mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end() || it->second.inst.empty())
+    return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
+  return it->second.inst.front();
 }
 
 void Union::remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
@@ -152,8 +162,7 @@ static Result<bool> left_has(const std::vector<UnionBranch>& br,
 }
 
 Result<Attr> Union::getattr(uint64_t ino) {
-  Node n = PLY_TRY(node(ino));
-  auto [b, i] = n.inst.at(0);
+  auto [b, i] = PLY_TRY(top(ino));
   Attr a = PLY_TRY(br_[b].fs->getattr(i));
   a.ino = ino;
   return a;
@@ -347,8 +356,8 @@ Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
 Result<int> Union::writable_instance(uint64_t ino, const Caller& c) {
   {
     std::shared_lock lk(mu_);
-    Node n = PLY_TRY(node(ino));
-    if (br_[n.inst.at(0).first].writable) return n.inst[0].first;
+    auto [b, i] = PLY_TRY(top(ino));
+    if (br_[b].writable) return b;
   }
   std::unique_lock lk(mu_);
   return copy_up(ino, c);
@@ -604,23 +613,23 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
 }
 
 Result<std::string> Union::readlink(uint64_t ino) {
-  Node n = PLY_TRY(node(ino));
-  return br_[n.inst.at(0).first].fs->readlink(n.inst[0].second);
+  auto [b, i] = PLY_TRY(top(ino));
+  return br_[b].fs->readlink(i);
 }
 
 // --- attributes and data --------------------------------------------------------------------
 
 Result<Attr> Union::setattr(uint64_t ino, const SetAttr& s, const Caller& c) {
   const int b = PLY_TRY(writable_instance(ino, c));
-  Node n = PLY_TRY(node(ino));
-  Attr a = PLY_TRY(br_[b].fs->setattr(n.inst.at(0).second, s));
+  const uint64_t i = PLY_TRY(top(ino)).second;
+  Attr a = PLY_TRY(br_[b].fs->setattr(i, s));
   a.ino = ino;
   return a;
 }
 
 Result<size_t> Union::read(uint64_t ino, uint64_t off, std::span<std::byte> out) {
-  Node n = PLY_TRY(node(ino));
-  return br_[n.inst.at(0).first].fs->read(n.inst[0].second, off, out);
+  auto [b, i] = PLY_TRY(top(ino));
+  return br_[b].fs->read(i, off, out);
 }
 
 Result<size_t> Union::write(uint64_t ino, uint64_t off, std::span<const std::byte> in,
@@ -635,15 +644,14 @@ Result<void> Union::fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len
 }
 
 Result<uint64_t> Union::lseek(uint64_t ino, uint64_t off, int whence) {
-  Node n = PLY_TRY(node(ino));
-  return br_[n.inst.at(0).first].fs->lseek(n.inst[0].second, off, whence);
+  auto [b, i] = PLY_TRY(top(ino));
+  return br_[b].fs->lseek(i, off, whence);
 }
 
 Result<uint64_t> Union::copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
                                    uint64_t len, const Caller& c) {
   const int bo = PLY_TRY(writable_instance(out, c));
-  Node ni = PLY_TRY(node(in));
-  const int bi = ni.inst.at(0).first;
+  const int bi = PLY_TRY(top(in)).first;
   if (bi == bo) return br_[bo].fs->copy_range(in, off_in, out, off_out, len);
   // Another branch: the same volume, but extents are shared only inside one
   // tree's operation, so the bytes are copied.
@@ -663,24 +671,24 @@ Result<uint64_t> Union::copy_range(uint64_t in, uint64_t off_in, uint64_t out, u
 Result<void> Union::setxattr(uint64_t ino, std::string_view name, std::span<const std::byte> value,
                              int flags, const Caller& c) {
   const int b = PLY_TRY(writable_instance(ino, c));
-  Node n = PLY_TRY(node(ino));
-  return br_[b].fs->setxattr(n.inst.at(0).second, name, value, flags);
+  const uint64_t i = PLY_TRY(top(ino)).second;
+  return br_[b].fs->setxattr(i, name, value, flags);
 }
 
 Result<std::vector<std::byte>> Union::getxattr(uint64_t ino, std::string_view name) {
-  Node n = PLY_TRY(node(ino));
-  return br_[n.inst.at(0).first].fs->getxattr(n.inst[0].second, name);
+  auto [b, i] = PLY_TRY(top(ino));
+  return br_[b].fs->getxattr(i, name);
 }
 
 Result<std::vector<std::string>> Union::listxattr(uint64_t ino) {
-  Node n = PLY_TRY(node(ino));
-  return br_[n.inst.at(0).first].fs->listxattr(n.inst[0].second);
+  auto [b, i] = PLY_TRY(top(ino));
+  return br_[b].fs->listxattr(i);
 }
 
 Result<void> Union::removexattr(uint64_t ino, std::string_view name, const Caller& c) {
   const int b = PLY_TRY(writable_instance(ino, c));
-  Node n = PLY_TRY(node(ino));
-  return br_[b].fs->removexattr(n.inst.at(0).second, name);
+  const uint64_t i = PLY_TRY(top(ino)).second;
+  return br_[b].fs->removexattr(i, name);
 }
 
 Filesystem::StatFs Union::statfs() { return br_[0].fs->statfs(); }

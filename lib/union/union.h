@@ -139,6 +139,7 @@ class Union {
   };
 
   Result<Node> node(uint64_t ino);
+  Result<std::pair<int, uint64_t>> top(uint64_t ino);
   // Records what the union knows of `ino`; `count`: one more reference.
   void remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
                 bool count = false);
@@ -175,7 +176,7 @@ class Union {
   // (creates, deletes, renames, copy-ups), so that a resolution is not
   // undone halfway by another thread.
   std::shared_mutex mu_;
-  std::mutex nodes_mu_;
+  std::shared_mutex nodes_mu_;
   std::unordered_map<uint64_t, Node> nodes_;
 };
 
