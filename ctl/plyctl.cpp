@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -312,6 +313,14 @@ Result<Parsed> parse(const std::vector<std::string>& args, const std::set<std::s
   return p;
 }
 
+// The first view that shows branch `t` (writable, if `writing`).
+Result<std::optional<std::string>> view_using(Volume& v, TreeId t, bool writing) {
+  for (auto& view : PLY_TRY(list_views(v)))
+    for (auto& l : view.layers)
+      if (l.tree == t && (l.writable || !writing)) return std::optional<std::string>(view.name);
+  return std::optional<std::string>{};
+}
+
 int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
   auto p = parse(args, {"--clone", "--parent", "--name"}, {"--json", "--ro", "--rw"});
   if (!p) return usage_error(p.error().message());
@@ -404,12 +413,9 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
     for (auto& x : *bs)
       if (x.parent == b->tree && x.tree != b->tree)
         return fail("branch \"" + x.name + "\" is layered on \"" + b->name + "\"; remove it first");
-    auto views = list_views(v);
-    if (!views) return fail(views.error().message());
-    for (auto& view : *views)
-      for (auto& l : view.layers)
-        if (l.tree == b->tree)
-          return fail("view \"" + view.name + "\" shows \"" + b->name + "\"; change or delete it first");
+    auto used = view_using(v, b->tree, false);
+    if (!used) return fail(used.error().message());
+    if (*used) return fail("view \"" + **used + "\" shows \"" + b->name + "\"; change or delete it first");
     {
       auto t = v.begin({.for_delete = true, .reserve_blocks = 64});
       if (!t) return fail(t.error().message());
@@ -434,12 +440,9 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
     if (has("--ro")) b->read_only = true;
     if (has("--rw")) b->read_only = false;
     if (b->read_only) {
-      auto views = list_views(v);
-      if (!views) return fail(views.error().message());
-      for (auto& view : *views)
-        for (auto& l : view.layers)
-          if (l.tree == b->tree && l.writable)
-            return fail("view \"" + view.name + "\" writes to this branch; change it first");
+      auto used = view_using(v, b->tree, true);
+      if (!used) return fail(used.error().message());
+      if (*used) return fail("view \"" + **used + "\" writes to this branch; change it first");
     }
     if (auto r = Filesystem::set_branch(v, *b); !r) return fail(r.error().message());
     if (auto r = v.close(); !r) return fail(r.error().message());

@@ -277,7 +277,7 @@ Result<void> Union::apply_copyup_mode(int b, uint64_t ino, bool is_dir, const Ca
   if (copyup_.kind == CopyUpMode::Const) {
     s.uid = copyup_.uid;
     s.gid = copyup_.gid;
-    s.mode = copyup_.mode | (is_dir ? 0111 & copyup_.mode : 0);
+    s.mode = copyup_.mode;
   } else {
     s.uid = c.uid;
     s.gid = c.gid;
@@ -379,7 +379,6 @@ Result<Attr> Union::create(uint64_t dir, std::string_view name, const Caller& c,
   Node d = PLY_TRY(node(dir));
   if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
   if (PLY_TRY(resolve(d, name))) return Error::io(EEXIST, "name exists");
-  (void)c;
   const int t = leftmost_writable();
   if (t < 0) return Error::io(EROFS, "no writable branch");
   if (PLY_TRY(left_has(br_, d.inst, t, name)))
@@ -439,12 +438,19 @@ Result<void> Union::unlink(uint64_t dir, std::string_view name) {
   auto f = PLY_TRY(resolve(d, name));
   if (!f) return Error::io(ENOENT, "no such entry");
   if (S_ISDIR(f->attr.mode)) return Error::io(EISDIR, "is a directory");
-  const int b = f->top_branch;
+  return remove(dir, d, name, f->top_branch, false);
+}
+
+// Deletes `name`, visible from branch b: there if b is writable (leaving a
+// whiteout when a branch to the right holds the name too), else by a
+// whiteout in the nearest usable writable branch to its left.
+Result<void> Union::remove(uint64_t dir, const Node& d, std::string_view name, int b, bool is_dir) {
   if (br_[b].writable) {
     uint64_t dino = 0;
     for (auto [bb, i] : d.inst)
       if (bb == b) dino = i;
-    return br_[b].fs->unlink(dino, name, PLY_TRY(below_has(d, b, name)));
+    const bool wh = PLY_TRY(below_has(d, b, name));
+    return is_dir ? br_[b].fs->rmdir(dino, name, wh) : br_[b].fs->unlink(dino, name, wh);
   }
   const int t = usable_writable(b, {dir});
   if (t < 0) return Error::io(EROFS, "the name is in a read-only branch");
@@ -463,17 +469,7 @@ Result<void> Union::rmdir(uint64_t dir, std::string_view name) {
   if (!S_ISDIR(f->attr.mode)) return Error::io(ENOTDIR, "not a directory");
   remember(f->attr.ino, dir, name, *f);
   if (!PLY_TRY(union_empty(f->attr.ino))) return Error::io(ENOTEMPTY, "directory not empty");
-  const int b = f->top_branch;
-  if (br_[b].writable) {
-    uint64_t dino = 0;
-    for (auto [bb, i] : d.inst)
-      if (bb == b) dino = i;
-    return br_[b].fs->rmdir(dino, name, PLY_TRY(below_has(d, b, name)));
-  }
-  const int t = usable_writable(b, {dir});
-  if (t < 0) return Error::io(EROFS, "the directory is in a read-only branch");
-  const uint64_t pd = PLY_TRY(dir_in(dir, t));
-  return br_[t].fs->whiteout(pd, name);
+  return remove(dir, d, name, f->top_branch, true);
 }
 
 Result<void> Union::materialize(uint64_t dir, int b, const Caller& c, int depth) {

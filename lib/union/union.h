@@ -164,6 +164,7 @@ class Union {
   // every directory of it there opaque (for a rename of a merged directory).
   Result<void> materialize(uint64_t dir, int b, const Caller& c, int depth = 0);
   Result<bool> union_empty(uint64_t dir);
+  Result<void> remove(uint64_t dir, const Node& d, std::string_view name, int b, bool is_dir);
   Result<Attr> create(uint64_t dir, std::string_view name, const Caller& c,
                       const std::function<Result<Attr>(Filesystem&, uint64_t)>& make,
                       bool is_dir);

@@ -83,7 +83,6 @@ TEST_CASE("union mount: a layer over a read-only branch", "[union-fuse]") {
     CHECK(read_file(fx / "big").substr(4) == big.substr(4));
   };
   check_union();
-  (void)sub_ino;
   fx.remount();
   check_union();
   fx.unmount();
@@ -98,6 +97,29 @@ TEST_CASE("union mount: a layer over a read-only branch", "[union-fuse]") {
   CHECK(::mkdir((fx / "x").c_str(), 0755) != 0);
   CHECK(errno == EROFS);
   fx.unmount();
+
+  // plyctl refuses what would break a view, and a clone is a full, separate copy.
+  auto plyctl_rc = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), plyctl_bin());
+    return run(args, fx.tmp / "plyctl.log");
+  };
+  CHECK(plyctl_rc({"branch", "remove", fx.img, "main"}) == 1);       // the view shows it
+  CHECK(plyctl_rc({"branch", "set", fx.img, "top", "--ro"}) == 1);   // the view writes it
+  CHECK(plyctl_rc({"branch", "create", fx.img, "top"}) == 1);        // the name is taken
+  CHECK(plyctl_rc({"branch", "create", fx.img}) == 2);               // usage
+  plyctl(fx, {"branch", "create", fx.img, "copy", "--clone", "top"});
+  fx.opts = {"branches=copy=rw:main=ro"};
+  fx.mount();
+  CHECK(read_file(fx / "e/f") == "changed");
+  write_file(fx / "e/f", "only in the clone");
+  fx.unmount();
+  fx.opts = {"view=work"};
+  fx.mount();
+  CHECK(read_file(fx / "e/f") == "changed");
+  fx.unmount();
+  plyctl(fx, {"view", "delete", fx.img, "work"});
+  plyctl(fx, {"branch", "remove", fx.img, "copy"});
+  CHECK(plyctl_rc({"branch", "remove", fx.img, "main"}) == 1);  // top is layered on it
 }
 
 TEST_CASE("union mount: bad stacks are refused with exit 32", "[union-fuse]") {

@@ -458,6 +458,31 @@ TEST_CASE("union: copy-up is O(1), shares extents and keeps st_ino, owner, mode,
   REQUIRE(check_filesystems(*t.im.dev).empty());
 }
 
+TEST_CASE("union: copy-up modes set the owner and mode of copies", "[union]") {
+  Image im = make_image(2);
+  Attr a = must(im.fs[1]->mknod(im.fs[1]->root(), "f", S_IFREG | 0640, 0, 1000, 100));
+  const Caller caller{2000, 200, 027};
+  auto owner_after_copyup = [&](CopyUpMode mode) {
+    Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}}, mode);
+    Attr f = must(u.lookup(u.root(), "f"));
+    REQUIRE(f.ino == a.ino);
+    must(u.open(f.ino, true, caller));
+    Attr c = must(im.fs[0]->getattr(a.ino));  // the copy, in the top branch
+    must(u.unpin(f.ino));                           // the lookup's reference
+    must(im.fs[0]->unlink(im.fs[0]->root(), "f"));  // undo, for the next mode
+    return c;
+  };
+  Attr o = owner_after_copyup({});
+  CHECK((o.uid == 1000 && o.gid == 100 && (o.mode & 07777) == 0640));
+  Attr k = owner_after_copyup({CopyUpMode::Const, 7, 8, 0600});
+  CHECK((k.uid == 7 && k.gid == 8 && (k.mode & 07777) == 0600));
+  Attr c = owner_after_copyup({CopyUpMode::Current});
+  CHECK((c.uid == 2000 && c.gid == 200 && (c.mode & 07777) == 0640));  // 0640 & ~027
+  // The base is untouched throughout.
+  Attr base = must(im.fs[1]->getattr(a.ino));
+  CHECK((base.uid == 1000 && base.gid == 100 && (base.mode & 07777) == 0640));
+}
+
 TEST_CASE("union: Unionfs's cases one by one", "[union]") {
   TwoLayer t([&](Filesystem& fs) {
     Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
