@@ -269,7 +269,7 @@ Result<bool> Union::union_empty(uint64_t dir) {
 
 // --- copy-up ----------------------------------------------------------------------------------
 
-Result<void> Union::apply_copyup_mode(int b, uint64_t ino, bool is_dir, const Caller& c) {
+Result<void> Union::apply_copyup_mode(int b, uint64_t ino, const Caller& c) {
   if (copyup_.kind == CopyUpMode::Owner) return ok();
   auto a = PLY_TRY(br_[b].fs->getattr(ino));
   SetAttr s;
@@ -337,7 +337,7 @@ Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
   if (t < 0) return Error::io(EROFS, "no writable branch left of the file's branch");
   if (n.is_dir) {
     (void)PLY_TRY(dir_in(ino, t));
-    PLY_CHECK(apply_copyup_mode(t, ino, true, c));
+    PLY_CHECK(apply_copyup_mode(t, ino, c));
     return t;
   }
   // The name the object was found by must still name it: a file whose
@@ -347,7 +347,7 @@ Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
   if (!f || f->attr.ino != ino) return Error::io(ESTALE, "the file's name is gone");
   const uint64_t pd = PLY_TRY(dir_in(n.parent, t));
   (void)PLY_TRY(br_[t].fs->copy_in(*br_[b].fs, i, pd, n.name));
-  PLY_CHECK(apply_copyup_mode(t, ino, false, c));
+  PLY_CHECK(apply_copyup_mode(t, ino, c));
   std::lock_guard lk(nodes_mu_);
   nodes_[ino].inst = {{t, ino}};
   return t;
@@ -371,7 +371,7 @@ Result<void> Union::open(uint64_t ino, bool for_write, const Caller& c) {
 
 // --- names -------------------------------------------------------------------------------------
 
-Result<Attr> Union::create(uint64_t dir, std::string_view name, const Caller& c,
+Result<Attr> Union::create(uint64_t dir, std::string_view name,
                            const std::function<Result<Attr>(Filesystem&, uint64_t)>& make,
                            bool is_dir) {
   if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
@@ -396,20 +396,20 @@ Result<Attr> Union::create(uint64_t dir, std::string_view name, const Caller& c,
 
 Result<Attr> Union::mknod(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
                           const Caller& c) {
-  return create(dir, name, c, [&](Filesystem& fs, uint64_t pd) {
+  return create(dir, name, [&](Filesystem& fs, uint64_t pd) {
     return fs.mknod(pd, name, mode, rdev, c.uid, c.gid, c.umask);
   }, false);
 }
 
 Result<Attr> Union::mkdir(uint64_t dir, std::string_view name, uint32_t mode, const Caller& c) {
-  return create(dir, name, c, [&](Filesystem& fs, uint64_t pd) {
+  return create(dir, name, [&](Filesystem& fs, uint64_t pd) {
     return fs.mkdir(pd, name, mode, c.uid, c.gid, c.umask);
   }, true);
 }
 
 Result<Attr> Union::symlink(uint64_t dir, std::string_view name, std::string_view target,
                             const Caller& c) {
-  return create(dir, name, c, [&](Filesystem& fs, uint64_t pd) {
+  return create(dir, name, [&](Filesystem& fs, uint64_t pd) {
     return fs.symlink(pd, name, target, c.uid, c.gid);
   }, false);
 }

@@ -159,13 +159,13 @@ class Union {
   // Makes `ino` (not a directory) live in a writable branch; returns it.
   Result<int> copy_up(uint64_t ino, const Caller& c);
   Result<int> writable_instance(uint64_t ino, const Caller& c);
-  Result<void> apply_copyup_mode(int b, uint64_t ino, bool is_dir, const Caller& c);
+  Result<void> apply_copyup_mode(int b, uint64_t ino, const Caller& c);
   // Copies the visible subtree of directory `dir` into branch b and makes
   // every directory of it there opaque (for a rename of a merged directory).
   Result<void> materialize(uint64_t dir, int b, const Caller& c, int depth = 0);
   Result<bool> union_empty(uint64_t dir);
   Result<void> remove(uint64_t dir, const Node& d, std::string_view name, int b, bool is_dir);
-  Result<Attr> create(uint64_t dir, std::string_view name, const Caller& c,
+  Result<Attr> create(uint64_t dir, std::string_view name,
                       const std::function<Result<Attr>(Filesystem&, uint64_t)>& make,
                       bool is_dir);
 
