@@ -47,6 +47,7 @@ struct Config {
   const char* view = nullptr;
   const char* branches = nullptr;
   const char* copyup = nullptr;
+  const char* del = nullptr;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
 };
 
@@ -60,6 +61,7 @@ const struct fuse_opt kOpts[] = {
     {"branches=%s", offsetof(Config, branches), 0},
     {"dirs=%s", offsetof(Config, branches), 0},
     {"copyup=%s", offsetof(Config, copyup), 0},
+    {"delete=%s", offsetof(Config, del), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -109,6 +111,8 @@ void usage() {
       "                     show this stack of branches, leftmost first (dirs= works too)\n"
       "  -o copyup=MODE     owner of copied-up files: owner (default), current, or\n"
       "                     const:UID:GID:MODE (octal mode)\n"
+      "  -o delete=MODE     whiteout (default: hide lower names) or all (also delete\n"
+      "                     them from the writable branches that hold them)\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
       "  and the other options of mount.fuse3(8).\n"
       "\n"
@@ -585,6 +589,7 @@ int main(int argc, char** argv) {
       std::free(const_cast<char*>(c.view));
       std::free(const_cast<char*>(c.branches));
       std::free(const_cast<char*>(c.copyup));
+      std::free(const_cast<char*>(c.del));
     }
   } args_guard{args, cfg};
   if (fuse_opt_parse(&args, &cfg, kOpts, opt_proc) != 0) return 1;
@@ -616,6 +621,14 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "plyfs: bad copyup mode '%s' (owner, current or const:UID:GID:MODE)\n",
                    cfg.copyup);
+      return 1;
+    }
+  }
+  DeleteMode del = DeleteMode::Whiteout;
+  if (cfg.del) {
+    if (std::strcmp(cfg.del, "all") == 0) del = DeleteMode::All;
+    else if (std::strcmp(cfg.del, "whiteout") != 0) {
+      std::fprintf(stderr, "plyfs: bad delete mode '%s' (whiteout or all)\n", cfg.del);
       return 1;
     }
   }
@@ -701,7 +714,7 @@ int main(int argc, char** argv) {
     ub.push_back({fsr->get(), l.writable && !cfg.ro});
     d.branches.push_back(std::move(*fsr));
   }
-  d.u = std::make_unique<Union>(std::move(ub), copyup);
+  d.u = std::make_unique<Union>(std::move(ub), copyup, del);
 
   fuse_opt_add_arg(&args, "-osubtype=plyfs");
   std::string fsname = std::string("-ofsname=") + cfg.image;

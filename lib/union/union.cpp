@@ -22,8 +22,8 @@ constexpr int kMaxDepth = 4096;
 bool missing(const Error& e) { return e.code == ENOENT || e.code == ENOTDIR; }
 }  // namespace
 
-Union::Union(std::vector<UnionBranch> branches, CopyUpMode copyup)
-    : br_(std::move(branches)), copyup_(copyup) {
+Union::Union(std::vector<UnionBranch> branches, CopyUpMode copyup, DeleteMode del)
+    : br_(std::move(branches)), copyup_(copyup), del_(del) {
   root_ = br_.at(0).fs->root();
   bs_ = br_[0].fs->block_size();
   Node r;
@@ -445,6 +445,7 @@ Result<void> Union::unlink(uint64_t dir, std::string_view name) {
 // whiteout when a branch to the right holds the name too), else by a
 // whiteout in the nearest usable writable branch to its left.
 Result<void> Union::remove(uint64_t dir, const Node& d, std::string_view name, int b, bool is_dir) {
+  if (del_ == DeleteMode::All) PLY_CHECK(remove_hidden(d, name, b));
   if (br_[b].writable) {
     uint64_t dino = 0;
     for (auto [bb, i] : d.inst)
@@ -456,6 +457,31 @@ Result<void> Union::remove(uint64_t dir, const Node& d, std::string_view name, i
   if (t < 0) return Error::io(EROFS, "the name is in a read-only branch");
   const uint64_t pd = PLY_TRY(dir_in(dir, t));
   return br_[t].fs->whiteout(pd, name);
+}
+
+Result<void> Union::remove_hidden(const Node& d, std::string_view name, int b) {
+  for (auto it = d.inst.rbegin(); it != d.inst.rend(); ++it) {
+    auto [bb, dino] = *it;
+    if (bb <= b || !br_[bb].writable) continue;
+    auto e = br_[bb].fs->entry(dino, name);
+    if (!e) {
+      if (missing(e.error())) continue;
+      return e.error();
+    }
+    if (!*e || (*e)->type == kWh) continue;
+    const bool dir = (*e)->type == DT_DIR;
+    // Only what the deleted name merged: a file under a directory (or the
+    // reverse) further right is hidden by the name's own merge rule and
+    // goes too, as Unionfs's delete=all does.
+    auto r = dir ? br_[bb].fs->rmdir(dino, name, false) : br_[bb].fs->unlink(dino, name, false);
+    if (!r) {
+      // A directory that holds names the view hides (behind whiteouts of
+      // branches further left) stays; the final whiteout hides it.
+      if (dir && r.error().code == ENOTEMPTY) continue;
+      return r.error();
+    }
+  }
+  return {};
 }
 
 Result<void> Union::rmdir(uint64_t dir, std::string_view name) {
@@ -592,6 +618,9 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
   };
   PLY_CHECK(hide_below(sdir, sino, nd, nname));
   if (exchange) PLY_CHECK(hide_below(ddir, dst->attr.ino, od, oname));
+  // DeleteMode::All: the old name's instances further right go now (the
+  // copy in t still shows the same object there).
+  if (del_ == DeleteMode::All && !exchange) PLY_CHECK(remove_hidden(od, oname, t));
   // 3. The one visible step.
   unsigned f = flags & (RENAME_NOREPLACE | RENAME_EXCHANGE);
   if (!exchange && PLY_TRY(below_has(od, t, oname))) f |= RENAME_WHITEOUT;

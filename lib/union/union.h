@@ -55,6 +55,16 @@ struct CopyUpMode {
   uint32_t uid = 0, gid = 0, mode = 0;  // Const
 };
 
+// What deleting a name does to the branches that hold it (Unionfs's modes).
+//  - Whiteout: the visible instance is deleted (from a writable branch) or
+//    hidden, and a whiteout hides the instances further right.
+//  - All: every instance in a writable branch is deleted, right to left, the
+//    visible one last, so that a failure midway leaves the view unchanged;
+//    a whiteout is left only where a read-only branch (or a writable one
+//    whose directory could not go: it holds names hidden by whiteouts)
+//    still holds the name.
+enum class DeleteMode { Whiteout, All };
+
 // The caller of an operation (for CopyUpMode::Current).
 struct Caller {
   uint32_t uid = 0, gid = 0, umask = 022;
@@ -63,7 +73,8 @@ struct Caller {
 class Union {
  public:
   // `branches` left (highest priority) to right; at least one.
-  Union(std::vector<UnionBranch> branches, CopyUpMode copyup = {});
+  Union(std::vector<UnionBranch> branches, CopyUpMode copyup = {},
+        DeleteMode del = DeleteMode::Whiteout);
 
   uint64_t root() const { return root_; }
   uint32_t block_size() const { return bs_; }
@@ -165,12 +176,16 @@ class Union {
   Result<void> materialize(uint64_t dir, int b, const Caller& c, int depth = 0);
   Result<bool> union_empty(uint64_t dir);
   Result<void> remove(uint64_t dir, const Node& d, std::string_view name, int b, bool is_dir);
+  // DeleteMode::All: deletes the instances of `name` right of branch b in
+  // writable branches (those the view does not show; right to left).
+  Result<void> remove_hidden(const Node& d, std::string_view name, int b);
   Result<Attr> create(uint64_t dir, std::string_view name,
                       const std::function<Result<Attr>(Filesystem&, uint64_t)>& make,
                       bool is_dir);
 
   std::vector<UnionBranch> br_;
   CopyUpMode copyup_;
+  DeleteMode del_;
   uint64_t root_;
   uint32_t bs_;
   // Shared by operations that change no name; exclusive for those that do

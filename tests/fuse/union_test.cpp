@@ -132,3 +132,43 @@ TEST_CASE("union mount: bad stacks are refused with exit 32", "[union-fuse]") {
     CHECK(rc == 32);
   }
 }
+
+TEST_CASE("union mount: delete=all empties the writable branches, whiteouts only over read-only ones",
+          "[union-fuse]") {
+  Fixture fx;
+  write_file(fx / "both", "main's");
+  write_file(fx / "ro-only", "main's");
+  fx.unmount();
+  plyctl(fx, {"branch", "create", fx.img, "mid"});
+  plyctl(fx, {"branch", "create", fx.img, "ro"});
+  fx.opts = {"branches=mid=rw"};
+  fx.mount();
+  write_file(fx / "both", "mid's");
+  fx.unmount();
+  fx.opts = {"branches=ro=rw"};
+  fx.mount();
+  write_file(fx / "ro-only", "ro's");
+  fx.unmount();
+  // main over mid, both writable, over ro, read-only.
+  fx.opts = {"branches=main=rw:mid=rw:ro=ro", "delete=all"};
+  fx.mount();
+  CHECK(read_file(fx / "both") == "main's");
+  REQUIRE(::unlink((fx / "both").c_str()) == 0);
+  REQUIRE(::unlink((fx / "ro-only").c_str()) == 0);
+  CHECK(::access((fx / "both").c_str(), F_OK) != 0);
+  CHECK(::access((fx / "ro-only").c_str(), F_OK) != 0);
+  fx.unmount();
+  // mid lost its copy: nothing hides, nothing shows.
+  fx.opts = {"branches=mid=ro"};
+  fx.mount();
+  CHECK(list_dir(fx.root()).empty());
+  fx.unmount();
+  // The default mode would have left mid's copy, hidden by a whiteout in main.
+  fx.opts = {"branches=ro=ro"};
+  fx.mount();
+  CHECK(read_file(fx / "ro-only") == "ro's");  // read-only: kept
+  fx.unmount();
+  const std::string log = fx.tmp / "bad.log";
+  CHECK(run({plyfs_bin(), fx.img, fx.tmp / "mnt", "-f", "-o", "delete=some"}, log) == 1);
+  CHECK(slurp(log).find("bad delete mode") != std::string::npos);
+}
