@@ -497,6 +497,11 @@ Volume::Txn::~Txn() {
   Volume* v = s_.v;
   if (s_.reserved) v->space_->unreserve(s_.reserved);
   v->gate_.leave();
+  if (v->opts_.commit_each_txn) {
+    // An error fails the volume (C5); the next operation reports it.
+    (void)v->commit();
+    return;
+  }
   if (v->opts_.dirty_limit_bytes && v->cache_->dirty_bytes() >= v->opts_.dirty_limit_bytes) {
     std::lock_guard lk(v->cmt_mu_);
     v->cmt_kick_ = true;

@@ -75,6 +75,12 @@ struct VolumeOptions {
   uint64_t dirty_limit_bytes = 0;   // commit when this much metadata is dirty; 0: none
   std::map<uint8_t, ValueRefs> kinds;  // what the values of each tree kind reference
   PlantedBug planted_bug = PlantedBug::None;
+  // Commit at the end of every transaction that changed something, on the
+  // caller's thread, so that each operation of the layers above is its own
+  // generation. For single-threaded callers only (the crash tests use it to
+  // make a crash land between any two steps of a multi-step operation): a
+  // commit waits for every other transaction to end.
+  bool commit_each_txn = false;
 };
 
 

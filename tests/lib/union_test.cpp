@@ -12,6 +12,7 @@
 
 #include "fs/check.h"
 #include "fs/fs.h"
+#include "fsck/fsck.h"
 #include "union/union.h"
 #include "union/view.h"
 #include "test_util.h"
@@ -27,11 +28,14 @@ struct Image {
   std::unique_ptr<Volume> vol;
   std::vector<std::unique_ptr<Filesystem>> fs;
   std::vector<TreeId> trees;
+  BlockDevice* via = nullptr;    // open through this device (a FaultDevice) instead
+  bool commit_each_txn = false;  // every filesystem operation its own generation
 
   void open() {
     VolumeOptions vo;
     vo.kinds = fs_kinds();
-    vol = must(Volume::open(*dev, vo));
+    vo.commit_each_txn = commit_each_txn;
+    vol = must(Volume::open(via ? *via : *dev, vo));
     fs.clear();
     for (TreeId t : trees) fs.push_back(must(Filesystem::open(*vol, t)));
   }
@@ -243,25 +247,146 @@ void compare(Union& u, Model& m) {
 
 struct Config {
   std::vector<bool> writable;
+  DeleteMode del = DeleteMode::Whiteout;
 };
 
 std::unique_ptr<Union> make_union(Image& im, const Config& c) {
   std::vector<UnionBranch> bs;
   for (size_t i = 0; i < im.fs.size(); i++) bs.push_back({im.fs[i].get(), bool(c.writable[i])});
-  return std::make_unique<Union>(std::move(bs));
+  return std::make_unique<Union>(std::move(bs), CopyUpMode{}, c.del);
+}
+
+// One random operation on the union and on the model: whether the model
+// says it must succeed, and whether it did.
+struct OpOutcome {
+  bool want = false, got = false;
+  std::string what;  // the operation, for messages
+};
+
+OpOutcome random_op(Union& u, Model& m, std::mt19937_64& rng) {
+  const char* names[] = {"a", "b", "c", "d", "e"};
+  auto random_path = [&]() {
+    std::string p = names[rng() % 5];
+    while (rng() % 3 == 0 && p.size() < 9) p += std::string("/") + names[rng() % 5];
+    return p;
+  };
+  auto is_dir = [&](const std::string& p) { return p.empty() || (m.count(p) && m[p].type == 'd'); };
+  const std::string a = random_path(), b = random_path();
+  const std::string pa = parent_of(a), pb = parent_of(b);
+  const int kind = int(rng() % 10);
+  const std::string what = "kind " + std::to_string(kind) + " " + a + " " + b;
+  bool want = false, got = false;
+  switch (kind) {
+    case 0: {  // create
+      want = is_dir(pa) && !m.count(a);
+      auto d = resolve(u, pa);
+      got = d && u.mknod(*d, base_of(a), S_IFREG | 0640, 0, kRoot).ok();
+      if (want) m[a] = MObj{'f', "", 0640};
+      break;
+    }
+    case 1: {  // mkdir
+      want = is_dir(pa) && !m.count(a);
+      auto d = resolve(u, pa);
+      got = d && u.mkdir(*d, base_of(a), 0750, kRoot).ok();
+      if (want) m[a] = MObj{'d', "", 0750};
+      break;
+    }
+    case 2: case 3: {  // write (copy-up of a lower file)
+      want = m.count(a) && m[a].type == 'f';
+      auto i = resolve(u, a);
+      if (i && want) {
+        const uint64_t off = rng() % 30;
+        const std::string d(1 + rng() % 20, char('a' + rng() % 26));
+        got = u.open(*i, true, kRoot).ok() && u.write(*i, off, bytes(d), kRoot).ok();
+        std::string& x = m[a].data;
+        if (x.size() < off + d.size()) x.resize(off + d.size(), '\0');
+        x.replace(off, d.size(), d);
+      } else {
+        got = i && u.write(*i, 0, bytes("x"), kRoot).ok();
+      }
+      break;
+    }
+    case 4: {  // truncate or chmod
+      want = m.count(a) > 0;
+      auto i = resolve(u, a);
+      SetAttr st;
+      if (want && m[a].type == 'f' && rng() % 2) {
+        st.size = rng() % 10;
+        m[a].data.resize(*st.size, '\0');
+      } else {
+        st.mode = 0700 | (rng() % 0100);
+        if (want) m[a].mode = *st.mode;
+      }
+      got = i && u.setattr(*i, st, kRoot).ok();
+      break;
+    }
+    case 5: {  // unlink
+      want = m.count(a) && m[a].type == 'f';
+      auto d = resolve(u, pa);
+      got = d && u.unlink(*d, base_of(a)).ok();
+      if (want) m.erase(a);
+      break;
+    }
+    case 6: {  // rmdir
+      bool empty = true;
+      for (auto& [p, o] : m) empty &= !inside(p, a);
+      want = m.count(a) && m[a].type == 'd' && empty;
+      auto d = resolve(u, pa);
+      got = d && u.rmdir(*d, base_of(a)).ok();
+      if (want) m.erase(a);
+      break;
+    }
+    default: {  // rename, files and whole directories, across branches
+      want = m.count(a) && is_dir(pb) && a != b && !inside(b, a);
+      if (want && m.count(b)) {
+        const bool sd = m[a].type == 'd', dd = m[b].type == 'd';
+        bool empty = true;
+        for (auto& [p, o] : m) empty &= !inside(p, b);
+        want = sd == dd && (!dd || empty);
+      }
+      if (a == b && m.count(a)) want = true;  // renaming onto itself: nothing
+      auto od = resolve(u, pa);
+      auto nd = resolve(u, pb);
+      if (od && nd) {
+        auto r = u.rename(*od, base_of(a), *nd, base_of(b), 0, kRoot);
+        got = r.ok();
+        if (!r) UNSCOPED_INFO("rename: " << r.error().message());
+      }
+      if (want && a != b) {
+        Model moved;
+        for (auto it = m.begin(); it != m.end();) {
+          if (it->first == b || inside(it->first, b)) it = m.erase(it);
+          else ++it;
+        }
+        for (auto it = m.begin(); it != m.end();) {
+          if (it->first == a || inside(it->first, a)) {
+            moved[b + it->first.substr(a.size())] = it->second;
+            it = m.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        m.merge(moved);
+      }
+      break;
+    }
+  }
+  return {want, got, what};
 }
 
 TEST_CASE("union: random operations agree with the model of the view", "[union][unionmodel]") {
   const uint64_t s = seed("union-model");
   std::mt19937_64 rng(s);
   const int rounds = int(12 * scale());
-  const char* names[] = {"a", "b", "c", "d", "e"};
   for (int round = 0; round < rounds; round++) {
     const size_t nb = 1 + rng() % 4;
     INFO("seed " << s << " round " << round << ", " << nb << " branches");
     Image im = make_image(nb);
     Config cfg;
     for (size_t i = 0; i < nb; i++) cfg.writable.push_back(i == 0 || rng() % 3 == 0);
+    // Both deletion modes show the same view.
+    if (rng() % 2) cfg.del = DeleteMode::All;
+    INFO("delete mode " << (cfg.del == DeleteMode::All ? "all" : "whiteout"));
     for (size_t i = 0; i < nb; i++) populate(*im.fs[i], rng);
     std::vector<std::string> ro_before(nb);
     for (size_t i = 0; i < nb; i++)
@@ -274,114 +399,11 @@ TEST_CASE("union: random operations agree with the model of the view", "[union][
     }
     auto u = make_union(im, cfg);
     compare(*u, m);
-    auto random_path = [&]() {
-      std::string p = names[rng() % 5];
-      while (rng() % 3 == 0 && p.size() < 9) p += std::string("/") + names[rng() % 5];
-      return p;
-    };
-    auto is_dir = [&](const std::string& p) { return p.empty() || (m.count(p) && m[p].type == 'd'); };
     const int nops = 150;
     for (int op = 0; op < nops; op++) {
-      const std::string a = random_path(), b = random_path();
-      const std::string pa = parent_of(a), pb = parent_of(b);
-      const int kind = int(rng() % 10);
-      INFO("op " << op << " kind " << kind << " " << a << " " << b);
-      bool want = false, got = false;
-      switch (kind) {
-        case 0: {  // create
-          want = is_dir(pa) && !m.count(a);
-          auto d = resolve(*u, pa);
-          got = d && u->mknod(*d, base_of(a), S_IFREG | 0640, 0, kRoot).ok();
-          if (want) m[a] = MObj{'f', "", 0640};
-          break;
-        }
-        case 1: {  // mkdir
-          want = is_dir(pa) && !m.count(a);
-          auto d = resolve(*u, pa);
-          got = d && u->mkdir(*d, base_of(a), 0750, kRoot).ok();
-          if (want) m[a] = MObj{'d', "", 0750};
-          break;
-        }
-        case 2: case 3: {  // write (copy-up of a lower file)
-          want = m.count(a) && m[a].type == 'f';
-          auto i = resolve(*u, a);
-          if (i && want) {
-            const uint64_t off = rng() % 30;
-            const std::string d(1 + rng() % 20, char('a' + rng() % 26));
-            got = u->open(*i, true, kRoot).ok() && u->write(*i, off, bytes(d), kRoot).ok();
-            std::string& x = m[a].data;
-            if (x.size() < off + d.size()) x.resize(off + d.size(), '\0');
-            x.replace(off, d.size(), d);
-          } else {
-            got = i && u->write(*i, 0, bytes("x"), kRoot).ok();
-          }
-          break;
-        }
-        case 4: {  // truncate or chmod
-          want = m.count(a) > 0;
-          auto i = resolve(*u, a);
-          SetAttr st;
-          if (want && m[a].type == 'f' && rng() % 2) {
-            st.size = rng() % 10;
-            m[a].data.resize(*st.size, '\0');
-          } else {
-            st.mode = 0700 | (rng() % 0100);
-            if (want) m[a].mode = *st.mode;
-          }
-          got = i && u->setattr(*i, st, kRoot).ok();
-          break;
-        }
-        case 5: {  // unlink
-          want = m.count(a) && m[a].type == 'f';
-          auto d = resolve(*u, pa);
-          got = d && u->unlink(*d, base_of(a)).ok();
-          if (want) m.erase(a);
-          break;
-        }
-        case 6: {  // rmdir
-          bool empty = true;
-          for (auto& [p, o] : m) empty &= !inside(p, a);
-          want = m.count(a) && m[a].type == 'd' && empty;
-          auto d = resolve(*u, pa);
-          got = d && u->rmdir(*d, base_of(a)).ok();
-          if (want) m.erase(a);
-          break;
-        }
-        default: {  // rename, files and whole directories, across branches
-          want = m.count(a) && is_dir(pb) && a != b && !inside(b, a);
-          if (want && m.count(b)) {
-            const bool sd = m[a].type == 'd', dd = m[b].type == 'd';
-            bool empty = true;
-            for (auto& [p, o] : m) empty &= !inside(p, b);
-            want = sd == dd && (!dd || empty);
-          }
-          if (a == b && m.count(a)) want = true;  // renaming onto itself: nothing
-          auto od = resolve(*u, pa);
-          auto nd = resolve(*u, pb);
-          if (od && nd) {
-            auto r = u->rename(*od, base_of(a), *nd, base_of(b), 0, kRoot);
-            got = r.ok();
-            if (!r) UNSCOPED_INFO("rename: " << r.error().message());
-          }
-          if (want && a != b) {
-            Model moved;
-            for (auto it = m.begin(); it != m.end();) {
-              if (it->first == b || inside(it->first, b)) it = m.erase(it);
-              else ++it;
-            }
-            for (auto it = m.begin(); it != m.end();) {
-              if (it->first == a || inside(it->first, a)) {
-                moved[b + it->first.substr(a.size())] = it->second;
-                it = m.erase(it);
-              } else {
-                ++it;
-              }
-            }
-            m.merge(moved);
-          }
-          break;
-        }
-      }
+      INFO("op " << op);
+      auto [want, got, what] = random_op(*u, m, rng);
+      INFO(what);
       if (want != got)
         for (size_t i = 0; i < nb; i++)
           UNSCOPED_INFO("branch " << i << (cfg.writable[i] ? " rw" : " ro") << ":\n"
@@ -406,6 +428,125 @@ TEST_CASE("union: random operations agree with the model of the view", "[union][
     for (const auto& p : ps) INFO(p.code << ": " << p.message);
     REQUIRE(ps.empty());
   }
+}
+
+// The view as the model reads it from the branches' trees.
+Model read_view(Image& im) {
+  Model m;
+  std::vector<std::pair<int, uint64_t>> roots;
+  for (size_t i = 0; i < im.fs.size(); i++) {
+    roots.push_back({int(i), im.fs[i]->root()});
+    if (must(im.fs[i]->getattr(im.fs[i]->root())).opaque) break;
+  }
+  merge(im.fs, roots, "", m);
+  return m;
+}
+
+bool same_view(const Model& a, const Model& b) {
+  if (a.size() != b.size()) return false;
+  for (auto ia = a.begin(), ib = b.begin(); ia != a.end(); ++ia, ++ib)
+    if (ia->first != ib->first || ia->second.type != ib->second.type ||
+        ia->second.mode != ib->second.mode || ia->second.data != ib->second.data)
+      return false;
+  return true;
+}
+
+// The atomicity claim of the union layer (format.md#fs-union): every step of
+// a multi-step operation (copy-ups, parent directories, whiteouts, opaque
+// flags, hidden deletions) but the last leaves the view as it was. Here each
+// filesystem operation is its own generation (commit_each_txn), and a power
+// cut strikes at a random write: the recovered view must be the one before
+// or the one after the operation that was running, never a mixture.
+TEST_CASE("union: a power cut at any write of a union operation recovers the view before or after it",
+          "[union][unioncrash]") {
+  const uint64_t s = seed("union-crash");
+  std::mt19937_64 rng(s);
+  const int runs = int(40 * scale());
+  int struck = 0;
+  for (int run = 0; run < runs; run++) {
+    const size_t nb = 2 + rng() % 2;
+    INFO("seed " << s << " run " << run << ", " << nb << " branches");
+    Image im = make_image(nb);
+    Config cfg;
+    for (size_t i = 0; i < nb; i++) cfg.writable.push_back(i == 0 || rng() % 3 == 0);
+    if (rng() % 2) cfg.del = DeleteMode::All;
+    for (size_t i = 0; i < nb; i++) populate(*im.fs[i], rng);
+    im.close();
+    im.dev->track_unflushed(true);
+    FaultDevice dev(*im.dev);
+    im.via = &dev;
+    im.commit_each_txn = true;
+    im.open();
+    Model m = read_view(im);
+    Model before = m;  // the view before the operation running when the power went
+    std::optional<Model> after;
+    std::string last;  // the operation that was running
+    {
+      auto u = make_union(im, cfg);
+      FaultDevice::Rule rule;
+      rule.op = FaultDevice::Op::Modify;
+      rule.nth = rng() % 110 + 1;  // 100 operations make about 70-150 changes
+      rule.sticky = true;
+      rule.kind = rng() % 2 ? FaultDevice::Kind::Eio : FaultDevice::Kind::Torn;
+      rule.seed = rng();
+      INFO("cut at change " << rule.nth);
+      dev.add(rule);
+      for (int op = 0; op < 100; op++) {
+        before = m;
+        auto [want, got, what] = random_op(*u, m, rng);
+        last = what + (want ? " (must succeed)" : " (must fail)");
+        if (dev.fired()) {
+          struck++;
+          if (want) after = m;
+          break;
+        }
+        INFO("op " << op);
+        REQUIRE(want == got);
+      }
+      if (!dev.fired()) before = m, last = "nothing (every operation completed)";
+      // The power is off: drop everything without closing.
+      u.reset();
+      im.fs.clear();
+      im.vol.reset();
+    }
+    im.dev->crash(rng);
+    im.via = nullptr;
+    im.commit_each_txn = false;
+    {
+      FsckOptions fo;
+      fo.kinds = fs_kinds();
+      auto rep = must(fsck_run(*im.dev, fo));
+      for (const auto& p : rep.problems) {
+        INFO(p.code << ": " << p.message);
+        CHECK(p.fix == FixClass::Info);
+      }
+      auto ps = check_filesystems(*im.dev);
+      for (const auto& p : ps) INFO(p.code << ": " << p.message);
+      REQUIRE(ps.empty());
+    }
+    im.open();
+    Model got = read_view(im);
+    const bool is_before = same_view(got, before);
+    const bool is_after = after && same_view(got, *after);
+    if (!is_before && !is_after) {
+      auto show = [](const Model& x) {
+        std::string o;
+        for (auto& [p, ob] : x) o += p + " " + ob.type + " " + std::to_string(ob.mode) + " " + ob.data + "\n";
+        return o;
+      };
+      UNSCOPED_INFO("during " << last << "\nrecovered:\n" << show(got) << "before:\n" << show(before)
+                                    << (after ? "after:\n" + show(*after) : std::string()));
+    }
+    REQUIRE((is_before || is_after));
+    // The union reads the recovered branches as the model does.
+    auto u = make_union(im, cfg);
+    compare(*u, got);
+    u.reset();
+    im.close();
+  }
+  // The cuts must land inside operations, not only after the last one.
+  INFO(struck << " of " << runs << " runs cut during an operation");
+  CHECK(struck > runs / 2);
 }
 
 // Two branches: a read-write top over a read-only base holding `files`.
@@ -557,6 +698,51 @@ TEST_CASE("union: Unionfs's cases one by one", "[union]") {
       for (size_t j = 0; j < rest.size(); j++) CHECK(rest[j] == all[i + 1 + j].first);
     }
   }
+}
+
+TEST_CASE("union: delete=all removes the writable instances and whiteouts only over read-only ones", "[union]") {
+  // rw0 over rw1 over ro2; "x" in all three, "y" in both writable ones,
+  // "d" a directory in both writable ones (rw1's holding a name rw0 hides).
+  Image im = make_image(3);
+  auto mk = [&](int b, uint64_t dir, const char* name) {
+    return must(im.fs[b]->mknod(dir, name, S_IFREG | 0644, 0, 0, 0)).ino;
+  };
+  for (int b = 0; b < 3; b++) mk(b, im.fs[b]->root(), "x");
+  for (int b = 0; b < 2; b++) mk(b, im.fs[b]->root(), "y");
+  const uint64_t d0 = must(im.fs[0]->mkdir(im.fs[0]->root(), "d", 0755, 0, 0)).ino;
+  const uint64_t d1 = must(im.fs[1]->mkdir(im.fs[1]->root(), "d", 0755, 0, 0)).ino;
+  mk(1, d1, "hidden");
+  must(im.fs[0]->whiteout(d0, "hidden"));
+  Union u({{im.fs[0].get(), true}, {im.fs[1].get(), true}, {im.fs[2].get(), false}}, {},
+          DeleteMode::All);
+  auto raw = [&](int b, uint64_t dir, const char* name) { return must(im.fs[b]->entry(dir, name)); };
+  must(u.unlink(u.root(), "y"));
+  CHECK(!raw(0, im.fs[0]->root(), "y"));  // no whiteout needed: nothing left below
+  CHECK(!raw(1, im.fs[1]->root(), "y"));
+  must(u.unlink(u.root(), "x"));
+  CHECK(raw(0, im.fs[0]->root(), "x")->type == DT_WHT);  // over the read-only copy
+  CHECK(!raw(1, im.fs[1]->root(), "x"));
+  CHECK(raw(2, im.fs[2]->root(), "x")->type == DT_REG);  // read-only: untouched
+  must(u.rmdir(u.root(), "d"));
+  CHECK(raw(0, im.fs[0]->root(), "d")->type == DT_WHT);  // rw1's "d" could not go
+  CHECK(raw(1, im.fs[1]->root(), "d")->type == DT_DIR);
+  CHECK(u.lookup(u.root(), "d").error().code == ENOENT);
+  // The default mode leaves the lower writable copies and whiteouts them.
+  mk(0, im.fs[0]->root(), "z");
+  mk(1, im.fs[1]->root(), "z");
+  {
+    Union w({{im.fs[0].get(), true}, {im.fs[1].get(), true}, {im.fs[2].get(), false}});
+    must(w.unlink(w.root(), "z"));
+  }
+  CHECK(raw(0, im.fs[0]->root(), "z")->type == DT_WHT);
+  CHECK(raw(1, im.fs[1]->root(), "z")->type == DT_REG);
+  // A rename in delete=all mode takes the old name's lower copies along.
+  mk(0, im.fs[0]->root(), "r");
+  mk(1, im.fs[1]->root(), "r");
+  must(u.rename(u.root(), "r", u.root(), "s", 0, kRoot));
+  CHECK(!raw(0, im.fs[0]->root(), "r"));
+  CHECK(!raw(1, im.fs[1]->root(), "r"));
+  CHECK(u.lookup(u.root(), "r").error().code == ENOENT);
 }
 
 TEST_CASE("union: views and stacks in the catalog persist", "[union]") {
