@@ -1,11 +1,16 @@
 // plyctl: inspects plyfs images and, for testing, damages them on purpose.
 //   plyctl show IMAGE [--json]
 //   plyctl branch list|create|remove|set IMAGE ...
+//   plyctl branch list|add|remove|set|move MOUNTPOINT ...   (a mounted stack)
 //   plyctl view list|create|delete|default IMAGE ...
 //   plyctl debug tree IMAGE TREE
 //   plyctl debug fields STRUCT
 //   plyctl debug corrupt IMAGE STRUCT [LOCATOR] FIELD (--set V|--flip BIT|--zero|--add N) [--keep-checksum]
 // Exit status: 0 success, 1 failure, 2 usage error.
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <uuid/uuid.h>
 
 #include <cinttypes>
@@ -23,6 +28,7 @@
 #include "fs/fs.h"
 #include "fsck/corrupt.h"
 #include "union/view.h"
+#include "control.h"
 
 #ifndef PLYFS_VERSION
 #define PLYFS_VERSION "unknown"
@@ -52,6 +58,13 @@ void usage(FILE* out) {
                "                               O(1) clone of SRC sharing all its blocks\n"
                "  branch remove IMAGE NAME     delete a branch, freeing what only it used\n"
                "  branch set IMAGE NAME [--name NEW] [--ro | --rw]\n"
+               "On a mount point, the branch commands change the mounted stack, at once\n"
+               "and until unmount (root or the mount's owner):\n"
+               "  branch list MNT [--json]     the stack, leftmost first\n"
+               "  branch add MNT NAME [--at POS] [--ro]   show branch NAME (default: leftmost, rw)\n"
+               "  branch remove MNT NAME       stop showing NAME (its data stays)\n"
+               "  branch set MNT NAME --ro | --rw\n"
+               "  branch move MNT NAME POS     POS 0 is the leftmost place\n"
                "  view list IMAGE [--json]     the views: ordered stacks of branches\n"
                "  view create IMAGE NAME STACK [--default]\n"
                "                               STACK: top=rw:base=ro (leftmost wins)\n"
@@ -321,11 +334,87 @@ Result<std::optional<std::string>> view_using(Volume& v, TreeId t, bool writing)
   return std::optional<std::string>{};
 }
 
+// Sends one request over a mount's control channel (fuse/control.h).
+Result<std::string> control(const std::string& mnt, const std::string& request) {
+  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Error::io(errno, "cannot open " + mnt);
+  ControlMsg m{};
+  m.version = kControlVersion;
+  std::snprintf(m.request, sizeof m.request, "%s", request.c_str());
+  const int r = ::ioctl(fd, kControlIoctl, &m);
+  const int e = errno;
+  ::close(fd);
+  if (r != 0) {
+    if (e == ENOTTY || e == ENOSYS || e == EINVAL)
+      return Error::io(e, mnt + " is not the mount point of a plyfs mount");
+    return Error::io(e, mnt + ": " + std::strerror(e));
+  }
+  m.answer[sizeof m.answer - 1] = 0;
+  if (m.status) return Error::io(m.status, m.answer);
+  return std::string(m.answer);
+}
+
+// The branch commands on a mount point.
+int cmd_mounted_branch(const std::string& sub, const Parsed& p) {
+  const auto& pos = p.pos;
+  auto has = [&](const char* o) { return p.opt.count(o) > 0; };
+  std::string req;
+  if (sub == "list") {
+    if (pos.size() != 1) return usage_error("usage: plyctl branch list MOUNTPOINT [--json]");
+    req = "list";
+  } else if (sub == "add") {
+    if (pos.size() != 2 || has("--rw") || has("--clone") || has("--parent") || has("--name"))
+      return usage_error("usage: plyctl branch add MOUNTPOINT NAME [--at POS] [--ro]");
+    req = "add " + pos[1] + " " + (has("--at") ? p.opt.at("--at") : "0") + (has("--ro") ? " ro" : " rw");
+  } else if (sub == "remove") {
+    if (pos.size() != 2) return usage_error("usage: plyctl branch remove MOUNTPOINT NAME");
+    req = "remove " + pos[1];
+  } else if (sub == "set") {
+    if (pos.size() != 2 || has("--ro") == has("--rw") || has("--name"))
+      return usage_error("usage: plyctl branch set MOUNTPOINT NAME --ro | --rw");
+    req = "set " + pos[1] + (has("--ro") ? " ro" : " rw");
+  } else if (sub == "move") {
+    if (pos.size() != 3) return usage_error("usage: plyctl branch move MOUNTPOINT NAME POS");
+    req = "move " + pos[1] + " " + pos[2];
+  } else {
+    return usage_error("unknown branch subcommand '" + sub + "' for a mount point");
+  }
+  for (char c : req)
+    if (c == '\n') return usage_error("names cannot hold a newline");
+  auto r = control(pos[0], req);
+  if (!r) return fail(r.error().message());
+  if (has("--json")) {
+    // "a=rw:b=ro" -> [{"name": "a", "writable": true}, ...]
+    std::printf("[");
+    size_t start = 0;
+    for (int i = 0; start <= r->size() && !r->empty(); i++) {
+      size_t end = r->find(':', start);
+      if (end == std::string::npos) end = r->size();
+      const std::string layer = r->substr(start, end - start);
+      const size_t eq = layer.rfind('=');
+      std::printf("%s{\"name\": %s, \"writable\": %s}", i ? ", " : "",
+                  json_str(layer.substr(0, eq)).c_str(), layer.substr(eq + 1) == "rw" ? "true" : "false");
+      start = end + 1;
+    }
+    std::printf("]\n");
+  } else {
+    std::printf("%s\n", r->c_str());
+  }
+  return 0;
+}
+
+bool is_directory(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
-  auto p = parse(args, {"--clone", "--parent", "--name"}, {"--json", "--ro", "--rw"});
+  auto p = parse(args, {"--clone", "--parent", "--name", "--at"}, {"--json", "--ro", "--rw"});
   if (!p) return usage_error(p.error().message());
   const auto& pos = p->pos;
   auto has = [&](const char* o) { return p->opt.count(o) > 0; };
+  if (!pos.empty() && is_directory(pos[0])) return cmd_mounted_branch(sub, *p);
+  if (has("--at")) return usage_error("--at is for a mount point");
   if (sub == "list") {
     if (pos.size() != 1) return usage_error("usage: plyctl branch list IMAGE [--json]");
     auto o = open_volume(pos[0], false);

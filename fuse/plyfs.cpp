@@ -26,7 +26,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,6 +39,7 @@
 #include "fs/fs.h"
 #include "union/union.h"
 #include "union/view.h"
+#include "control.h"
 
 using namespace plyfs;
 
@@ -142,8 +148,14 @@ bool parse_size(const char* s, uint64_t& out) {
 struct Daemon {
   std::unique_ptr<FileDevice> dev;
   std::unique_ptr<Volume> vol;
-  std::vector<std::unique_ptr<Filesystem>> branches;
+  // Every branch opened since the mount, by tree id: kept until unmount,
+  // because an operation that began before a restack may still use one.
+  std::map<uint64_t, std::unique_ptr<Filesystem>> branches;
   std::unique_ptr<Union> u;
+  fuse_session* se = nullptr;
+  std::mutex ctl_mu;                // one branch change at a time
+  std::vector<ViewLayer> stack;     // what the union shows, under ctl_mu
+  bool read_only = false;
   bool daemonized = false;
   bool acl = false;
   bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
@@ -524,6 +536,117 @@ void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_i
   fuse_reply_write(req, size_t(*r));
 }
 
+// --- live branch changes (fuse/control.h) -------------------------------------------------
+
+// Drops what the kernel cached of names and attributes after a restack:
+// every object the union knows, and every name the new stack shows in a
+// known directory (the kernel may hold a negative entry for it).
+void invalidate_all() {
+  std::set<uint64_t> dirs{g->u->root()};
+  for (const auto& k : g->u->known()) {
+    dirs.insert(k.parent);
+    (void)fuse_lowlevel_notify_inval_entry(g->se, to_fuse(k.parent), k.name.c_str(), k.name.size());
+    (void)fuse_lowlevel_notify_inval_inode(g->se, to_fuse(k.ino), 0, 0);
+  }
+  for (uint64_t d : dirs) {
+    std::vector<std::string> names;
+    (void)g->u->readdir(d, 2, [&](const DirEntry& e) {
+      names.emplace_back(e.name);
+      return true;
+    });
+    for (const auto& n : names)
+      (void)fuse_lowlevel_notify_inval_entry(g->se, to_fuse(d), n.c_str(), n.size());
+  }
+  (void)fuse_lowlevel_notify_inval_inode(g->se, FUSE_ROOT_ID, 0, 0);
+}
+
+// Runs one control request; the answer is the stack afterwards.
+Result<std::string> control(const std::string& request, bool may_change) {
+  std::istringstream in(request);
+  std::vector<std::string> w;
+  for (std::string x; in >> x;) w.push_back(x);
+  static const std::map<std::string, std::pair<size_t, size_t>> kArity = {
+      {"list", {1, 1}}, {"add", {3, 4}}, {"remove", {2, 2}}, {"set", {3, 3}}, {"move", {3, 3}}};
+  auto ar = kArity.find(w.empty() ? "" : w[0]);
+  if (ar == kArity.end())
+    return Error::invalid("unknown command \"" + request + "\" (list, add, remove, set, move)");
+  if (w.size() < ar->second.first || w.size() > ar->second.second)
+    return Error::invalid("wrong number of words in \"" + request + "\"");
+  w.resize(4);
+  const std::string &cmd = w[0], &name = w[1], &arg = w[2];
+  std::lock_guard lk(g->ctl_mu);
+  if (cmd == "list") return format_stack(*g->vol, g->stack);
+  if (!may_change) return Error::io(EPERM, "only root or the mount's owner may change branches");
+  auto mode = [&](const std::string& m) -> Result<bool> {
+    if (m == "rw" || m == "ro") return m == "rw";
+    return Error::invalid("mode must be rw or ro, not \"" + m + "\"");
+  };
+  auto position = [](const std::string& p, size_t max) -> Result<size_t> {
+    char* end = nullptr;
+    unsigned long v = std::strtoul(p.c_str(), &end, 10);
+    if (p.empty() || *end || v > max)
+      return Error::invalid("position must be 0 to " + std::to_string(max) + ", not \"" + p + "\"");
+    return size_t(v);
+  };
+  BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
+  std::vector<ViewLayer> next = g->stack;
+  auto at = std::find_if(next.begin(), next.end(), [&](const ViewLayer& l) { return l.tree == b.tree; });
+  const bool in_stack = at != next.end();
+  if (cmd == "add") {
+    if (in_stack) return Error::io(EEXIST, "branch \"" + b.name + "\" is in the stack already");
+    const size_t p = PLY_TRY(position(arg, next.size()));
+    next.insert(next.begin() + long(p), ViewLayer{b.tree, PLY_TRY(mode(w[3].empty() ? "rw" : w[3]))});
+  } else if (cmd == "remove") {
+    if (!in_stack) return Error::io(ENOENT, "branch \"" + b.name + "\" is not in the stack");
+    if (next.size() == 1) return Error::io(EBUSY, "the stack's last branch cannot go");
+    next.erase(at);
+  } else if (cmd == "set") {
+    if (!in_stack) return Error::io(ENOENT, "branch \"" + b.name + "\" is not in the stack");
+    at->writable = PLY_TRY(mode(arg));
+  } else if (cmd == "move") {
+    if (!in_stack) return Error::io(ENOENT, "branch \"" + b.name + "\" is not in the stack");
+    const size_t p = PLY_TRY(position(arg, next.size() - 1));
+    ViewLayer l = *at;
+    next.erase(at);
+    next.insert(next.begin() + long(p), l);
+  } else {
+    return Error::invalid("unknown command \"" + cmd + "\" (list, add, remove, set, move)");
+  }
+  if (g->read_only)
+    for (const auto& l : next)
+      if (l.writable) return Error::io(EROFS, "the mount is read-only");
+  PLY_CHECK(check_stack(*g->vol, next));
+  std::vector<UnionBranch> ub;
+  for (const auto& l : next) {
+    auto& f = g->branches[l.tree.v];
+    if (!f) f = PLY_TRY(Filesystem::open(*g->vol, l.tree));
+    ub.push_back({f.get(), l.writable});
+  }
+  PLY_CHECK(g->u->restack(std::move(ub)));
+  g->stack = next;
+  invalidate_all();
+  return format_stack(*g->vol, g->stack);
+}
+
+void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*,
+              unsigned flags, const void* in_buf, size_t in_size, size_t out_size) {
+  if (cmd != kControlIoctl) return (void)fuse_reply_err(req, ENOTTY);
+  if (flags & FUSE_IOCTL_COMPAT) return (void)fuse_reply_err(req, ENOSYS);
+  if (ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);  // the mount point only
+  if (in_size < sizeof(ControlMsg) || out_size < sizeof(ControlMsg))
+    return (void)fuse_reply_err(req, EINVAL);
+  ControlMsg m;
+  std::memcpy(&m, in_buf, sizeof m);
+  if (m.version != kControlVersion) return (void)fuse_reply_err(req, EPROTO);
+  m.request[sizeof m.request - 1] = 0;
+  const uid_t uid = fuse_req_ctx(req)->uid;
+  auto r = control(m.request, uid == 0 || uid == ::getuid());
+  const std::string text = r ? *r : r.error().reason;  // plyctl adds strerror
+  m.status = r ? 0 : errno_of(r.error());
+  std::snprintf(m.answer, sizeof m.answer, "%s", text.c_str());
+  fuse_reply_ioctl(req, 0, &m, sizeof m);
+}
+
 fuse_lowlevel_ops make_ops() {
   fuse_lowlevel_ops o{};
   o.init = op_init;
@@ -558,6 +681,7 @@ fuse_lowlevel_ops make_ops() {
   o.listxattr = op_listxattr;
   o.removexattr = op_removexattr;
   o.fallocate = op_fallocate;
+  o.ioctl = op_ioctl;
   o.lseek = op_lseek;
   o.copy_file_range = op_copy_file_range;
   return o;
@@ -712,8 +836,10 @@ int main(int argc, char** argv) {
       return 32;
     }
     ub.push_back({fsr->get(), l.writable && !cfg.ro});
-    d.branches.push_back(std::move(*fsr));
+    d.stack.push_back(ViewLayer{l.tree, l.writable && !cfg.ro});
+    d.branches[l.tree.v] = std::move(*fsr);
   }
+  d.read_only = cfg.ro;
   d.u = std::make_unique<Union>(std::move(ub), copyup, del);
 
   fuse_opt_add_arg(&args, "-osubtype=plyfs");
@@ -721,6 +847,7 @@ int main(int argc, char** argv) {
   fuse_opt_add_arg(&args, fsname.c_str());
   fuse_lowlevel_ops ops = make_ops();
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, nullptr);
+  d.se = se;
   if (!se) {
     report(status_fd, 1);
     return 1;

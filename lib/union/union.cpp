@@ -44,7 +44,18 @@ Result<Union::Node> Union::node(uint64_t ino) {
   std::shared_lock lk(nodes_mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
+  if (it->second.inst.empty())
+    return Error::io(ESTALE, "inode " + std::to_string(ino) + " left the view with its branch");
   return it->second;
+}
+
+Result<Union::Part> Union::part(uint64_t ino) {
+  std::shared_lock lk(nodes_mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end() || it->second.inst.empty())
+    return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
+  auto [b, i] = it->second.inst.front();
+  return Part{br_[b].fs, i};
 }
 
 // The part that serves a non-merging operation: copies two integers, so
@@ -162,8 +173,8 @@ static Result<bool> left_has(const std::vector<UnionBranch>& br,
 }
 
 Result<Attr> Union::getattr(uint64_t ino) {
-  auto [b, i] = PLY_TRY(top(ino));
-  Attr a = PLY_TRY(br_[b].fs->getattr(i));
+  auto [fs, i] = PLY_TRY(part(ino));
+  Attr a = PLY_TRY(fs->getattr(i));
   a.ino = ino;
   return a;
 }
@@ -353,14 +364,17 @@ Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
   return t;
 }
 
-Result<int> Union::writable_instance(uint64_t ino, const Caller& c) {
+Result<Union::Part> Union::writable_instance(uint64_t ino, const Caller& c) {
   {
     std::shared_lock lk(mu_);
     auto [b, i] = PLY_TRY(top(ino));
-    if (br_[b].writable) return b;
+    if (br_[b].writable) return Part{br_[b].fs, i};
   }
   std::unique_lock lk(mu_);
-  return copy_up(ino, c);
+  const int b = PLY_TRY(copy_up(ino, c));
+  for (auto [bb, i] : PLY_TRY(node(ino)).inst)
+    if (bb == b) return Part{br_[b].fs, i};
+  return Error::io(ESTALE, "the copy is gone");
 }
 
 Result<void> Union::open(uint64_t ino, bool for_write, const Caller& c) {
@@ -638,55 +652,54 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
 }
 
 Result<std::string> Union::readlink(uint64_t ino) {
-  auto [b, i] = PLY_TRY(top(ino));
-  return br_[b].fs->readlink(i);
+  auto [fs, i] = PLY_TRY(part(ino));
+  return fs->readlink(i);
 }
 
 // --- attributes and data --------------------------------------------------------------------
 
 Result<Attr> Union::setattr(uint64_t ino, const SetAttr& s, const Caller& c) {
-  const int b = PLY_TRY(writable_instance(ino, c));
-  const uint64_t i = PLY_TRY(top(ino)).second;
-  Attr a = PLY_TRY(br_[b].fs->setattr(i, s));
+  auto [fs, i] = PLY_TRY(writable_instance(ino, c));
+  Attr a = PLY_TRY(fs->setattr(i, s));
   a.ino = ino;
   return a;
 }
 
 Result<size_t> Union::read(uint64_t ino, uint64_t off, std::span<std::byte> out) {
-  auto [b, i] = PLY_TRY(top(ino));
-  return br_[b].fs->read(i, off, out);
+  auto [fs, i] = PLY_TRY(part(ino));
+  return fs->read(i, off, out);
 }
 
 Result<size_t> Union::write(uint64_t ino, uint64_t off, std::span<const std::byte> in,
                             const Caller& c) {
-  const int b = PLY_TRY(writable_instance(ino, c));
-  return br_[b].fs->write(ino, off, in);
+  auto [fs, i] = PLY_TRY(writable_instance(ino, c));
+  return fs->write(i, off, in);
 }
 
 Result<void> Union::fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len, const Caller& c) {
-  const int b = PLY_TRY(writable_instance(ino, c));
-  return br_[b].fs->fallocate(ino, mode, off, len);
+  auto [fs, i] = PLY_TRY(writable_instance(ino, c));
+  return fs->fallocate(i, mode, off, len);
 }
 
 Result<uint64_t> Union::lseek(uint64_t ino, uint64_t off, int whence) {
-  auto [b, i] = PLY_TRY(top(ino));
-  return br_[b].fs->lseek(i, off, whence);
+  auto [fs, i] = PLY_TRY(part(ino));
+  return fs->lseek(i, off, whence);
 }
 
 Result<uint64_t> Union::copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
                                    uint64_t len, const Caller& c) {
-  const int bo = PLY_TRY(writable_instance(out, c));
-  const int bi = PLY_TRY(top(in)).first;
-  if (bi == bo) return br_[bo].fs->copy_range(in, off_in, out, off_out, len);
+  auto [fo, io] = PLY_TRY(writable_instance(out, c));
+  auto [fi, ii] = PLY_TRY(part(in));
+  if (fi == fo) return fo->copy_range(ii, off_in, io, off_out, len);
   // Another branch: the same volume, but extents are shared only inside one
   // tree's operation, so the bytes are copied.
   std::vector<std::byte> buf(std::min<uint64_t>(len, 1 << 20));
   uint64_t done = 0;
   while (done < len) {
     auto chunk = std::span(buf).first(std::min<uint64_t>(buf.size(), len - done));
-    size_t n = PLY_TRY(br_[bi].fs->read(in, off_in + done, chunk));
+    size_t n = PLY_TRY(fi->read(ii, off_in + done, chunk));
     if (n == 0) break;
-    size_t w = PLY_TRY(br_[bo].fs->write(out, off_out + done, chunk.first(n)));
+    size_t w = PLY_TRY(fo->write(io, off_out + done, chunk.first(n)));
     done += w;
     if (w < n) break;
   }
@@ -695,33 +708,126 @@ Result<uint64_t> Union::copy_range(uint64_t in, uint64_t off_in, uint64_t out, u
 
 Result<void> Union::setxattr(uint64_t ino, std::string_view name, std::span<const std::byte> value,
                              int flags, const Caller& c) {
-  const int b = PLY_TRY(writable_instance(ino, c));
-  const uint64_t i = PLY_TRY(top(ino)).second;
-  return br_[b].fs->setxattr(i, name, value, flags);
+  auto [fs, i] = PLY_TRY(writable_instance(ino, c));
+  return fs->setxattr(i, name, value, flags);
 }
 
 Result<std::vector<std::byte>> Union::getxattr(uint64_t ino, std::string_view name) {
-  auto [b, i] = PLY_TRY(top(ino));
-  return br_[b].fs->getxattr(i, name);
+  auto [fs, i] = PLY_TRY(part(ino));
+  return fs->getxattr(i, name);
 }
 
 Result<std::vector<std::string>> Union::listxattr(uint64_t ino) {
-  auto [b, i] = PLY_TRY(top(ino));
-  return br_[b].fs->listxattr(i);
+  auto [fs, i] = PLY_TRY(part(ino));
+  return fs->listxattr(i);
 }
 
 Result<void> Union::removexattr(uint64_t ino, std::string_view name, const Caller& c) {
-  const int b = PLY_TRY(writable_instance(ino, c));
-  const uint64_t i = PLY_TRY(top(ino)).second;
-  return br_[b].fs->removexattr(i, name);
+  auto [fs, i] = PLY_TRY(writable_instance(ino, c));
+  return fs->removexattr(i, name);
 }
 
-Filesystem::StatFs Union::statfs() { return br_[0].fs->statfs(); }
+Filesystem::StatFs Union::statfs() {
+  std::shared_lock lk(mu_);
+  return br_[0].fs->statfs();
+}
+
+// --- live branch changes ---------------------------------------------------------------------
+
+std::vector<UnionBranch> Union::stack() {
+  std::shared_lock lk(mu_);
+  return br_;
+}
+
+std::vector<Union::Known> Union::known() {
+  std::shared_lock lk(nodes_mu_);
+  std::vector<Known> out;
+  for (const auto& [ino, n] : nodes_)
+    if (ino != root_) out.push_back(Known{n.parent, n.name, ino});
+  return out;
+}
+
+Result<void> Union::restack(std::vector<UnionBranch> nb) {
+  if (nb.empty()) return Error::invalid("a union needs at least one branch");
+  std::unique_lock lk(mu_);  // no operation runs meanwhile (unpin included)
+  auto writable_in = [](const std::vector<UnionBranch>& v, Filesystem* f) {
+    for (const auto& b : v)
+      if (b.fs == f && b.writable) return true;
+    return false;
+  };
+  // The writable branches hold the kernel's references, so that a file
+  // unlinked while open lives on: hand them over to the new writable set.
+  std::vector<std::pair<uint64_t, uint64_t>> refs;
+  for (const auto& [ino, n] : nodes_)
+    if (ino != root_ && n.refs) refs.emplace_back(ino, n.refs);
+  for (const auto& b : nb)
+    if (b.writable && !writable_in(br_, b.fs))
+      for (auto [ino, n] : refs) b.fs->pin(ino, n);
+  for (const auto& b : br_)
+    if (b.writable && !writable_in(nb, b.fs))
+      for (auto [ino, n] : refs) (void)b.fs->unpin(ino, n);  // an error fails that branch alone
+  for (const auto& b : nb) b.fs->set_kernel_times(kernel_times_);
+
+  std::lock_guard nl(nodes_mu_);
+  // Where each file was served from: an unlinked file still open (pinned,
+  // no name) stays there if that branch stays.
+  std::unordered_map<uint64_t, Filesystem*> was;
+  for (const auto& [ino, n] : nodes_)
+    if (!n.is_dir && !n.inst.empty()) was[ino] = br_[n.inst.front().first].fs;
+  br_ = std::move(nb);
+  // Parents before children: each directory is found again by its name
+  // under its (already re-resolved) parent.
+  std::vector<std::pair<int, uint64_t>> order;
+  for (const auto& [ino, n] : nodes_) {
+    int depth = 0;
+    for (uint64_t p = ino; p != root_ && depth < kMaxDepth; depth++) {
+      auto it = nodes_.find(p);
+      if (it == nodes_.end()) {
+        depth = kMaxDepth;  // an orphaned chain: resolved last, and found gone
+        break;
+      }
+      p = it->second.parent;
+    }
+    order.emplace_back(depth, ino);
+  }
+  std::sort(order.begin(), order.end());
+  for (auto [depth, ino] : order) {
+    Node& n = nodes_[ino];
+    n.inst.clear();
+    if (ino == root_) {
+      for (size_t b = 0; b < br_.size(); b++) {
+        n.inst.emplace_back(int(b), br_[b].fs->root());
+        auto a = br_[b].fs->getattr(br_[b].fs->root());
+        if (a && a->opaque) break;
+      }
+      continue;
+    }
+    if (!n.is_dir) {
+      // The leftmost branch holding the object (a hard link or copy of it).
+      for (size_t b = 0; b < br_.size(); b++) {
+        auto a = br_[b].fs->getattr(ino);
+        if (a && a->nlink > 0 && !S_ISDIR(a->mode)) {
+          n.inst = {{int(b), ino}};
+          break;
+        }
+      }
+      for (size_t b = 0; b < br_.size() && n.inst.empty(); b++)
+        if (br_[b].fs == was[ino] && br_[b].fs->getattr(ino)) n.inst = {{int(b), ino}};
+      continue;
+    }
+    auto p = nodes_.find(n.parent);
+    if (depth >= kMaxDepth || p == nodes_.end() || p->second.inst.empty()) continue;
+    auto f = resolve(p->second, n.name);
+    if (f && *f && S_ISDIR((*f)->attr.mode)) n.inst = (*f)->inst;
+  }
+  return ok();
+}
 
 // --- references and state ---------------------------------------------------------------------
 
 
 Result<void> Union::unpin(uint64_t ino, uint64_t n) {
+  std::shared_lock sl(mu_);  // the writable branches stay the same meanwhile
   {
     std::lock_guard lk(nodes_mu_);
     auto it = nodes_.find(ino);
@@ -738,6 +844,7 @@ Result<void> Union::unpin(uint64_t ino, uint64_t n) {
 }
 
 Result<void> Union::release_all() {
+  std::shared_lock lk(mu_);
   Result<void> r = ok();
   for (auto& b : br_)
     if (b.writable)
@@ -745,17 +852,24 @@ Result<void> Union::release_all() {
   return r;
 }
 
-Result<void> Union::sync() { return br_[0].fs->sync(); }
+Result<void> Union::sync() {
+  std::shared_lock lk(mu_);
+  return br_[0].fs->sync();
+}
 
 void Union::fail(const Error& e) {
+  std::shared_lock lk(mu_);
   for (auto& b : br_) b.fs->fail(e);
 }
 
-bool Union::read_only() const {
+bool Union::read_only() {
+  std::shared_lock lk(mu_);
   return leftmost_writable() < 0 || br_[0].fs->read_only();
 }
 
 void Union::set_kernel_times(bool on) {
+  std::unique_lock lk(mu_);
+  kernel_times_ = on;
   for (auto& b : br_) b.fs->set_kernel_times(on);
 }
 

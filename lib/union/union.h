@@ -76,6 +76,25 @@ class Union {
   Union(std::vector<UnionBranch> branches, CopyUpMode copyup = {},
         DeleteMode del = DeleteMode::Whiteout);
 
+  // Replaces the stack while mounted: branches added, removed, reordered or
+  // switched between read-only and read-write, in one step that no other
+  // operation overlaps (format.md#fs-union, "Live branch changes"). What the
+  // kernel references is found again in the new stack: a file in the
+  // leftmost branch that holds its number, a directory by its name under its
+  // parent; one that no branch shows any more answers ESTALE. The caller
+  // keeps every Filesystem it ever passed alive until the union is gone
+  // (operations that began before the change may still be using one).
+  Result<void> restack(std::vector<UnionBranch> branches);
+  std::vector<UnionBranch> stack();
+  // What the kernel may have cached: (parent, name, inode) of every known
+  // object but the root, for invalidation after a restack.
+  struct Known {
+    uint64_t parent;
+    std::string name;
+    uint64_t ino;
+  };
+  std::vector<Known> known();
+
   uint64_t root() const { return root_; }
   uint32_t block_size() const { return bs_; }
   size_t branch_count() const { return br_.size(); }
@@ -128,7 +147,7 @@ class Union {
 
   Result<void> sync();
   void fail(const Error& e);
-  bool read_only() const;
+  bool read_only();
   void set_kernel_times(bool on);
 
  private:
@@ -149,8 +168,14 @@ class Union {
     int top_branch;       // branch of the visible (leftmost) entry
   };
 
+  // A branch's filesystem and the object's inode there.
+  using Part = std::pair<Filesystem*, uint64_t>;
   Result<Node> node(uint64_t ino);
+  // The visible part of `ino` as (branch index, inode): for use under mu_
+  // (the indices change with restack).
   Result<std::pair<int, uint64_t>> top(uint64_t ino);
+  // The same as a Part, safe without mu_: the filesystem outlives a restack.
+  Result<Part> part(uint64_t ino);
   // Records what the union knows of `ino`; `count`: one more reference.
   void remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
                 bool count = false);
@@ -169,7 +194,7 @@ class Union {
   Result<uint64_t> dir_in(uint64_t dir, int b);
   // Makes `ino` (not a directory) live in a writable branch; returns it.
   Result<int> copy_up(uint64_t ino, const Caller& c);
-  Result<int> writable_instance(uint64_t ino, const Caller& c);
+  Result<Part> writable_instance(uint64_t ino, const Caller& c);
   Result<void> apply_copyup_mode(int b, uint64_t ino, const Caller& c);
   // Copies the visible subtree of directory `dir` into branch b and makes
   // every directory of it there opaque (for a rename of a merged directory).
@@ -183,7 +208,9 @@ class Union {
                       const std::function<Result<Attr>(Filesystem&, uint64_t)>& make,
                       bool is_dir);
 
+  // Read under mu_ (or nodes_mu_); replaced by restack under both, exclusive.
   std::vector<UnionBranch> br_;
+  bool kernel_times_ = false;
   CopyUpMode copyup_;
   DeleteMode del_;
   uint64_t root_;

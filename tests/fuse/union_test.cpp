@@ -172,3 +172,97 @@ TEST_CASE("union mount: delete=all empties the writable branches, whiteouts only
   CHECK(run({plyfs_bin(), fx.img, fx.tmp / "mnt", "-f", "-o", "delete=some"}, log) == 1);
   CHECK(slurp(log).find("bad delete mode") != std::string::npos);
 }
+
+TEST_CASE("union mount: branches change while mounted (plyctl on the mount point)", "[union-fuse]") {
+  Fixture fx;
+  write_file(fx / "f", "main's f");
+  fx.unmount();
+  for (const char* b : {"top", "extra", "w"}) plyctl(fx, {"branch", "create", fx.img, b});
+  fx.opts = {"branches=extra=rw"};
+  fx.mount();
+  write_file(fx / "x", "extra's x");
+  write_file(fx / "f", "extra's f");
+  fx.unmount();
+  fx.opts = {"branches=top=rw:main=ro", "allow_other"};
+  fx.mount();
+  const std::string mnt = fx.root();
+  auto ctl = [&](std::vector<std::string> args, std::string* out = nullptr) {
+    args.insert(args.begin(), "branch");
+    args.insert(args.begin(), plyctl_bin());
+    const std::string log = fx.tmp / "ctl.log";
+    ::unlink(log.c_str());
+    const int rc = run(args, log);
+    if (out) *out = slurp(log);
+    return rc;
+  };
+  std::string out;
+  REQUIRE(ctl({"list", mnt}, &out) == 0);
+  CHECK(out == "top=rw:main=ro\n");
+  write_file(fx / "g", "top's g");
+  CHECK(read_file(fx / "f") == "main's f");
+  const ino_t f_ino = lstat_of(fx / "f").st_ino;
+  struct stat st;
+  CHECK(::lstat((fx / "x").c_str(), &st) != 0);  // the kernel may keep this negative entry
+
+  // A file opened for writing before its branch turns read-only does not
+  // change it: the write copies it up into the new writable branch.
+  int wfd = ::open((fx / "g").c_str(), O_WRONLY);
+  REQUIRE(wfd >= 0);
+  REQUIRE(ctl({"add", mnt, "w"}) == 0);           // leftmost, read-write
+  REQUIRE(ctl({"set", mnt, "top", "--ro"}) == 0);
+  REQUIRE(ctl({"list", mnt, "--json"}, &out) == 0);
+  CHECK(out == "[{\"name\": \"w\", \"writable\": true}, {\"name\": \"top\", \"writable\": false}, "
+               "{\"name\": \"main\", \"writable\": false}]\n");
+  REQUIRE(::pwrite(wfd, "W", 1, 0) == 1);
+  REQUIRE(::fsync(wfd) == 0);
+  REQUIRE(::close(wfd) == 0);
+  CHECK(read_file(fx / "g") == "Wop's g");
+
+  // A branch added below shows its names at once (negative entries dropped).
+  REQUIRE(ctl({"add", mnt, "extra", "--at", "2", "--ro"}) == 0);  // w, top, extra, main
+  CHECK(read_file(fx / "x") == "extra's x");
+  CHECK(read_file(fx / "f") == "extra's f");
+  CHECK(lstat_of(fx / "f").st_ino != f_ino);  // extra's own file: a number of its own
+  REQUIRE(ctl({"move", mnt, "extra", "3"}) == 0);  // w, top, main, extra
+  CHECK(read_file(fx / "f") == "main's f");
+  CHECK(lstat_of(fx / "f").st_ino == f_ino);
+
+  // An open file whose branch leaves the stack answers ESTALE.
+  int rfd = ::open((fx / "x").c_str(), O_RDONLY);
+  REQUIRE(rfd >= 0);
+  REQUIRE(ctl({"remove", mnt, "extra"}) == 0);
+  char c;
+  REQUIRE_ERRNO(::pread(rfd, &c, 1, 0), ESTALE);
+  ::close(rfd);
+  CHECK(::lstat((fx / "x").c_str(), &st) != 0);
+  REQUIRE(ctl({"list", mnt}, &out) == 0);
+  CHECK(out == "w=rw:top=ro:main=ro\n");
+
+  // Refusals: clear errors, nothing changed.
+  CHECK(ctl({"remove", mnt, "extra"}) == 1);          // not in the stack
+  CHECK(ctl({"add", mnt, "nope"}) == 1);              // no such branch
+  CHECK(ctl({"add", mnt, "main"}) == 1);              // already there
+  CHECK(ctl({"move", mnt, "w", "9"}) == 1);           // no such place
+  CHECK(ctl({"set", mnt, "w"}) == 2);                 // usage
+  {
+    const std::string log = fx.tmp / "ctl.log";
+    ::unlink(log.c_str());
+    REQUIRE(::chmod(fx.tmp.path().c_str(), 0755) == 0);  // let the other user reach the mount
+    CHECK(run({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", plyctl_bin(), "branch",
+               "set", mnt, "top", "--rw"}, log) == 1);
+    CHECK(slurp(log).find("only root or the mount's owner") != std::string::npos);
+  }
+  REQUIRE(ctl({"list", mnt}, &out) == 0);
+  CHECK(out == "w=rw:top=ro:main=ro\n");
+  fx.unmount();  // fsck clean
+
+  // The branches kept what landed in them; the changes lasted until unmount.
+  fx.opts = {"branches=top=ro"};
+  fx.mount();
+  CHECK(read_file(fx / "g") == "top's g");
+  fx.unmount();
+  fx.opts = {"branches=w=ro"};
+  fx.mount();
+  CHECK(read_file(fx / "g") == "Wop's g");
+  fx.unmount();
+}
