@@ -52,6 +52,7 @@ struct Config {
   const char* cache = nullptr;
   const char* view = nullptr;
   const char* branches = nullptr;
+  const char* layer = nullptr;
   const char* copyup = nullptr;
   const char* del = nullptr;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
@@ -66,6 +67,7 @@ const struct fuse_opt kOpts[] = {
     {"view=%s", offsetof(Config, view), 0},
     {"branches=%s", offsetof(Config, branches), 0},
     {"dirs=%s", offsetof(Config, branches), 0},
+    {"layer=%s", offsetof(Config, layer), 0},
     {"copyup=%s", offsetof(Config, copyup), 0},
     {"delete=%s", offsetof(Config, del), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
@@ -115,6 +117,7 @@ void usage() {
       "                     default view, or the default branch read-write\n"
       "  -o branches=A=rw:B=ro:...\n"
       "                     show this stack of branches, leftmost first (dirs= works too)\n"
+      "  -o layer=NAME      show layer NAME over its ancestors (plyctl layer list)\n"
       "  -o copyup=MODE     owner of copied-up files: owner (default), current, or\n"
       "                     const:UID:GID:MODE (octal mode)\n"
       "  -o delete=MODE     whiteout (default: hide lower names) or all (also delete\n"
@@ -413,11 +416,10 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
   std::vector<char> buf(size);
   size_t used = 0;
-  std::optional<Error> err;
-  auto r = fs().readdir(to_fs(ino), uint64_t(off), [&](const DirEntry& d) {
-    std::string name(d.name);
-    const bool dot = name == "." || name == "..";
-    if (!plus) {
+  Result<void> r = ok();
+  if (!plus) {
+    r = fs().readdir(to_fs(ino), uint64_t(off), [&](const DirEntry& d) {
+      std::string name(d.name);
       struct stat st{};
       st.st_ino = to_fuse(d.ino);
       st.st_mode = mode_t(DTTOIF(d.type));
@@ -426,33 +428,28 @@ void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool
       if (need > size - used) return false;
       used += need;
       return true;
-    }
-    fuse_entry_param e{};
-    uint64_t entry_ino = d.ino;
-    if (dot) {
-      e.attr.st_ino = to_fuse(d.ino);
-      e.attr.st_mode = S_IFDIR;
-    } else {
-      auto a = fs().lookup(to_fs(ino), name);
-      if (!a) {
-        if (a.error().code == ENOENT) return true;  // removed meanwhile
-        err = a.error();
-        return false;
+    });
+  } else {
+    // The union resolves each entry from what the listing read, and counts
+    // a reference for each one accepted here: the kernel counts a lookup
+    // for every entry it links.
+    r = fs().readdirplus(to_fs(ino), uint64_t(off), [&](const DirEntry& d, const Attr* a) {
+      std::string name(d.name);
+      fuse_entry_param e{};
+      if (a) {
+        e = to_entry(*a);
+      } else {
+        e.attr.st_ino = to_fuse(d.ino);
+        e.attr.st_mode = S_IFDIR;
       }
-      e = to_entry(*a);
-      entry_ino = a->ino;
-    }
-    size_t need = fuse_add_direntry_plus(req, buf.data() + used, size - used, name.c_str(), &e,
-                                         off_t(d.next));
-    if (need > size - used) {
-      if (!dot) (void)fs().unpin(entry_ino);  // not handed out after all
-      return false;
-    }
-    used += need;  // the kernel counts a lookup for each entry it links
-    return true;
-  });
-  if (!r) return reply_err(req, r.error());
-  if (err && used == 0) return reply_err(req, *err);
+      size_t need = fuse_add_direntry_plus(req, buf.data() + used, size - used, name.c_str(), &e,
+                                           off_t(d.next));
+      if (need > size - used) return false;
+      used += need;
+      return true;
+    });
+  }
+  if (!r && used == 0) return reply_err(req, r.error());
   fuse_reply_buf(req, buf.data(), used);
 }
 
@@ -712,6 +709,7 @@ int main(int argc, char** argv) {
       std::free(const_cast<char*>(c.cache));
       std::free(const_cast<char*>(c.view));
       std::free(const_cast<char*>(c.branches));
+      std::free(const_cast<char*>(c.layer));
       std::free(const_cast<char*>(c.copyup));
       std::free(const_cast<char*>(c.del));
     }
@@ -756,8 +754,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (cfg.view && cfg.branches) {
-    std::fprintf(stderr, "plyfs: view= and branches= exclude each other\n");
+  if ((cfg.view != nullptr) + (cfg.branches != nullptr) + (cfg.layer != nullptr) > 1) {
+    std::fprintf(stderr, "plyfs: view=, branches= and layer= exclude each other\n");
     return 1;
   }
   bool acl = false;
@@ -820,6 +818,7 @@ int main(int argc, char** argv) {
   d.vol = std::move(*vol);
   auto stack = cfg.branches ? parse_stack(*d.vol, cfg.branches)
                : cfg.view   ? view_stack(*d.vol, cfg.view)
+               : cfg.layer  ? layer_stack(*d.vol, cfg.layer)
                             : default_stack(*d.vol);
   if (!stack) {
     std::fprintf(stderr, "plyfs: %s: %s\n", cfg.image, stack.error().message().c_str());

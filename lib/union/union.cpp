@@ -36,6 +36,26 @@ Union::Union(std::vector<UnionBranch> branches, CopyUpMode copyup, DeleteMode de
     if (a && a->opaque) break;
   }
   nodes_.emplace(root_, std::move(r));
+  compute_origins();
+}
+
+void Union::compute_origins() {
+  origin_.assign(br_.size(), 0);
+  for (size_t b = 0; b < br_.size(); b++) {
+    auto txn = br_[b].fs->volume().begin({});
+    if (!txn) continue;  // unknown: resolve() then always looks
+    TreeId t = br_[b].fs->tree();
+    for (size_t hop = 0; hop < 64; hop++) {
+      auto info = txn->tree_info(t);
+      if (!info) {
+        t = TreeId{0};
+        break;
+      }
+      if (!info->cloned_from.v) break;
+      t = info->cloned_from;
+    }
+    origin_[b] = t.v;
+  }
 }
 
 // --- nodes ------------------------------------------------------------------------
@@ -126,20 +146,30 @@ Result<std::optional<Union::Found>> Union::resolve(const Node& dir, std::string_
       if (a->opaque) break;
     }
   }
-  if (f && !S_ISDIR(f->attr.mode)) {
+  if (f && !S_ISDIR(f->attr.mode)) leftmost_copy(*f);
+  return f;
+}
+
+void Union::leftmost_copy(Found& f) {
+  {
     // A number names one object: its leftmost copy (a hard link copied up
-    // by another name, format.md#fs-union).
-    const uint64_t ino = f->attr.ino;
-    for (int j = 0; j < f->top_branch; j++) {
+    // by another name, or the same object in a clone of this branch's
+    // lineage, format.md#fs-union). Only then can a branch further left hold
+    // the number under another name: a copy-up keeps the name.
+    const int tb = f.top_branch;
+    bool look = f.attr.nlink > 1 || !origin_[size_t(tb)];
+    for (int j = 0; j < tb && !look; j++)
+      look = !origin_[size_t(j)] || origin_[size_t(j)] == origin_[size_t(tb)];
+    const uint64_t ino = f.attr.ino;
+    for (int j = 0; j < (look ? tb : 0); j++) {
       auto a = br_[j].fs->getattr(ino);
       if (a && a->nlink > 0 && !S_ISDIR(a->mode)) {
-        f->attr = *a;
-        f->inst = {{j, ino}};
+        f.attr = *a;
+        f.inst = {{j, ino}};
         break;
       }
     }
   }
-  return f;
 }
 
 Result<bool> Union::below_has(const Node& dir, int b, std::string_view name) {
@@ -199,6 +229,8 @@ struct Merged {
   std::string name;
   uint64_t ino;
   uint8_t type;
+  // Every branch's entry for the name, left to right: (branch, inode, type).
+  std::vector<std::tuple<int, uint64_t, uint8_t>> occ;
 };
 }  // namespace
 
@@ -223,7 +255,9 @@ static Result<void> gather(const std::vector<UnionBranch>& br,
       }
       count++;
       last = h;
-      first.try_emplace({h, std::string(e.name)}, Merged{std::string(e.name), e.ino, e.type});
+      auto [it, fresh] = first.try_emplace({h, std::string(e.name)}, Merged{std::string(e.name), e.ino, e.type, {}});
+      (void)fresh;
+      it->second.occ.emplace_back(b, e.ino, e.type);
       return true;
     });
     if (!r && !missing(r.error())) return r.error();
@@ -257,6 +291,60 @@ Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
       const uint64_t ck = key.first << 7 | std::min<uint64_t>(rank++, 127);
       if (ck < from) continue;
       if (!fn(DirEntry{m.name, m.ino, m.type, ck + 1})) return ok();
+    }
+    if (bound == ~0ull) return ok();
+    from = bound << 7;
+  }
+}
+
+Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
+                                const std::function<bool(const DirEntry&, const Attr*)>& fn) {
+  Node d;
+  {
+    std::shared_lock lk(mu_);
+    d = PLY_TRY(node(dir));
+  }
+  if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
+  if (cookie == 0 && !fn(DirEntry{".", dir, DT_DIR, 1}, nullptr)) return ok();
+  if (cookie <= 1 && !fn(DirEntry{"..", d.parent, DT_DIR, 2}, nullptr)) return ok();
+  uint64_t from = std::max<uint64_t>(cookie, 3);
+  for (;;) {
+    std::map<std::pair<uint64_t, std::string>, Merged> first;
+    uint64_t bound;
+    // Held while the entries are handed out, as lookup holds it from
+    // resolution to remember: no name changes in between.
+    std::shared_lock lk(mu_);
+    PLY_CHECK(gather(br_, d.inst, from >> 7, first, bound));
+    uint64_t group = ~0ull, rank = 0;
+    for (const auto& [key, m] : first) {
+      if (key.first >= bound) break;
+      if (m.type == kWh) continue;
+      if (key.first != group) group = key.first, rank = 0;
+      const uint64_t ck = key.first << 7 | std::min<uint64_t>(rank++, 127);
+      if (ck < from) continue;
+      // What lookup would find, from the entries the listing already read:
+      // the first decides; a directory merges the directories right of it
+      // down to an opaque one or another kind of entry.
+      auto [b0, i0, t0] = m.occ.front();
+      auto a = br_[b0].fs->getattr(i0);
+      if (!a) {
+        if (missing(a.error())) continue;
+        return a.error();
+      }
+      Found f{*a, {{b0, i0}}, b0};
+      if (S_ISDIR(a->mode)) {
+        bool stop = a->opaque;
+        for (size_t k = 1; k < m.occ.size() && !stop; k++) {
+          auto [b, i, t] = m.occ[k];
+          if (t != DT_DIR) break;  // a file or a whiteout ends the merge
+          f.inst.emplace_back(b, i);
+          stop = PLY_TRY(br_[b].fs->getattr(i)).opaque;
+        }
+      } else {
+        leftmost_copy(f);
+      }
+      if (!fn(DirEntry{m.name, f.attr.ino, m.type, ck + 1}, &f.attr)) return ok();
+      remember(f.attr.ino, dir, m.name, f, true);
     }
     if (bound == ~0ull) return ok();
     from = bound << 7;
@@ -452,14 +540,16 @@ Result<void> Union::unlink(uint64_t dir, std::string_view name) {
   auto f = PLY_TRY(resolve(d, name));
   if (!f) return Error::io(ENOENT, "no such entry");
   if (S_ISDIR(f->attr.mode)) return Error::io(EISDIR, "is a directory");
-  return remove(dir, d, name, f->top_branch, false);
+  return remove(dir, d, name, *f, false);
 }
 
 // Deletes `name`, visible from branch b: there if b is writable (leaving a
 // whiteout when a branch to the right holds the name too), else by a
 // whiteout in the nearest usable writable branch to its left.
-Result<void> Union::remove(uint64_t dir, const Node& d, std::string_view name, int b, bool is_dir) {
-  if (del_ == DeleteMode::All) PLY_CHECK(remove_hidden(d, name, b));
+Result<void> Union::remove(uint64_t dir, const Node& d, std::string_view name, const Found& f,
+                           bool is_dir) {
+  const int b = f.top_branch;
+  if (del_ == DeleteMode::All) PLY_CHECK(remove_hidden(d, name, f));
   if (br_[b].writable) {
     uint64_t dino = 0;
     for (auto [bb, i] : d.inst)
@@ -473,7 +563,33 @@ Result<void> Union::remove(uint64_t dir, const Node& d, std::string_view name, i
   return br_[t].fs->whiteout(pd, name);
 }
 
-Result<void> Union::remove_hidden(const Node& d, std::string_view name, int b) {
+Result<void> Union::remove_hidden(const Node& d, std::string_view name, const Found& vis) {
+  const int b = vis.top_branch;
+  if (S_ISDIR(vis.attr.mode)) {
+    // A directory: only the parts of its merge, right to left, and only
+    // while each goes: the rightmost part's whiteouts hide nothing, but one
+    // that stays may hold names that the whiteouts of the parts left of it
+    // hide. Entries beyond the merge (a file that ends it, directories past
+    // an opaque one) stay: removing them would let more merge in.
+    for (auto it = vis.inst.rbegin(); it != vis.inst.rend(); ++it) {
+      auto [bb, ino] = *it;
+      if (bb <= b) break;
+      if (!br_[bb].writable) break;
+      uint64_t dino = 0;
+      for (auto [pb, pi] : d.inst)
+        if (pb == bb) dino = pi;
+      if (!dino) break;
+      auto r = br_[bb].fs->rmdir(dino, name, false);
+      if (!r) {
+        if (r.error().code == ENOTEMPTY) break;
+        return r.error();
+      }
+    }
+    return ok();
+  }
+  // Anything else hides every entry of the name right of it, whatever
+  // their kinds: each can go (a directory that holds names hidden by
+  // whiteouts cannot, and stays behind the final whiteout).
   for (auto it = d.inst.rbegin(); it != d.inst.rend(); ++it) {
     auto [bb, dino] = *it;
     if (bb <= b || !br_[bb].writable) continue;
@@ -484,18 +600,13 @@ Result<void> Union::remove_hidden(const Node& d, std::string_view name, int b) {
     }
     if (!*e || (*e)->type == kWh) continue;
     const bool dir = (*e)->type == DT_DIR;
-    // Only what the deleted name merged: a file under a directory (or the
-    // reverse) further right is hidden by the name's own merge rule and
-    // goes too, as Unionfs's delete=all does.
     auto r = dir ? br_[bb].fs->rmdir(dino, name, false) : br_[bb].fs->unlink(dino, name, false);
     if (!r) {
-      // A directory that holds names the view hides (behind whiteouts of
-      // branches further left) stays; the final whiteout hides it.
       if (dir && r.error().code == ENOTEMPTY) continue;
       return r.error();
     }
   }
-  return {};
+  return ok();
 }
 
 Result<void> Union::rmdir(uint64_t dir, std::string_view name) {
@@ -509,7 +620,7 @@ Result<void> Union::rmdir(uint64_t dir, std::string_view name) {
   if (!S_ISDIR(f->attr.mode)) return Error::io(ENOTDIR, "not a directory");
   remember(f->attr.ino, dir, name, *f);
   if (!PLY_TRY(union_empty(f->attr.ino))) return Error::io(ENOTEMPTY, "directory not empty");
-  return remove(dir, d, name, f->top_branch, true);
+  return remove(dir, d, name, *f, true);
 }
 
 Result<void> Union::materialize(uint64_t dir, int b, const Caller& c, int depth) {
@@ -559,6 +670,8 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
   std::unique_lock lk(mu_);
   Node od = PLY_TRY(node(odir));
   Node nd = PLY_TRY(node(ndir));
+  // Before anything is copied: a failed rename leaves even the branches as they were.
+  if (!od.is_dir || !nd.is_dir) return Error::io(ENOTDIR, "not a directory");
   auto src = PLY_TRY(resolve(od, oname));
   if (!src) return Error::io(ENOENT, "no such entry");
   auto dst = PLY_TRY(resolve(nd, nname));
@@ -634,7 +747,10 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
   if (exchange) PLY_CHECK(hide_below(ddir, dst->attr.ino, od, oname));
   // DeleteMode::All: the old name's instances further right go now (the
   // copy in t still shows the same object there).
-  if (del_ == DeleteMode::All && !exchange) PLY_CHECK(remove_hidden(od, oname, t));
+  if (del_ == DeleteMode::All && !exchange) {
+    auto now = PLY_TRY(resolve(od, oname));  // the source as brought into t
+    if (now) PLY_CHECK(remove_hidden(od, oname, *now));
+  }
   // 3. The one visible step.
   unsigned f = flags & (RENAME_NOREPLACE | RENAME_EXCHANGE);
   if (!exchange && PLY_TRY(below_has(od, t, oname))) f |= RENAME_WHITEOUT;
@@ -775,6 +891,7 @@ Result<void> Union::restack(std::vector<UnionBranch> nb) {
   for (const auto& [ino, n] : nodes_)
     if (!n.is_dir && !n.inst.empty()) was[ino] = br_[n.inst.front().first].fs;
   br_ = std::move(nb);
+  compute_origins();
   // Parents before children: each directory is found again by its name
   // under its (already re-resolved) parent.
   std::vector<std::pair<int, uint64_t>> order;

@@ -118,6 +118,12 @@ class Union {
   // Entries after `cookie` (0: from the start, with "." and ".."), merged.
   Result<void> readdir(uint64_t dir, uint64_t cookie,
                        const std::function<bool(const DirEntry&)>& fn);
+  // The same with each entry's attributes, as lookup would find them (FUSE's
+  // readdirplus), from what the listing read (no second resolution). Every
+  // entry `fn` accepts (returns true for) counts one reference, like lookup;
+  // "." and ".." come with no attributes and count none.
+  Result<void> readdirplus(uint64_t dir, uint64_t cookie,
+                           const std::function<bool(const DirEntry&, const Attr*)>& fn);
 
   // Opening for writing copies the file up, so that every later write of
   // that handle goes to a writable branch.
@@ -180,6 +186,9 @@ class Union {
   void remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
                 bool count = false);
   Result<std::optional<Found>> resolve(const Node& dir, std::string_view name);
+  // For a file found in f.top_branch: its leftmost copy, if another branch
+  // may hold the same object (see resolve).
+  void leftmost_copy(Found& f);
   // Whether a branch right of `b` holds anything (entry or whiteout) at the name.
   Result<bool> below_has(const Node& dir, int b, std::string_view name);
   int writable_left_of(int b) const;  // nearest writable branch left of b (b itself if writable)
@@ -200,10 +209,12 @@ class Union {
   // every directory of it there opaque (for a rename of a merged directory).
   Result<void> materialize(uint64_t dir, int b, const Caller& c, int depth = 0);
   Result<bool> union_empty(uint64_t dir);
-  Result<void> remove(uint64_t dir, const Node& d, std::string_view name, int b, bool is_dir);
-  // DeleteMode::All: deletes the instances of `name` right of branch b in
-  // writable branches (those the view does not show; right to left).
-  Result<void> remove_hidden(const Node& d, std::string_view name, int b);
+  Result<void> remove(uint64_t dir, const Node& d, std::string_view name, const Found& f,
+                      bool is_dir);
+  // DeleteMode::All: deletes the instances of `name` that the visible one,
+  // `vis`, hides, in writable branches, right to left, each step leaving
+  // the view as it was.
+  Result<void> remove_hidden(const Node& d, std::string_view name, const Found& vis);
   Result<Attr> create(uint64_t dir, std::string_view name,
                       const std::function<Result<Attr>(Filesystem&, uint64_t)>& make,
                       bool is_dir);
@@ -211,6 +222,12 @@ class Union {
   // Read under mu_ (or nodes_mu_); replaced by restack under both, exclusive.
   std::vector<UnionBranch> br_;
   bool kernel_times_ = false;
+  // Per branch: the tree its clone chain starts from (format.md#root-record,
+  // cloned_from), 0 if unknown. Only branches of one lineage hold the same
+  // object under different names without a hard link, so resolve() looks
+  // for a leftmost copy only then (or when the object has several links).
+  std::vector<uint64_t> origin_;
+  void compute_origins();
   CopyUpMode copyup_;
   DeleteMode del_;
   uint64_t root_;

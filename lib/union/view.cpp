@@ -221,6 +221,27 @@ Result<std::vector<ViewLayer>> default_stack(Volume& v) {
   return std::vector<ViewLayer>{{t, !b.read_only}};
 }
 
+Result<bool> is_layer(Volume& v, const BranchMeta& b) {
+  if (!b.parent.v) return false;
+  // A clone's tree records the tree it was cloned from (format.md#root-record).
+  auto txn = PLY_TRY(v.begin({}));
+  TreeInfo t = PLY_TRY(txn.tree_info(b.tree));
+  return t.cloned_from != b.parent;
+}
+
+Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name) {
+  BranchMeta b = PLY_TRY(find_branch(v, name));
+  std::vector<ViewLayer> s{{b.tree, !b.read_only}};
+  while (PLY_TRY(is_layer(v, b))) {
+    if (s.size() >= kMaxViewLayers)
+      return Error::invalid("layer \"" + std::string(name) + "\" has more than " +
+                            std::to_string(kMaxViewLayers) + " ancestors");
+    b = PLY_TRY(Filesystem::branch(v, b.parent));
+    s.push_back({b.tree, false});
+  }
+  return s;
+}
+
 std::string format_stack(Volume& v, const std::vector<ViewLayer>& s) {
   std::string out;
   for (const auto& l : s) {

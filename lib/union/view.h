@@ -41,6 +41,14 @@ Result<std::vector<ViewLayer>> parse_stack(Volume& v, std::string_view spec);
 // default branch read-write when there is no view.
 Result<std::vector<ViewLayer>> default_stack(Volume& v);
 Result<std::vector<ViewLayer>> view_stack(Volume& v, std::string_view view);
+// OLFS layer trees (format.md#catalog, "Layers"): a layer is a branch created
+// empty over a parent (plyctl layer create), as opposed to a clone, which is
+// a whole copy of its parent. Mounting layer X shows X over its ancestor
+// chain: X read-write (unless flagged read-only), then each parent read-only,
+// up to and including the first ancestor that is not a layer.
+Result<bool> is_layer(Volume& v, const BranchMeta& b);
+Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name);
+
 // Checks a stack against the branches: every tree exists, none twice, a
 // branch flagged read-only is not writable.
 Result<void> check_stack(Volume& v, const std::vector<ViewLayer>& s);
