@@ -3,6 +3,7 @@
 //   plyctl branch list|create|remove|set IMAGE ...
 //   plyctl branch list|add|remove|set|move MOUNTPOINT ...   (a mounted stack)
 //   plyctl view list|create|delete|default IMAGE ...
+//   plyctl layer list|create|delete IMAGE ...
 //   plyctl debug tree IMAGE TREE
 //   plyctl debug fields STRUCT
 //   plyctl debug corrupt IMAGE STRUCT [LOCATOR] FIELD (--set V|--flip BIT|--zero|--add N) [--keep-checksum]
@@ -14,6 +15,7 @@
 #include <uuid/uuid.h>
 
 #include <cinttypes>
+#include <functional>
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
@@ -65,6 +67,9 @@ void usage(FILE* out) {
                "  branch remove MNT NAME       stop showing NAME (its data stays)\n"
                "  branch set MNT NAME --ro | --rw\n"
                "  branch move MNT NAME POS     POS 0 is the leftmost place\n"
+               "  layer list IMAGE [--json]    the layer trees (layers: branches made over a parent)\n"
+               "  layer create IMAGE NAME --on PARENT [--ro]\n"
+               "  layer delete IMAGE NAME      (plyfs -o layer=NAME mounts a layer over its ancestors)\n"
                "  view list IMAGE [--json]     the views: ordered stacks of branches\n"
                "  view create IMAGE NAME STACK [--default]\n"
                "                               STACK: top=rw:base=ro (leftmost wins)\n"
@@ -540,6 +545,75 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
   return usage_error("unknown branch subcommand '" + sub + "'");
 }
 
+// OLFS layer trees: layers are branches made empty over a parent; the
+// commands are the branch ones with the tree shown as a tree.
+int cmd_layer(const std::string& sub, const std::vector<std::string>& args) {
+  auto p = parse(args, {"--on"}, {"--json", "--ro"});
+  if (!p) return usage_error(p.error().message());
+  const auto& pos = p->pos;
+  auto has = [&](const char* o) { return p->opt.count(o) > 0; };
+  if (sub == "create") {
+    if (pos.size() != 2 || !has("--on") || has("--json"))
+      return usage_error("usage: plyctl layer create IMAGE NAME --on PARENT [--ro]");
+    std::vector<std::string> a{pos[0], pos[1], "--parent", p->opt.at("--on")};
+    if (has("--ro")) a.push_back("--ro");
+    return cmd_branch("create", a);
+  }
+  if (sub == "delete") {
+    if (pos.size() != 2 || has("--on") || has("--ro") || has("--json"))
+      return usage_error("usage: plyctl layer delete IMAGE NAME");
+    return cmd_branch("remove", pos);
+  }
+  if (sub != "list") return usage_error("unknown layer subcommand '" + sub + "' (list, create, delete)");
+  if (pos.size() != 1 || has("--on") || has("--ro"))
+    return usage_error("usage: plyctl layer list IMAGE [--json]");
+  auto o = open_volume(pos[0], false);
+  if (!o) return fail(pos[0] + ": " + o.error().message());
+  auto bs = Filesystem::branches(*o->vol);
+  if (!bs) return fail(pos[0] + ": " + bs.error().message());
+  std::map<uint64_t, const BranchMeta*> by_tree;
+  std::map<uint64_t, std::vector<const BranchMeta*>> children;
+  std::vector<const BranchMeta*> roots;
+  std::map<uint64_t, bool> layer;
+  for (const auto& b : *bs) {
+    by_tree[b.tree.v] = &b;
+    auto l = is_layer(*o->vol, b);
+    if (!l) return fail(pos[0] + ": " + l.error().message());
+    layer[b.tree.v] = *l;
+  }
+  for (const auto& b : *bs) {
+    if (layer[b.tree.v] && by_tree.count(b.parent.v)) children[b.parent.v].push_back(&b);
+    else roots.push_back(&b);
+  }
+  auto name_of = [&](TreeId t) { return by_tree.count(t.v) ? by_tree[t.v]->name : std::to_string(t.v); };
+  if (has("--json")) {
+    std::printf("[");
+    for (size_t i = 0; i < bs->size(); i++) {
+      const auto& b = (*bs)[i];
+      std::printf("%s{\"name\": %s, \"id\": %llu, \"parent\": %s, \"layer\": %s, \"read_only\": %s}",
+                  i ? ", " : "", json_str(b.name).c_str(), (unsigned long long)b.tree.v,
+                  b.parent.v ? json_str(name_of(b.parent)).c_str() : "null",
+                  layer[b.tree.v] ? "true" : "false", b.read_only ? "true" : "false");
+    }
+    std::printf("]\n");
+    return 0;
+  }
+  std::function<void(const BranchMeta*, const std::string&, const std::string&)> show =
+      [&](const BranchMeta* b, const std::string& lead, const std::string& more) {
+        std::string what = "id " + std::to_string(b->tree.v) + (b->read_only ? ", ro" : "");
+        if (!layer[b->tree.v] && b->parent.v) what += ", clone of " + name_of(b->parent);
+        std::printf("%s%s (%s)\n", lead.c_str(), b->name.c_str(), what.c_str());
+        const auto& kids = children[b->tree.v];
+        for (size_t i = 0; i < kids.size(); i++) {
+          const bool last = i + 1 == kids.size();
+          show(kids[i], more + (last ? "\u2514\u2500\u2500 " : "\u251c\u2500\u2500 "),
+               more + (last ? "    " : "\u2502   "));
+        }
+      };
+  for (const auto* r : roots) show(r, "", "");
+  return 0;
+}
+
 int cmd_view(const std::string& sub, const std::vector<std::string>& args) {
   auto p = parse(args, {}, {"--json", "--default"});
   if (!p) return usage_error(p.error().message());
@@ -612,11 +686,11 @@ int real_main(int argc, char** argv) {
   const std::string cmd = args[0];
   args.erase(args.begin());
   if (cmd == "show") return cmd_show(args);
-  if (cmd == "branch" || cmd == "view") {
+  if (cmd == "branch" || cmd == "view" || cmd == "layer") {
     if (args.empty()) return usage_error(cmd + " needs a subcommand");
     const std::string sub = args[0];
     args.erase(args.begin());
-    return cmd == "branch" ? cmd_branch(sub, args) : cmd_view(sub, args);
+    return cmd == "branch" ? cmd_branch(sub, args) : cmd == "view" ? cmd_view(sub, args) : cmd_layer(sub, args);
   }
   if (cmd == "debug") {
     if (args.empty()) return usage_error("debug needs a subcommand: tree, fields or corrupt");

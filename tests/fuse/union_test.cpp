@@ -266,3 +266,56 @@ TEST_CASE("union mount: branches change while mounted (plyctl on the mount point
   CHECK(read_file(fx / "g") == "Wop's g");
   fx.unmount();
 }
+
+TEST_CASE("union mount: layer trees (plyctl layer, -o layer=)", "[union-fuse]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  fx.unmount();
+  plyctl(fx, {"layer", "create", fx.img, "a", "--on", "main"});
+  plyctl(fx, {"layer", "create", fx.img, "b", "--on", "a"});
+  plyctl(fx, {"layer", "create", fx.img, "c", "--on", "main"});
+  plyctl(fx, {"branch", "create", fx.img, "copy", "--clone", "main"});
+  const std::string log = fx.tmp / "layer.log";
+  ::unlink(log.c_str());
+  REQUIRE(run({plyctl_bin(), "layer", "list", fx.img}, log) == 0);
+  // Layers hang under their parents; a clone is a tree of its own.
+  CHECK(slurp(log) ==
+        "main (id 256)\n"
+        "\u251c\u2500\u2500 a (id 257)\n"
+        "\u2502   \u2514\u2500\u2500 b (id 258)\n"
+        "\u2514\u2500\u2500 c (id 259)\n"
+        "copy (id 260, clone of main)\n");
+  ::unlink(log.c_str());
+  REQUIRE(run({plyctl_bin(), "layer", "list", fx.img, "--json"}, log) == 0);
+  CHECK(slurp(log).find("{\"name\": \"b\", \"id\": 258, \"parent\": \"a\", \"layer\": true, "
+                        "\"read_only\": false}") != std::string::npos);
+  CHECK(slurp(log).find("{\"name\": \"copy\", \"id\": 260, \"parent\": \"main\", \"layer\": false")
+        != std::string::npos);
+  // Mounting layer b shows b over a over main; changes land in b.
+  fx.opts = {"layer=a"};
+  fx.mount();
+  write_file(fx / "in-a", "a");
+  fx.unmount();
+  fx.opts = {"layer=b"};
+  fx.mount();
+  CHECK(read_file(fx / "m") == "main");
+  CHECK(read_file(fx / "in-a") == "a");
+  write_file(fx / "m", "changed in b");
+  REQUIRE(::unlink((fx / "in-a").c_str()) == 0);
+  fx.unmount();
+  fx.opts = {"layer=a"};
+  fx.mount();
+  CHECK(read_file(fx / "m") == "main");  // a and main unchanged
+  CHECK(read_file(fx / "in-a") == "a");
+  fx.unmount();
+  fx.opts = {"layer=c"};  // a sibling: main's files, none of a's
+  fx.mount();
+  CHECK(list_dir(fx.root()) == std::vector<std::string>{"m"});
+  fx.unmount();
+  // A layer with children cannot go; usage errors are errors.
+  CHECK(run({plyctl_bin(), "layer", "delete", fx.img, "a"}, log) == 1);
+  CHECK(run({plyctl_bin(), "layer", "create", fx.img, "d"}, log) == 2);
+  plyctl(fx, {"layer", "delete", fx.img, "b"});
+  plyctl(fx, {"layer", "delete", fx.img, "a"});
+  CHECK(run({plyfs_bin(), fx.img, fx.tmp / "mnt", "-f", "-o", "layer=b"}, log) == 32);
+}
