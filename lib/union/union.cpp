@@ -256,7 +256,7 @@ static Result<void> gather(const std::vector<UnionBranch>& br,
       count++;
       last = h;
       auto [it, fresh] = first.try_emplace({h, std::string(e.name)}, Merged{std::string(e.name), e.ino, e.type, {}});
-      (void)fresh;
+      if (fresh) it->second.occ.reserve(inst.size());  // one allocation per name
       it->second.occ.emplace_back(b, e.ino, e.type);
       return true;
     });
