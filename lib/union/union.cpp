@@ -243,7 +243,9 @@ static Result<void> gather(const std::vector<UnionBranch>& br,
                            std::map<std::pair<uint64_t, std::string>, Merged>& first,
                            uint64_t& bound) {
   bound = ~0ull;
-  for (auto [b, dino] : inst) {
+  for (const auto& part : inst) {
+    const int b = part.first;  // a plain variable: lambdas may not capture bindings (C++17/clang)
+    const uint64_t dino = part.second;
     size_t count = 0;
     uint64_t last = 0;
     auto r = br[b].fs->readdir(dino, std::max<uint64_t>(from_hash << 7, 3), [&](const DirEntry& e) {

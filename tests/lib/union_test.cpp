@@ -97,11 +97,13 @@ bool inside(const std::string& p, const std::string& dir) {
 void merge(std::vector<std::unique_ptr<Filesystem>>& fs, const std::vector<std::pair<int, uint64_t>>& dirs,
            const std::string& prefix, Model& out) {
   std::map<std::string, std::vector<std::pair<int, Entry>>> names;  // in branch order
-  for (auto [b, ino] : dirs)
-    must(fs[b]->readdir(ino, 0, [&](const DirEntry& e) {
+  for (const auto& part : dirs) {
+    const int b = part.first;  // lambdas may not capture structured bindings (clang)
+    must(fs[b]->readdir(part.second, 0, [&](const DirEntry& e) {
       if (e.name != "." && e.name != "..") names[std::string(e.name)].push_back({b, Entry{e.ino, e.type}});
       return true;
     }));
+  }
   for (auto& [name, occ] : names) {
     auto [b0, e0] = occ[0];
     if (e0.type == DT_WHT) continue;
