@@ -11,6 +11,7 @@
 #include "blockdev/blockdev.h"
 #include "fsck/fsck.h"
 #include "fs/check.h"
+#include "union/view.h"
 #include "fs/fs.h"
 
 #ifndef PLYFS_VERSION
@@ -169,7 +170,12 @@ int real_main(int argc, char** argv) {
   std::signal(SIGTERM, [](int) { g_cancel = true; });
   FsckOptions fo;
   fo.kinds = fs_kinds();
-  fo.object_checks = [&a](BlockDevice& d) { return check_filesystems(d, a.data); };
+  fo.object_checks = [&a](BlockDevice& d) {
+    auto ps = check_filesystems(d, a.data);
+    auto vs = check_views(d);  // the catalog (U4)
+    ps.insert(ps.end(), vs.begin(), vs.end());
+    return ps;
+  };
   fo.mode = a.mode;
   fo.cancel = &g_cancel;
   if (a.progress)

@@ -2,6 +2,7 @@
 #include "union/view.h"
 
 #include <cstring>
+#include <set>
 
 #include "btree/btree.h"
 #include "util/endian.h"
@@ -240,6 +241,48 @@ Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name) {
     s.push_back({b.tree, false});
   }
   return s;
+}
+
+std::vector<Problem> check_views(Volume& v) {
+  std::vector<Problem> out;
+  auto problem = [&](const std::string& what) {
+    out.push_back(Problem{"U4-view", Error::kNoBlock, what, 0});
+  };
+  auto views = list_views(v);
+  if (!views) {
+    problem("the catalog does not read back: " + views.error().message());
+    return out;
+  }
+  size_t defaults = 0;
+  for (const auto& view : *views) {
+    defaults += view.is_default;
+    if (view.layers.empty() || view.layers.size() > kMaxViewLayers)
+      problem("view \"" + view.name + "\" has " + std::to_string(view.layers.size()) + " layers");
+    std::set<uint64_t> seen;
+    for (const auto& l : view.layers) {
+      auto b = Filesystem::branch(v, l.tree);
+      if (!b) {
+        problem("view \"" + view.name + "\" names tree " + std::to_string(l.tree.v) + ", which is no branch");
+        continue;
+      }
+      if (!seen.insert(l.tree.v).second)
+        problem("view \"" + view.name + "\" names branch \"" + b->name + "\" twice");
+      if (l.writable && b->read_only)
+        problem("view \"" + view.name + "\" writes to read-only branch \"" + b->name + "\"");
+    }
+  }
+  if (defaults > 1) problem(std::to_string(defaults) + " views are the default");
+  return out;
+}
+
+std::vector<Problem> check_views(BlockDevice& dev) {
+  VolumeOptions vo;
+  vo.read_only = true;
+  vo.kinds = fs_kinds();
+  vo.cache_bytes = 16ull << 20;
+  auto vol = Volume::open(dev, vo);
+  if (!vol) return {Problem{"U4-view", Error::kNoBlock, "cannot open: " + vol.error().message(), 0}};
+  return check_views(**vol);
 }
 
 std::string format_stack(Volume& v, const std::vector<ViewLayer>& s) {

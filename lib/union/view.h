@@ -54,4 +54,11 @@ Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name);
 Result<void> check_stack(Volume& v, const std::vector<ViewLayer>& s);
 std::string format_stack(Volume& v, const std::vector<ViewLayer>& s);
 
+// The catalog's invariant U4 (format.md#catalog), for fsck's object pass:
+// the catalog reads back; every view names 1-32 existing branches, none
+// twice, no READ_ONLY branch as writable; at most one view is the default.
+// Code "U4-view"; only reads.
+std::vector<Problem> check_views(Volume& v);
+std::vector<Problem> check_views(BlockDevice& dev);  // opened read-only
+
 }  // namespace plyfs

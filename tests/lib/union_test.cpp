@@ -851,6 +851,33 @@ TEST_CASE("union: an object two clones share is shown once, as the leftmost clon
   CHECK(!must(is_layer(*im.vol, must(Filesystem::branch(*im.vol, clone)))));
 }
 
+TEST_CASE("union: the catalog checks (U4) find views that name gone or read-only branches", "[union]") {
+  Image im = make_image(3);
+  CHECK(check_views(*im.vol).empty());  // no catalog yet
+  must(put_view(*im.vol, View{"a", true, {{im.trees[1], true}, {im.trees[0], false}}}));
+  must(put_view(*im.vol, View{"b", false, {{im.trees[2], true}}}));
+  CHECK(check_views(*im.vol).empty());
+  // Branches changed behind the views' back (plyctl refuses both).
+  BranchMeta ro = must(Filesystem::branch(*im.vol, im.trees[1]));
+  ro.read_only = true;
+  must(Filesystem::set_branch(*im.vol, ro));
+  im.fs.pop_back();
+  {
+    auto t = must(im.vol->begin({.for_delete = true}));
+    must(t.drop_tree(im.trees[2]));
+  }
+  auto ps = check_views(*im.vol);
+  std::string all;
+  for (const auto& p : ps) {
+    CHECK(p.code == "U4-view");
+    all += p.message + "\n";
+  }
+  INFO(all);
+  CHECK(ps.size() == 2);
+  CHECK(all.find("writes to read-only branch \"b1\"") != std::string::npos);
+  CHECK(all.find("names tree " + std::to_string(im.trees[2].v) + ", which is no branch") != std::string::npos);
+}
+
 TEST_CASE("union: views and stacks in the catalog persist", "[union]") {
   Image im = make_image(3);
   auto bs = must(Filesystem::branches(*im.vol));
