@@ -10,6 +10,7 @@
 // are the files plus the directories. Built by bench/fsbench with gcc -O2;
 // it is C so that the process itself costs next to nothing.
 #define _GNU_SOURCE
+#define BENCH_PROG "fsbench_files"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -19,16 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void die(const char* what, const char* name) {
-  fprintf(stderr, "fsbench_files: %s %s: %s\n", what, name, strerror(errno));
-  exit(1);
-}
+#include "bench_util.h"
 
 int main(int argc, char** argv) {
   if (argc != 5 || (strcmp(argv[1], "create") && strcmp(argv[1], "delete"))) {

@@ -17,6 +17,7 @@
 // C, built by bench/unionbench with gcc -O2, so that the process itself costs
 // next to nothing next to the system calls it times.
 #define _GNU_SOURCE
+#define BENCH_PROG "unionbench_ops"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -27,16 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void die(const char* what, const char* name) {
-  fprintf(stderr, "unionbench_ops: %s %s: %s\n", what, name, strerror(errno));
-  exit(1);
-}
+#include "bench_util.h"
 
 static void file_path(char* out, size_t n, const char* top, long ndirs, long i) {
   snprintf(out, n, "%s/d%04ld/f%06ld", top, i % ndirs, i);

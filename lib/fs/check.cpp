@@ -285,12 +285,16 @@ std::vector<Problem> check_filesystems(Volume& vol, bool data) {
   return out;
 }
 
-std::vector<Problem> check_filesystems(BlockDevice& dev, bool data) {
+Result<std::unique_ptr<Volume>> open_to_check(BlockDevice& dev) {
   VolumeOptions vo;
   vo.read_only = true;
   vo.kinds = fs_kinds();
   vo.cache_bytes = 64ull << 20;
-  auto vol = Volume::open(dev, vo);
+  return Volume::open(dev, vo);
+}
+
+std::vector<Problem> check_filesystems(BlockDevice& dev, bool data) {
+  auto vol = open_to_check(dev);
   if (!vol) return {Problem{"F-item", Error::kNoBlock, "cannot open: " + vol.error().message(), 0}};
   return check_filesystems(**vol, data);
 }

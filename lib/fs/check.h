@@ -18,5 +18,7 @@ namespace plyfs {
 std::vector<Problem> check_filesystems(Volume& vol, bool data = false);
 // The same on a device, opened read-only (fsck's pass 5 hook).
 std::vector<Problem> check_filesystems(BlockDevice& dev, bool data = false);
+// The volume such checks read: read-only, with the filesystem kinds.
+Result<std::unique_ptr<Volume>> open_to_check(BlockDevice& dev);
 
 }  // namespace plyfs

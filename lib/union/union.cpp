@@ -267,6 +267,37 @@ static Result<void> gather(const std::vector<UnionBranch>& br,
   return ok();
 }
 
+// One merged listing from `cookie`: ".", "..", then the visible names in
+// cookie order, each handed to fn (with what the listing read of it; none
+// for the dots) while `mu` is held shared, so that no name changes between
+// reading an entry and handing it out. Stops when fn returns false.
+using ListFn = std::function<Result<bool>(const DirEntry&, const Merged*)>;
+static Result<void> list_merged(const std::vector<UnionBranch>& br, std::shared_mutex& mu,
+                                uint64_t dir, uint64_t parent,
+                                const std::vector<std::pair<int, uint64_t>>& inst, uint64_t cookie,
+                                const ListFn& fn) {
+  if (cookie == 0 && !PLY_TRY(fn(DirEntry{".", dir, DT_DIR, 1}, nullptr))) return ok();
+  if (cookie <= 1 && !PLY_TRY(fn(DirEntry{"..", parent, DT_DIR, 2}, nullptr))) return ok();
+  uint64_t from = std::max<uint64_t>(cookie, 3);
+  for (;;) {
+    std::map<std::pair<uint64_t, std::string>, Merged> first;
+    uint64_t bound;
+    std::shared_lock lk(mu);
+    PLY_CHECK(gather(br, inst, from >> 7, first, bound));
+    uint64_t group = ~0ull, rank = 0;
+    for (const auto& [key, m] : first) {
+      if (key.first >= bound) break;
+      if (m.type == kWh) continue;
+      if (key.first != group) group = key.first, rank = 0;
+      const uint64_t ck = key.first << 7 | std::min<uint64_t>(rank++, 127);
+      if (ck < from) continue;
+      if (!PLY_TRY(fn(DirEntry{m.name, m.ino, m.type, ck + 1}, &m))) return ok();
+    }
+    if (bound == ~0ull) return ok();
+    from = bound << 7;
+  }
+}
+
 Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
                             const std::function<bool(const DirEntry&)>& fn) {
   Node d;
@@ -275,28 +306,8 @@ Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
     d = PLY_TRY(node(dir));
   }
   if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
-  if (cookie == 0 && !fn(DirEntry{".", dir, DT_DIR, 1})) return ok();
-  if (cookie <= 1 && !fn(DirEntry{"..", d.parent, DT_DIR, 2})) return ok();
-  uint64_t from = std::max<uint64_t>(cookie, 3);
-  for (;;) {
-    std::map<std::pair<uint64_t, std::string>, Merged> first;
-    uint64_t bound;
-    {
-      std::shared_lock lk(mu_);
-      PLY_CHECK(gather(br_, d.inst, from >> 7, first, bound));
-    }
-    uint64_t group = ~0ull, rank = 0;
-    for (const auto& [key, m] : first) {
-      if (key.first >= bound) break;
-      if (m.type == kWh) continue;
-      if (key.first != group) group = key.first, rank = 0;
-      const uint64_t ck = key.first << 7 | std::min<uint64_t>(rank++, 127);
-      if (ck < from) continue;
-      if (!fn(DirEntry{m.name, m.ino, m.type, ck + 1})) return ok();
-    }
-    if (bound == ~0ull) return ok();
-    from = bound << 7;
-  }
+  return list_merged(br_, mu_, dir, d.parent, d.inst, cookie,
+                     [&](const DirEntry& e, const Merged*) -> Result<bool> { return fn(e); });
 }
 
 Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
@@ -307,50 +318,35 @@ Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
     d = PLY_TRY(node(dir));
   }
   if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
-  if (cookie == 0 && !fn(DirEntry{".", dir, DT_DIR, 1}, nullptr)) return ok();
-  if (cookie <= 1 && !fn(DirEntry{"..", d.parent, DT_DIR, 2}, nullptr)) return ok();
-  uint64_t from = std::max<uint64_t>(cookie, 3);
-  for (;;) {
-    std::map<std::pair<uint64_t, std::string>, Merged> first;
-    uint64_t bound;
-    // Held while the entries are handed out, as lookup holds it from
-    // resolution to remember: no name changes in between.
-    std::shared_lock lk(mu_);
-    PLY_CHECK(gather(br_, d.inst, from >> 7, first, bound));
-    uint64_t group = ~0ull, rank = 0;
-    for (const auto& [key, m] : first) {
-      if (key.first >= bound) break;
-      if (m.type == kWh) continue;
-      if (key.first != group) group = key.first, rank = 0;
-      const uint64_t ck = key.first << 7 | std::min<uint64_t>(rank++, 127);
-      if (ck < from) continue;
-      // What lookup would find, from the entries the listing already read:
-      // the first decides; a directory merges the directories right of it
-      // down to an opaque one or another kind of entry.
-      auto [b0, i0, t0] = m.occ.front();
-      auto a = br_[b0].fs->getattr(i0);
-      if (!a) {
-        if (missing(a.error())) continue;
-        return a.error();
-      }
-      Found f{*a, {{b0, i0}}, b0};
-      if (S_ISDIR(a->mode)) {
-        bool stop = a->opaque;
-        for (size_t k = 1; k < m.occ.size() && !stop; k++) {
-          auto [b, i, t] = m.occ[k];
-          if (t != DT_DIR) break;  // a file or a whiteout ends the merge
-          f.inst.emplace_back(b, i);
-          stop = PLY_TRY(br_[b].fs->getattr(i)).opaque;
-        }
-      } else {
-        leftmost_copy(f);
-      }
-      if (!fn(DirEntry{m.name, f.attr.ino, m.type, ck + 1}, &f.attr)) return ok();
-      remember(f.attr.ino, dir, m.name, f, true);
+  return list_merged(br_, mu_, dir, d.parent, d.inst, cookie,
+                     [&](const DirEntry& e, const Merged* mp) -> Result<bool> {
+    if (!mp) return fn(e, nullptr);
+    const Merged& m = *mp;
+    // What lookup would find, from the entries the listing already read:
+    // the first decides; a directory merges the directories right of it
+    // down to an opaque one or another kind of entry.
+    auto [b0, i0, t0] = m.occ.front();
+    auto a = br_[b0].fs->getattr(i0);
+    if (!a) {
+      if (missing(a.error())) return true;  // removed meanwhile: skip it
+      return a.error();
     }
-    if (bound == ~0ull) return ok();
-    from = bound << 7;
-  }
+    Found f{*a, {{b0, i0}}, b0};
+    if (S_ISDIR(a->mode)) {
+      bool stop = a->opaque;
+      for (size_t k = 1; k < m.occ.size() && !stop; k++) {
+        auto [b, i, t] = m.occ[k];
+        if (t != DT_DIR) break;  // a file or a whiteout ends the merge
+        f.inst.emplace_back(b, i);
+        stop = PLY_TRY(br_[b].fs->getattr(i)).opaque;
+      }
+    } else {
+      leftmost_copy(f);
+    }
+    if (!fn(DirEntry{m.name, f.attr.ino, m.type, e.next}, &f.attr)) return false;
+    remember(f.attr.ino, dir, m.name, f, true);
+    return true;
+  });
 }
 
 Result<bool> Union::union_empty(uint64_t dir) {

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "btree/btree.h"
+#include "fs/check.h"
 #include "util/endian.h"
 
 namespace plyfs {
@@ -276,11 +277,7 @@ std::vector<Problem> check_views(Volume& v) {
 }
 
 std::vector<Problem> check_views(BlockDevice& dev) {
-  VolumeOptions vo;
-  vo.read_only = true;
-  vo.kinds = fs_kinds();
-  vo.cache_bytes = 16ull << 20;
-  auto vol = Volume::open(dev, vo);
+  auto vol = open_to_check(dev);
   if (!vol) return {Problem{"U4-view", Error::kNoBlock, "cannot open: " + vol.error().message(), 0}};
   return check_views(**vol);
 }
