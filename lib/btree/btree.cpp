@@ -253,6 +253,125 @@ Result<void> BTree::scan(Key from, Key to,
   return ok();
 }
 
+// ------------------------------------------------------------------ diff
+
+namespace {
+
+// One tree's side of a diff: what is left to compare, as the path of nodes
+// from the root, each with the slot where its rest begins. The front is the
+// top node's slot: a leaf item, or, in an inner node, the child's whole
+// subtree, which is read only when it has to be. Leaving subtrees unread
+// until the other side is known not to share them is what skips them.
+struct DiffSide {
+  struct Step { Ref node; uint32_t slot; };
+  std::vector<Step> path;
+
+  bool done() const { return path.empty(); }
+  NodeView top() const { return view(path.back().node); }
+  uint32_t slot() const { return path.back().slot; }
+  // The front's lowest key: an inner slot's key is its subtree's lowest (T2).
+  Key key() const { return top().key(slot()); }
+  // The front's level: the child's for a subtree, -1 for a leaf item.
+  int level() const { return top().level() - 1; }
+  // Moves past the front, leaving the nodes it used up.
+  void advance() {
+    path.back().slot++;
+    while (path.back().slot >= top().n()) {
+      path.pop_back();
+      if (path.empty()) return;
+      path.back().slot++;
+    }
+  }
+};
+
+}  // namespace
+
+// Walks both trees at once, each side a stream of items and unread subtrees
+// ordered by key (DiffSide). Everything below the smaller front key has been
+// compared. At each step:
+//   - fronts with different keys: the smaller one is an item the other tree
+//     lacks, or a subtree to read (the other tree has nothing at its first
+//     key, so does not share it);
+//   - equal keys, both subtrees of the same block and generation: the same
+//     items on both sides, skipped unread. A node reachable from two trees
+//     is never changed in place (a change shadows it first, format.md#btree-cow)
+//     and is not freed while a tree reaches it (T6), so its number names its
+//     content;
+//   - equal keys otherwise: read the subtree of the higher level, where the
+//     other side's may lie (both when the levels are equal too: a key lies in
+//     one node per level, so these two are not shared), until two subtrees
+//     meet or both fronts are items, which merge.
+// Trees of different heights or with different split points thus still meet
+// at the subtrees they share, and a clone with a few changes costs about the
+// paths to those changes on each side.
+Result<void> BTree::diff(const BTree& a, const BTree& b, const DiffFn& fn, uint64_t* nodes_read) {
+  uint64_t unused = 0;
+  uint64_t& reads = nodes_read ? *nodes_read : unused;
+  reads = 0;
+  if (a.root_ == b.root_) return ok();  // the same tree: a clone neither side changed
+
+  auto start = [&](const BTree& t, DiffSide& s) -> Result<void> {
+    Ref r = PLY_TRY(t.read(t.root_.block, t.root_.gen, t.root_.level));
+    reads++;
+    if (view(r).n() > 0) s.path.push_back({r, 0});  // else an empty tree: nothing left
+    return ok();
+  };
+  // Opens the front subtree: the slots of its top node become the front.
+  auto descend = [&](const BTree& t, DiffSide& s) -> Result<void> {
+    NodeView v = s.top();
+    const uint32_t i = s.slot();
+    Ref c = PLY_TRY(t.read(v.child(i), v.child_gen(i), v.level() - 1));
+    reads++;
+    if (view(c).n() == 0) return Error::corrupt(c->blockno.v, "empty non-root node");
+    s.path.push_back({c, 0});
+    return ok();
+  };
+
+  DiffSide sa, sb;
+  PLY_CHECK(start(a, sa));
+  PLY_CHECK(start(b, sb));
+  while (!sa.done() || !sb.done()) {
+    bool take_a = !sa.done(), take_b = !sb.done();
+    if (take_a && take_b) {
+      const Key ka = sa.key(), kb = sb.key();
+      take_a = ka <= kb;
+      take_b = kb <= ka;
+    }
+    if (take_a && take_b) {  // equal keys
+      const int la = sa.level(), lb = sb.level();
+      if (la >= 0 && la == lb) {
+        const NodeView va = sa.top(), vb = sb.top();
+        if (va.child(sa.slot()) == vb.child(sb.slot()) &&
+            va.child_gen(sa.slot()) == vb.child_gen(sb.slot())) {
+          sa.advance();
+          sb.advance();
+          continue;
+        }
+      }
+      if (la >= 0 && la >= lb) PLY_CHECK(descend(a, sa));
+      if (lb >= 0 && lb >= la) PLY_CHECK(descend(b, sb));
+      if (la >= 0 || lb >= 0) continue;
+      // Two items of the same key.
+      const auto va = sa.top().value(sa.slot()), vb = sb.top().value(sb.slot());
+      if (!std::equal(va.begin(), va.end(), vb.begin(), vb.end()) && !fn(sa.key(), va, vb))
+        return ok();
+      sa.advance();
+      sb.advance();
+      continue;
+    }
+    DiffSide& s = take_a ? sa : sb;
+    if (s.level() >= 0) {
+      PLY_CHECK(descend(take_a ? a : b, s));
+      continue;
+    }
+    // An item only this side has.
+    const auto v = s.top().value(s.slot());
+    if (!(take_a ? fn(s.key(), v, std::nullopt) : fn(s.key(), std::nullopt, v))) return ok();
+    s.advance();
+  }
+  return ok();
+}
+
 // ------------------------------------------------------------------ writes
 
 Result<void> BTree::put(MutCtx& m, Key k, std::span<const std::byte> value) {

@@ -153,6 +153,20 @@ class BTree {
   Result<void> scan(Key from, Key to,
                     const std::function<bool(Key, std::span<const std::byte>)>& fn) const;
 
+  // Compares two trees (btrfs send's tree comparison). Calls fn for every key
+  // whose value differs, in ascending key order, while fn returns true: with
+  // the value in a and the value in b, an empty side meaning the key is absent
+  // from that tree. The spans are valid during the call only. A subtree both
+  // trees point to (same block and generation) holds the same items in both
+  // and is skipped unread, so comparing a tree with a clone of it reads about
+  // the paths to what changed since, not the whole tree. Both trees must use
+  // one volume and stay unchanged during the call. nodes_read, if given,
+  // is set to the number of nodes read (each root counts).
+  using DiffFn = std::function<bool(Key, std::optional<std::span<const std::byte>> in_a,
+                                    std::optional<std::span<const std::byte>> in_b)>;
+  static Result<void> diff(const BTree& a, const BTree& b, const DiffFn& fn,
+                           uint64_t* nodes_read = nullptr);
+
   // Adds the reference a new clone holds on the root.
   static Result<void> clone_root(NodeSpace& space, const RootPtr& root);
   // Releases a tree's reference on its root, freeing every node, and every

@@ -663,6 +663,19 @@ Result<void> Volume::Txn::scan(TreeId t, Key from, Key to,
   return s->tree->scan(from, to, fn);
 }
 
+Result<void> Volume::Txn::diff(TreeId a, TreeId b, const BTree::DiffFn& fn,
+                               uint64_t* nodes_read) {
+  Slot* sa = PLY_TRY(s_.v->slot(a));
+  Slot* sb = PLY_TRY(s_.v->slot(b));
+  // Shared locks in tree-id order: with writers queued on both trees, two
+  // diffs taking them in opposite orders could otherwise wait on each other.
+  // The same tree twice is locked once (a shared_mutex is not recursive).
+  std::shared_lock first(a.v <= b.v ? sa->mu : sb->mu);
+  std::shared_lock<std::shared_mutex> second;
+  if (a.v != b.v) second = std::shared_lock(a.v < b.v ? sb->mu : sa->mu);
+  return BTree::diff(*sa->tree, *sb->tree, fn, nodes_read);
+}
+
 Result<void> Volume::Txn::put(TreeId t, Key k, std::span<const std::byte> val) {
   PLY_CHECK(s_.v->writable());
   PLY_CHECK(check_value(*s_.v, val));

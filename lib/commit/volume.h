@@ -237,6 +237,10 @@ class Volume::Txn {
   Result<bool> erase(TreeId t, Key k);
   Result<void> scan(TreeId t, Key from, Key to,
                     const std::function<bool(Key, std::span<const std::byte>)>& fn);
+  // The keys whose values differ between trees a and b, in order, skipping
+  // the subtrees they share (BTree::diff). Both trees are locked for reading
+  // meanwhile: fn must not change either of them.
+  Result<void> diff(TreeId a, TreeId b, const BTree::DiffFn& fn, uint64_t* nodes_read = nullptr);
 
   // Extents that tree values reference (file data). Length in blocks.
   Result<BlockNo> alloc_extent(uint64_t nblocks);

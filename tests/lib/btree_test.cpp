@@ -500,3 +500,359 @@ TEST_CASE("a clone is O(1): it writes nothing until one side changes", "[btree][
   REQUIRE(*must(must(vol->begin()).get(c, Key{5, 0})) == bytes("changed"));
   require_clean(*dev);
 }
+
+// ------------------------------------------------------------------ diff
+
+namespace {
+
+// One difference: the key, its value in a and in b (empty: absent there).
+struct DiffEntry {
+  Key key;
+  std::optional<std::vector<std::byte>> a, b;
+  bool operator==(const DiffEntry&) const = default;
+};
+using DiffList = std::vector<DiffEntry>;
+
+// What a diff must report, from two full models.
+DiffList naive_diff(const Model& a, const Model& b) {
+  DiffList out;
+  auto ia = a.begin(), ib = b.begin();
+  while (ia != a.end() || ib != b.end()) {
+    if (ib == b.end() || (ia != a.end() && ia->first < ib->first)) {
+      out.push_back({ia->first, ia->second, std::nullopt});
+      ++ia;
+    } else if (ia == a.end() || ib->first < ia->first) {
+      out.push_back({ib->first, std::nullopt, ib->second});
+      ++ib;
+    } else {
+      if (ia->second != ib->second) out.push_back({ia->first, ia->second, ib->second});
+      ++ia;
+      ++ib;
+    }
+  }
+  return out;
+}
+
+std::optional<std::vector<std::byte>> copy(std::optional<std::span<const std::byte>> v) {
+  if (!v) return std::nullopt;
+  return std::vector<std::byte>(v->begin(), v->end());
+}
+
+// Txn::diff's calls, stopping after `limit`.
+DiffList run_diff(Volume& v, TreeId a, TreeId b, uint64_t* nodes_read = nullptr,
+                  size_t limit = SIZE_MAX) {
+  DiffList out;
+  auto txn = must(v.begin());
+  must(txn.diff(a, b,
+                [&](Key k, auto va, auto vb) {
+                  out.push_back({k, copy(va), copy(vb)});
+                  return out.size() < limit;
+                },
+                nodes_read));
+  return out;
+}
+
+// The list must equal the naive one: same keys, in the same (ascending)
+// order, with the same values.
+void require_diff(const DiffList& got, const DiffList& want) {
+  auto [g, w] = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
+  if (g != got.end() || w != want.end()) {
+    INFO("first mismatch at entry " << (g - got.begin()) << " of " << got.size() << " (want "
+                                    << want.size() << ")");
+    if (g != got.end()) INFO("got key (" << g->key.hi << ", " << g->key.lo << ")");
+    if (w != want.end()) INFO("want key (" << w->key.hi << ", " << w->key.lo << ")");
+    FAIL("diff differs from the model");
+  }
+}
+
+std::vector<std::byte> diff_value(std::mt19937_64& rng) {
+  // 16..80 bytes: about 40 items a leaf, so 20,000 keys make some 500 leaves.
+  std::vector<std::byte> v(16 + rng() % 65);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+// Every node of t: a diff against an empty tree reads each once, and the
+// empty tree's root.
+uint64_t node_count(Volume& v, TreeId t, TreeId empty, const Model& m) {
+  uint64_t n = 0;
+  REQUIRE(run_diff(v, t, empty, &n).size() == m.size());
+  return n - 1;
+}
+
+// Random changes to one side: new keys, overwrites (some with the same
+// bytes, which copy a leaf but change no value) and erases.
+void change(Volume::Txn& txn, std::mt19937_64& rng, TreeId t, Model& m) {
+  const uint32_t op = rng() % 10;
+  if (op < 4 || m.empty()) {
+    Key k = random_key(rng, 1000000);
+    auto v = diff_value(rng);
+    must(txn.put(t, k, v));
+    m[k] = v;
+  } else if (op < 7) {
+    Key k = pick_existing(rng, m, 1000000);
+    auto v = rng() % 5 == 0 ? m[k] : diff_value(rng);
+    must(txn.put(t, k, v));
+    m[k] = v;
+  } else {
+    Key k = pick_existing(rng, m, 1000000);
+    REQUIRE(must(txn.erase(t, k)));
+    m.erase(k);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("diff: a tree and its clone differ exactly where the model says", "[btree][clone][diff]") {
+  std::mt19937_64 rng(seed("diff"));
+  auto dev = fresh_device(512ull << 20);
+  VolumeOptions vo;
+  vo.cache_bytes = 4 << 20;  // smaller than two trees: diffs read from the device too
+  auto vol = must(Volume::open(*dev, vo));
+  TreeId base, empty;
+  Model mbase;
+  {
+    auto txn = must(vol->begin());
+    base = must(txn.create_tree(kKindPlain));
+    empty = must(txn.create_tree(kKindPlain));
+    while (mbase.size() < 20000) {
+      Key k = random_key(rng, 1000000);
+      auto v = diff_value(rng);
+      must(txn.put(base, k, v));
+      mbase[k] = v;
+    }
+  }
+  must(vol->commit());
+
+  for (int round = 0; round < 16; round++) {
+    TreeId c;
+    Model mc = mbase;
+    {
+      auto txn = must(vol->begin());
+      c = must(txn.clone_tree(base));
+    }
+    if (rng() % 2) must(vol->commit());  // else the changes share the clone's generation
+    // 0, a few, some, or heavy changes, to either side or both; or the clone
+    // erased down to 30 keys (a tree lower than the base).
+    const uint32_t mode = round < 5 ? round : rng() % 5;
+    uint64_t nchanges = 0;
+    const uint32_t sides = rng() % 3;  // 0: base only, 1: clone only, 2: both
+    {
+      auto txn = must(vol->begin(Volume::TxnOptions{true, 0}));
+      if (mode == 4) {
+        for (; mc.size() > 30; nchanges++) {
+          if (rng() % 8 == 0) {
+            change(txn, rng, c, mc);
+            continue;
+          }
+          Key k = pick_existing(rng, mc, 1000000);
+          REQUIRE(must(txn.erase(c, k)));
+          mc.erase(k);
+        }
+      } else {
+        nchanges = mode == 0 ? 0 : mode == 1 ? 1 + rng() % 10 : mode == 2 ? 10 + rng() % 300
+                                                                           : 2000 + rng() % 20000;
+        for (uint64_t i = 0; i < nchanges; i++) {
+          const bool on_base = sides == 0 || (sides == 2 && rng() % 2);
+          if (on_base) change(txn, rng, base, mbase);
+          else change(txn, rng, c, mc);
+        }
+      }
+    }
+    if (rng() % 2) must(vol->commit());
+    if (rng() % 6 == 0) {  // cold: every node comes from the device
+      must(vol->close());
+      vol = must(Volume::open(*dev, vo));
+    }
+    // The models are what the trees hold.
+    require_same(*vol, base, mbase);
+    require_same(*vol, c, mc);
+
+    uint64_t ab = 0, ba = 0;
+    const DiffList want = naive_diff(mbase, mc);
+    require_diff(run_diff(*vol, base, c, &ab), want);
+    require_diff(run_diff(*vol, c, base, &ba), naive_diff(mc, mbase));
+    if (nchanges == 0) REQUIRE(ab == 0);  // the same root: nothing read
+    if (mode == 1) {
+      // A few changes: about the paths to them, far from the whole tree.
+      const uint64_t total = node_count(*vol, base, empty, mbase);
+      INFO("nodes read " << ab << " of " << total << " for " << nchanges << " changes");
+      REQUIRE(ab * 10 < total);
+    }
+    // An early stop ends the walk at once, after a prefix of the list.
+    if (!want.empty()) {
+      const size_t limit = 1 + rng() % want.size();
+      auto got = run_diff(*vol, base, c, nullptr, limit);
+      require_diff(got, DiffList(want.begin(), want.begin() + limit));
+    }
+    std::printf("[diff] round %d: mode %u, %llu changes, %zu differences, levels %u/%u, "
+                "nodes read %llu (base, clone) and %llu (clone, base)\n",
+                round, mode, (unsigned long long)nchanges, want.size(),
+                must(must(vol->begin()).tree_info(base)).root.level,
+                must(must(vol->begin()).tree_info(c)).root.level, (unsigned long long)ab,
+                (unsigned long long)ba);
+    {
+      auto txn = must(vol->begin(Volume::TxnOptions{true, 0}));
+      if (rng() % 4 == 0) {  // the clone becomes the base
+        must(txn.drop_tree(base));
+        base = c;
+        mbase = std::move(mc);
+        // Keep the base about 20,000 keys large.
+        while (mbase.size() < 20000) {
+          Key k = random_key(rng, 1000000);
+          auto v = diff_value(rng);
+          must(txn.put(base, k, v));
+          mbase[k] = v;
+        }
+      } else {
+        must(txn.drop_tree(c));
+      }
+    }
+  }
+  must(vol->commit());
+  require_clean(*dev);
+}
+
+TEST_CASE("diff: 10 changes among 20,000 keys read a small part of the trees",
+          "[btree][clone][diff]") {
+  std::mt19937_64 rng(seed("diff-few"));
+  auto dev = fresh_device(256ull << 20);
+  auto vol = must(Volume::open(*dev));
+  TreeId a, b, empty;
+  Model ma;
+  {
+    auto txn = must(vol->begin());
+    a = must(txn.create_tree(kKindPlain));
+    empty = must(txn.create_tree(kKindPlain));
+    while (ma.size() < 20000) {
+      Key k = random_key(rng, 1000000);
+      auto v = diff_value(rng);
+      must(txn.put(a, k, v));
+      ma[k] = v;
+    }
+  }
+  must(vol->commit());
+  {
+    auto txn = must(vol->begin());
+    b = must(txn.clone_tree(a));
+  }
+  must(vol->commit());
+  Model mb = ma;
+  {
+    auto txn = must(vol->begin());
+    for (int i = 0; i < 10; i++) {
+      if (i % 2) change(txn, rng, a, ma);
+      else change(txn, rng, b, mb);
+    }
+  }
+  must(vol->commit());
+  uint64_t nodes = 0;
+  require_diff(run_diff(*vol, a, b, &nodes), naive_diff(ma, mb));
+  const uint64_t ta = node_count(*vol, a, empty, ma), tb = node_count(*vol, b, empty, mb);
+  std::printf("[diff-few] nodes read %llu; the trees have %llu and %llu nodes\n",
+              (unsigned long long)nodes, (unsigned long long)ta, (unsigned long long)tb);
+  // Each change costs its leaf and the inner nodes above it on both sides
+  // (a leaf more where one split or merged): 10 changes in a tree of height 3
+  // read some 30-40 of its 520 nodes.
+  REQUIRE(nodes * 10 < ta);
+}
+
+TEST_CASE("diff: trees of different heights still meet at their shared subtrees",
+          "[btree][clone][diff]") {
+  auto dev = fresh_device(256ull << 20);
+  auto vol = must(Volume::open(*dev));
+  TreeId a, b, empty;
+  Model ma;
+  {
+    auto txn = must(vol->begin());
+    a = must(txn.create_tree(kKindPlain));
+    empty = must(txn.create_tree(kKindPlain));
+    for (uint64_t i = 0; i < 2000; i++) {
+      must(txn.put(a, Key{i, 0}, bytes("v" + std::to_string(i))));
+      ma[Key{i, 0}] = bytes("v" + std::to_string(i));
+    }
+    b = must(txn.clone_tree(a));
+  }
+  must(vol->commit());
+  // Appending to b splits its root: b grows one level above a, and every leaf
+  // of a but the last is still shared, now one level deeper in b.
+  Model mb = ma;
+  {
+    auto txn = must(vol->begin());
+    for (uint64_t i = 2000; i < 40000; i++) {
+      must(txn.put(b, Key{i, 0}, bytes("w" + std::to_string(i))));
+      mb[Key{i, 0}] = bytes("w" + std::to_string(i));
+    }
+  }
+  must(vol->commit());
+  const auto la = must(must(vol->begin()).tree_info(a)).root.level;
+  const auto lb = must(must(vol->begin()).tree_info(b)).root.level;
+  REQUIRE(lb > la);
+  uint64_t nodes = 0;
+  require_diff(run_diff(*vol, a, b, &nodes), naive_diff(ma, mb));
+  require_diff(run_diff(*vol, b, a), naive_diff(mb, ma));
+  const uint64_t ta = node_count(*vol, a, empty, ma), tb = node_count(*vol, b, empty, mb);
+  std::printf("[diff-heights] levels %u/%u, nodes read %llu; the trees have %llu and %llu nodes\n",
+              la, lb, (unsigned long long)nodes, (unsigned long long)ta, (unsigned long long)tb);
+  // b's new nodes must be read (their keys are the differences); of a's, only
+  // the root, the inner nodes and the last leaf, which the appends changed.
+  REQUIRE(nodes <= (tb - ta) + 2 * la + 4);
+}
+
+TEST_CASE("diff: unrelated trees, empty trees, the same tree, early stops", "[btree][diff]") {
+  auto dev = fresh_device(128ull << 20);
+  auto vol = must(Volume::open(*dev));
+  TreeId a, b, e1, e2;
+  Model ma, mb;
+  {
+    auto txn = must(vol->begin());
+    a = must(txn.create_tree(kKindPlain));
+    b = must(txn.create_tree(kKindPlain));
+    e1 = must(txn.create_tree(kKindPlain));
+    e2 = must(txn.create_tree(kKindPlain));
+    // Overlapping key ranges; some keys in both with equal values, built in
+    // different orders so that the leaves split at different keys.
+    for (uint64_t i = 0; i < 6000; i++) {
+      Key k{i, 0};
+      if (i % 3 != 0) ma[k] = bytes("value " + std::to_string(i));
+      if (i % 4 != 0) mb[k] = bytes(i % 5 ? "value " + std::to_string(i) : "other");
+    }
+    for (const auto& [k, v] : ma) must(txn.put(a, k, v));
+    for (auto it = mb.rbegin(); it != mb.rend(); ++it) must(txn.put(b, it->first, it->second));
+  }
+  must(vol->commit());
+  const DiffList want = naive_diff(ma, mb);
+  REQUIRE(want.size() > 1000);
+  uint64_t nodes = 0;
+  require_diff(run_diff(*vol, a, b, &nodes), want);
+  require_diff(run_diff(*vol, b, a), naive_diff(mb, ma));
+  // Nothing shared: every node of both is read, once.
+  const uint64_t ta = node_count(*vol, a, e1, ma), tb = node_count(*vol, b, e1, mb);
+  REQUIRE(nodes == ta + tb);
+
+  // Empty against full, both ways; two empty trees; a tree and itself.
+  require_diff(run_diff(*vol, e1, a), naive_diff(Model{}, ma));
+  require_diff(run_diff(*vol, b, e1), naive_diff(mb, Model{}));
+  REQUIRE(run_diff(*vol, e1, e2, &nodes).empty());
+  REQUIRE(nodes == 2);
+  REQUIRE(run_diff(*vol, a, a, &nodes).empty());
+  REQUIRE(nodes == 0);
+
+  // fn returning false stops the walk at once.
+  for (size_t limit : {size_t{1}, size_t{2}, size_t{77}, want.size() - 1}) {
+    auto got = run_diff(*vol, a, b, nullptr, limit);
+    require_diff(got, DiffList(want.begin(), want.begin() + limit));
+  }
+
+  // A dropped or unknown tree is an error.
+  {
+    auto txn = must(vol->begin());
+    must(txn.drop_tree(e2));
+    auto r = txn.diff(a, e2, [](Key, auto, auto) { return true; });
+    REQUIRE_FALSE(r);
+    REQUIRE(r.error().code == ENOENT);
+    r = txn.diff(TreeId{999999}, a, [](Key, auto, auto) { return true; });
+    REQUIRE_FALSE(r);
+    REQUIRE(r.error().code == ENOENT);
+  }
+}
