@@ -4,6 +4,7 @@
 //   plyctl branch list|add|remove|set|move MOUNTPOINT ...   (a mounted stack)
 //   plyctl view list|create|delete|default IMAGE ...
 //   plyctl layer list|create|delete IMAGE ...
+//   plyctl snapshot|clone|merge|rollback|delete|diff IMAGE|MOUNTPOINT ...
 //   plyctl debug tree IMAGE TREE
 //   plyctl debug fields STRUCT
 //   plyctl debug corrupt IMAGE STRUCT [LOCATOR] FIELD (--set V|--flip BIT|--zero|--add N) [--keep-checksum]
@@ -12,6 +13,7 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <sys/syscall.h>
 #include <uuid/uuid.h>
 
 #include <cinttypes>
@@ -29,6 +31,7 @@
 #include "commit/volume.h"
 #include "fs/fs.h"
 #include "fsck/corrupt.h"
+#include "snap/snap.h"
 #include "union/view.h"
 #include "control.h"
 
@@ -75,6 +78,14 @@ void usage(FILE* out) {
                "                               STACK: top=rw:base=ro (leftmost wins)\n"
                "  view delete IMAGE NAME\n"
                "  view default IMAGE NAME      the view a mount shows without -o view=\n"
+               "  snapshot IMAGE|MNT [--view V] [--name SNAP] [--json]\n"
+               "                               freeze the stack's writable branch as SNAP (default\n"
+               "                               NAME@YYMMDD-HHMMSS) under a new empty one, O(1)\n"
+               "  clone IMAGE SRC NAME [--ro]  a new branch sharing all of SRC's blocks, O(1)\n"
+               "  merge IMAGE|MNT BRANCH [--json]   merge layer BRANCH into the branch below it\n"
+               "  rollback IMAGE|MNT BRANCH    discard a layer's changes\n"
+               "  delete IMAGE BRANCH          delete a branch, freeing what only it used\n"
+               "  diff IMAGE FROM TO [--json]  paths added (+), removed (-), modified (M), renamed (R)\n"
                "  debug tree IMAGE TREE        every node of a tree (TREE: an id, root or space)\n"
                "  debug fields STRUCT          the fields debug corrupt can damage\n"
                "  debug corrupt IMAGE STRUCT [LOCATOR] FIELD ACTION [--keep-checksum]\n"
@@ -302,6 +313,8 @@ Result<Opened> open_volume(const std::string& image, bool write) {
   vo.read_only = !write;
   vo.cache_bytes = 64ull << 20;
   o.vol = PLY_TRY(Volume::open(*o.dev, vo));
+  // What an interrupted merge or rollback left goes first (format.md#snapshots).
+  if (write) (void)PLY_TRY(drop_doomed(*o.vol));
   return o;
 }
 
@@ -426,6 +439,7 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
     if (!o) return fail(pos[0] + ": " + o.error().message());
     auto bs = Filesystem::branches(*o->vol);
     if (!bs) return fail(pos[0] + ": " + bs.error().message());
+    std::erase_if(*bs, [](const BranchMeta& b) { return b.doomed; });  // dropped at the next write
     auto name_of = [&](TreeId t) -> std::string {
       for (auto& b : *bs)
         if (b.tree == t) return b.name;
@@ -464,12 +478,9 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
     if (has("--clone")) {
       auto src = find_branch(v, p->opt["--clone"]);
       if (!src) return fail(src.error().message());
-      auto t = v.begin({.reserve_blocks = 64});
-      if (!t) return fail(t.error().message());
-      auto id = t->clone_tree(src->tree);
-      if (!id) return fail(id.error().message());
-      m.tree = *id;
-      m.parent = src->tree;
+      auto c = clone_branch(v, src->tree, m.name, m.read_only);
+      if (!c) return fail(c.error().message());
+      m = *c;
     } else {
       FsCreateOptions fo;
       fo.name = m.name;
@@ -501,20 +512,7 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
     Volume& v = *o->vol;
     auto b = find_branch(v, pos[1]);
     if (!b) return fail(b.error().message());
-    auto bs = Filesystem::branches(v);
-    if (!bs) return fail(bs.error().message());
-    if (bs->size() == 1) return fail("cannot remove the only branch");
-    for (auto& x : *bs)
-      if (x.parent == b->tree && x.tree != b->tree)
-        return fail("branch \"" + x.name + "\" is layered on \"" + b->name + "\"; remove it first");
-    auto used = view_using(v, b->tree, false);
-    if (!used) return fail(used.error().message());
-    if (*used) return fail("view \"" + **used + "\" shows \"" + b->name + "\"; change or delete it first");
-    {
-      auto t = v.begin({.for_delete = true, .reserve_blocks = 64});
-      if (!t) return fail(t.error().message());
-      if (auto r = t->drop_tree(b->tree); !r) return fail(r.error().message());
-    }
+    if (auto r = delete_branch(v, b->tree); !r) return fail(r.error().message());
     if (auto r = v.close(); !r) return fail(r.error().message());
     std::printf("removed branch \"%s\"\n", b->name.c_str());
     return 0;
@@ -571,6 +569,7 @@ int cmd_layer(const std::string& sub, const std::vector<std::string>& args) {
   if (!o) return fail(pos[0] + ": " + o.error().message());
   auto bs = Filesystem::branches(*o->vol);
   if (!bs) return fail(pos[0] + ": " + bs.error().message());
+  std::erase_if(*bs, [](const BranchMeta& b) { return b.doomed; });
   std::map<uint64_t, const BranchMeta*> by_tree;
   std::map<uint64_t, std::vector<const BranchMeta*>> children;
   std::vector<const BranchMeta*> roots;
@@ -675,6 +674,155 @@ int cmd_view(const std::string& sub, const std::vector<std::string>& args) {
   return usage_error("unknown view subcommand '" + sub + "'");
 }
 
+
+// --- snapshots, clones, merges, rollback, deletion, diff (format.md#snapshots) --------
+
+// Sends a lifecycle request to a mount after flushing what the kernel
+// holds, so that a snapshot holds every write made before the command.
+int mounted_request(const std::string& mnt, const std::string& req, bool json) {
+  for (char c : req)
+    if (c == '\n') return usage_error("names cannot hold a newline");
+  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    (void)::syscall(SYS_syncfs, fd);
+    ::close(fd);
+  }
+  auto r = control(mnt, req);
+  if (!r) return fail(r.error().message());
+  if (json) std::printf("{\"stack\": %s}\n", json_str(*r).c_str());
+  else std::printf("%s\n", r->c_str());
+  return 0;
+}
+
+std::string branch_json(const BranchMeta& b) {
+  return "{\"name\": " + json_str(b.name) + ", \"id\": " + std::to_string(b.tree.v) +
+         ", \"read_only\": " + (b.read_only ? "true" : "false") + "}";
+}
+
+int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) {
+  auto p = parse(args, {"--view", "--name"}, {"--json", "--ro"});
+  if (!p) return usage_error(p.error().message());
+  const auto& pos = p->pos;
+  auto has = [&](const char* o) { return p->opt.count(o) > 0; };
+  const bool json = has("--json");
+  static const std::map<std::string, std::pair<std::string, size_t>> kUsage = {
+      {"snapshot", {"snapshot IMAGE|MOUNTPOINT [--view V] [--name SNAP] [--json]", 1}},
+      {"clone", {"clone IMAGE SRC NAME [--ro] [--json]", 3}},
+      {"merge", {"merge IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
+      {"rollback", {"rollback IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
+      {"delete", {"delete IMAGE BRANCH", 2}},
+      {"diff", {"diff IMAGE FROM TO [--json]", 3}}};
+  const auto& [use, npos] = kUsage.at(cmd);
+  if (pos.size() != npos || (has("--view") && cmd != "snapshot") || (has("--name") && cmd != "snapshot") ||
+      (has("--ro") && cmd != "clone"))
+    return usage_error("usage: plyctl " + use);
+  if (is_directory(pos[0])) {
+    if (cmd == "snapshot") {
+      if (has("--view")) return usage_error("--view is for an image: a mount snapshots its own stack");
+      return mounted_request(pos[0], "snapshot" + (has("--name") ? " " + p->opt.at("--name") : std::string()), json);
+    }
+    if (cmd == "merge" || cmd == "rollback") return mounted_request(pos[0], cmd + " " + pos[1], json);
+    return fail(cmd + " needs the image, unmounted (" + pos[0] + " is a directory)");
+  }
+  auto o = open_volume(pos[0], cmd != "diff");
+  if (!o) return fail(pos[0] + ": " + o.error().message());
+  Volume& v = *o->vol;
+  auto branch = [&](const std::string& name) { return find_branch(v, name); };
+  if (cmd == "snapshot") {
+    auto stack = has("--view") ? view_stack(v, p->opt.at("--view")) : default_stack(v);
+    if (!stack) return fail(stack.error().message());
+    std::string name;
+    if (has("--name")) {
+      name = p->opt.at("--name");
+    } else {
+      auto top = std::find_if(stack->begin(), stack->end(), [](const ViewLayer& l) { return l.writable; });
+      auto b = top == stack->end() ? Result<BranchMeta>(Error::io(EROFS, "the stack has no writable branch"))
+                                   : Filesystem::branch(v, top->tree);
+      if (!b) return fail(b.error().message());
+      auto n = snapshot_name(v, b->name);
+      if (!n) return fail(n.error().message());
+      name = *n;
+    }
+    auto s = snapshot(v, *stack, name);
+    if (!s) return fail(s.error().message());
+    if (auto c = v.close(); !c) return fail(c.error().message());
+    if (json)
+      std::printf("{\"snapshot\": %s, \"live\": %s, \"stack\": %s}\n", branch_json(s->frozen).c_str(),
+                  branch_json(s->live).c_str(), json_str(format_stack(v, s->stack)).c_str());
+    else
+      std::printf("snapshot \"%s\" taken; \"%s\" is a new layer on it (%s)\n", s->frozen.name.c_str(),
+                  s->live.name.c_str(), format_stack(v, s->stack).c_str());
+    return 0;
+  }
+  if (cmd == "clone") {
+    auto src = branch(pos[1]);
+    if (!src) return fail(src.error().message());
+    auto c = clone_branch(v, src->tree, pos[2], has("--ro"));
+    if (!c) return fail(c.error().message());
+    if (auto r = v.close(); !r) return fail(r.error().message());
+    if (json) std::printf("%s\n", branch_json(*c).c_str());
+    else std::printf("cloned \"%s\" as \"%s\" (id %llu)\n", src->name.c_str(), c->name.c_str(), (unsigned long long)c->tree.v);
+    return 0;
+  }
+  if (cmd == "merge") {
+    auto b = branch(pos[1]);
+    if (!b) return fail(b.error().message());
+    const bool tty = isatty(2);
+    auto m = merge(v, b->tree, nullptr, [&](const MergeStats& st) {
+      if (tty) std::fprintf(stderr, "\rmerging: %llu entries, %llu objects", (unsigned long long)st.entries,
+                            (unsigned long long)st.objects);
+    });
+    if (tty) std::fprintf(stderr, "\n");
+    if (!m) return fail(m.error().message());
+    if (auto r = drop_doomed(v); !r) return fail(r.error().message());
+    if (auto r = v.close(); !r) return fail(r.error().message());
+    if (json)
+      std::printf("{\"merged\": %s, \"entries\": %llu, \"objects\": %llu, \"removed\": %llu}\n",
+                  branch_json(m->merged).c_str(), (unsigned long long)m->stats.entries,
+                  (unsigned long long)m->stats.objects, (unsigned long long)m->stats.removed);
+    else
+      std::printf("merged \"%s\" into the branch below it: %llu entries, %llu objects, %llu names removed\n",
+                  m->merged.name.c_str(), (unsigned long long)m->stats.entries,
+                  (unsigned long long)m->stats.objects, (unsigned long long)m->stats.removed);
+    return 0;
+  }
+  if (cmd == "rollback" || cmd == "delete") {
+    auto b = branch(pos[1]);
+    if (!b) return fail(b.error().message());
+    if (cmd == "rollback") {
+      auto r = rollback(v, b->tree);
+      if (!r) return fail(r.error().message());
+    } else if (auto r = delete_branch(v, b->tree); !r) {
+      return fail(r.error().message());
+    }
+    if (auto r = drop_doomed(v); !r) return fail(r.error().message());
+    if (auto r = v.close(); !r) return fail(r.error().message());
+    if (json) std::printf("{\"%s\": %s}\n", cmd == "rollback" ? "rolled_back" : "deleted", json_str(b->name).c_str());
+    else std::printf("%s \"%s\"\n", cmd == "rollback" ? "rolled back" : "deleted", b->name.c_str());
+    return 0;
+  }
+  // diff
+  auto a = branch(pos[1]);
+  if (!a) return fail(a.error().message());
+  auto b = branch(pos[2]);
+  if (!b) return fail(b.error().message());
+  auto d = diff(v, a->tree, b->tree);
+  if (!d) return fail(d.error().message());
+  if (json) std::printf("[");
+  for (size_t i = 0; i < d->size(); i++) {
+    const auto& e = (*d)[i];
+    if (json)
+      std::printf("%s{\"change\": \"%c\", \"path\": %s%s}", i ? ", " : "", char(e.change), json_str(e.path).c_str(),
+                  e.change == Change::Renamed ? (", \"new_path\": " + json_str(e.new_path)).c_str() : "");
+    else if (e.change == Change::Renamed)
+      std::printf("R\t%s -> %s\n", e.path.c_str(), e.new_path.c_str());
+    else
+      std::printf("%c\t%s\n", char(e.change), e.path.c_str());
+  }
+  if (json) std::printf("]\n");
+  return 0;
+}
+
 int real_main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) return usage_error("no command given");
@@ -692,6 +840,9 @@ int real_main(int argc, char** argv) {
     args.erase(args.begin());
     return cmd == "branch" ? cmd_branch(sub, args) : cmd == "view" ? cmd_view(sub, args) : cmd_layer(sub, args);
   }
+  if (cmd == "snapshot" || cmd == "clone" || cmd == "merge" || cmd == "rollback" || cmd == "delete" ||
+      cmd == "diff")
+    return cmd_lifecycle(cmd, args);
   if (cmd == "debug") {
     if (args.empty()) return usage_error("debug needs a subcommand: tree, fields or corrupt");
     const std::string sub = args[0];

@@ -27,12 +27,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "blockdev/blockdev.h"
@@ -40,6 +43,7 @@
 #include "union/union.h"
 #include "union/view.h"
 #include "control.h"
+#include "snap/snap.h"
 
 using namespace plyfs;
 
@@ -55,6 +59,7 @@ struct Config {
   const char* layer = nullptr;
   const char* copyup = nullptr;
   const char* del = nullptr;
+  unsigned snapshot_interval = 0, snapshot_keep = 0;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
 };
 
@@ -70,6 +75,8 @@ const struct fuse_opt kOpts[] = {
     {"layer=%s", offsetof(Config, layer), 0},
     {"copyup=%s", offsetof(Config, copyup), 0},
     {"delete=%s", offsetof(Config, del), 0},
+    {"snapshot_interval=%u", offsetof(Config, snapshot_interval), 0},
+    {"snapshot_keep=%u", offsetof(Config, snapshot_keep), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -120,6 +127,10 @@ void usage() {
       "  -o layer=NAME      show layer NAME over its ancestors (plyctl layer list)\n"
       "  -o copyup=MODE     owner of copied-up files: owner (default), current, or\n"
       "                     const:UID:GID:MODE (octal mode)\n"
+      "  -o snapshot_interval=SECONDS  snapshot the stack's writable branch every\n"
+      "                     SECONDS (0, the default: never)\n"
+      "  -o snapshot_keep=N keep the N newest automatic snapshots (0: all), merging\n"
+      "                     the oldest into the next\n"
       "  -o delete=MODE     whiteout (default: hide lower names) or all (also delete\n"
       "                     them from the writable branches that hold them)\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
@@ -158,6 +169,12 @@ struct Daemon {
   fuse_session* se = nullptr;
   std::mutex ctl_mu;                // one branch change at a time
   std::vector<ViewLayer> stack;     // what the union shows, under ctl_mu
+  // Automatic snapshots (-o snapshot_interval, snapshot_keep).
+  unsigned snap_interval = 0, snap_keep = 0;
+  std::thread snapper;
+  std::mutex snap_mu;
+  std::condition_variable snap_cv;
+  bool snap_stop = false;
   bool read_only = false;
   bool daemonized = false;
   bool acl = false;
@@ -557,16 +574,104 @@ void invalidate_all() {
   (void)fuse_lowlevel_notify_inval_inode(g->se, FUSE_ROOT_ID, 0, 0);
 }
 
+Result<std::string> control(const std::string& request, bool may_change);
+
+// The union's branches for a stack, opening those not open yet.
+Result<std::vector<UnionBranch>> union_branches(const std::vector<ViewLayer>& s) {
+  std::vector<UnionBranch> ub;
+  for (const auto& l : s) {
+    auto& f = g->branches[l.tree.v];
+    if (!f) f = PLY_TRY(Filesystem::open(*g->vol, l.tree));
+    ub.push_back({f.get(), l.writable});
+  }
+  return ub;
+}
+
+// Snapshot, merge or rollback of the mounted stack (format.md#snapshots,
+// "Online"), under ctl_mu. Each runs inside Union::restack's prepare step,
+// while no operation runs and no data change is landing, so that a snapshot
+// holds every write that finished before it and none after, and a merge
+// sees the upper branch hold still. The replaced branches stay open (an
+// operation that began before may hold one) and doomed: they are dropped
+// at unmount, or at the next mount after a crash.
+Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  std::vector<ViewLayer> next;
+  PLY_CHECK(g->u->restack([&]() -> Result<std::vector<UnionBranch>> {
+    if (cmd == "snapshot") {
+      auto top = std::find_if(g->stack.begin(), g->stack.end(), [](const ViewLayer& l) { return l.writable; });
+      if (top == g->stack.end()) return Error::io(EROFS, "the stack has no writable branch");
+      std::string snap = name;
+      if (snap.empty()) snap = PLY_TRY(snapshot_name(*g->vol, PLY_TRY(Filesystem::branch(*g->vol, top->tree)).name));
+      next = PLY_TRY(snapshot(*g->vol, g->stack, snap)).stack;
+    } else {
+      BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
+      next = g->stack;
+      if (cmd == "merge") {
+        auto it = g->branches.find(b.tree.v);
+        Merge m = PLY_TRY(merge(*g->vol, b.tree, it == g->branches.end() ? nullptr : it->second.get()));
+        for (auto& l : next)
+          if (l.tree == m.upper) l.tree = m.merged.tree;
+        std::erase_if(next, [&](const ViewLayer& l) { return l.tree == m.lower; });
+      } else {
+        BranchMeta fresh = PLY_TRY(rollback(*g->vol, b.tree));
+        for (auto& l : next)
+          if (l.tree == b.tree) l.tree = fresh.tree;
+      }
+    }
+    return union_branches(next);
+  }));
+  g->stack = next;
+  invalidate_all();
+  return format_stack(*g->vol, g->stack);
+}
+
+// Automatic snapshots: every interval, a snapshot of the stack; beyond
+// `keep` snapshots of the live branch (the read-only branches named
+// LIVE@... right below it), the oldest goes by merging the next one into it.
+void snapper_loop() {
+  std::unique_lock lk(g->snap_mu);
+  for (;;) {
+    if (g->snap_cv.wait_for(lk, std::chrono::seconds(g->snap_interval), [] { return g->snap_stop; })) return;
+    lk.unlock();
+    auto r = control("snapshot", true);
+    if (!r) log_error("automatic snapshot failed: %s", r.error().message().c_str());
+    while (r && g->snap_keep) {
+      std::vector<std::string> snaps;  // newest first
+      {
+        std::lock_guard cl(g->ctl_mu);
+        auto top = std::find_if(g->stack.begin(), g->stack.end(), [](const ViewLayer& l) { return l.writable; });
+        auto live = top == g->stack.end() ? Result<BranchMeta>(Error::io(ENOENT, "")) : Filesystem::branch(*g->vol, top->tree);
+        if (!live) break;
+        for (auto it = top + 1; it != g->stack.end() && !it->writable; ++it) {
+          auto b = Filesystem::branch(*g->vol, it->tree);
+          if (!b || b->name.rfind(live->name + "@", 0) != 0) break;
+          snaps.push_back(b->name);
+        }
+      }
+      if (snaps.size() <= g->snap_keep || snaps.size() < 2) break;
+      auto m = control("merge " + snaps[snaps.size() - 2], true);
+      if (!m) {
+        log_error("dropping snapshot %s failed: %s", snaps.back().c_str(), m.error().message().c_str());
+        break;
+      }
+    }
+    lk.lock();
+  }
+}
+
 // Runs one control request; the answer is the stack afterwards.
 Result<std::string> control(const std::string& request, bool may_change) {
   std::istringstream in(request);
   std::vector<std::string> w;
   for (std::string x; in >> x;) w.push_back(x);
   static const std::map<std::string, std::pair<size_t, size_t>> kArity = {
-      {"list", {1, 1}}, {"add", {3, 4}}, {"remove", {2, 2}}, {"set", {3, 3}}, {"move", {3, 3}}};
+      {"list", {1, 1}}, {"add", {3, 4}},      {"remove", {2, 2}}, {"set", {3, 3}},
+      {"move", {3, 3}}, {"snapshot", {1, 2}}, {"merge", {2, 2}},  {"rollback", {2, 2}}};
   auto ar = kArity.find(w.empty() ? "" : w[0]);
   if (ar == kArity.end())
-    return Error::invalid("unknown command \"" + request + "\" (list, add, remove, set, move)");
+    return Error::invalid("unknown command \"" + request +
+                          "\" (list, add, remove, set, move, snapshot, merge, rollback)");
   if (w.size() < ar->second.first || w.size() > ar->second.second)
     return Error::invalid("wrong number of words in \"" + request + "\"");
   w.resize(4);
@@ -574,6 +679,7 @@ Result<std::string> control(const std::string& request, bool may_change) {
   std::lock_guard lk(g->ctl_mu);
   if (cmd == "list") return format_stack(*g->vol, g->stack);
   if (!may_change) return Error::io(EPERM, "only root or the mount's owner may change branches");
+  if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") return lifecycle(cmd, name);
   auto mode = [&](const std::string& m) -> Result<bool> {
     if (m == "rw" || m == "ro") return m == "rw";
     return Error::invalid("mode must be rw or ro, not \"" + m + "\"");
@@ -613,13 +719,7 @@ Result<std::string> control(const std::string& request, bool may_change) {
     for (const auto& l : next)
       if (l.writable) return Error::io(EROFS, "the mount is read-only");
   PLY_CHECK(check_stack(*g->vol, next));
-  std::vector<UnionBranch> ub;
-  for (const auto& l : next) {
-    auto& f = g->branches[l.tree.v];
-    if (!f) f = PLY_TRY(Filesystem::open(*g->vol, l.tree));
-    ub.push_back({f.get(), l.writable});
-  }
-  PLY_CHECK(g->u->restack(std::move(ub)));
+  PLY_CHECK(g->u->restack(PLY_TRY(union_branches(next))));
   g->stack = next;
   invalidate_all();
   return format_stack(*g->vol, g->stack);
@@ -816,6 +916,12 @@ int main(int argc, char** argv) {
     return 32;
   }
   d.vol = std::move(*vol);
+  // What an interrupted merge or rollback left goes first (format.md#snapshots).
+  if (auto r = drop_doomed(*d.vol); !r) {
+    std::fprintf(stderr, "plyfs: %s: %s\n", cfg.image, r.error().message().c_str());
+    report(status_fd, 32);
+    return 32;
+  }
   auto stack = cfg.branches ? parse_stack(*d.vol, cfg.branches)
                : cfg.view   ? view_stack(*d.vol, cfg.view)
                : cfg.layer  ? layer_stack(*d.vol, cfg.layer)
@@ -871,11 +977,22 @@ int main(int argc, char** argv) {
     report(status_fd, 0);
   }
 
+  d.snap_interval = cfg.snapshot_interval;
+  d.snap_keep = cfg.snapshot_keep;
+  if (d.snap_interval && !cfg.ro) d.snapper = std::thread(snapper_loop);
   fuse_loop_config* lc = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(lc, 16);
   fuse_loop_cfg_set_idle_threads(lc, 8);
   int ret = cfg.debug ? fuse_session_loop(se) : fuse_session_loop_mt(se, lc);
   fuse_loop_cfg_destroy(lc);
+  if (d.snapper.joinable()) {
+    {
+      std::lock_guard sl(d.snap_mu);
+      d.snap_stop = true;
+    }
+    d.snap_cv.notify_all();
+    d.snapper.join();
+  }
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
@@ -893,6 +1010,11 @@ int main(int argc, char** argv) {
   }
   d.u.reset();
   d.branches.clear();
+  if (!d.vol->read_only() && !d.vol->failure())
+    if (auto r = drop_doomed(*d.vol); !r) {
+      log_error("dropping merged branches failed: %s", r.error().message().c_str());
+      rc = 1;
+    }
   auto c = d.vol->close();
   if (!c) {
     log_error("final commit failed: %s", c.error().message().c_str());

@@ -233,7 +233,9 @@ void check_branches(Volume& vol, std::vector<Problem>& out) {
   std::set<std::string> names;
   for (const auto& b : *bs) {
     by_id[b.tree.v] = &b;
-    if (!names.insert(b.name).second)
+    // A doomed tree's name is free (format.md#snapshots): a rollback's new
+    // branch has it while the old one waits to be dropped.
+    if (!b.doomed && !names.insert(b.name).second)
       out.push_back(Problem{"U3-branch", Error::kNoBlock, "two branches are named \"" + b.name + "\"", b.tree.v});
   }
   for (const auto& b : *bs) {

@@ -27,13 +27,18 @@ inline constexpr uint64_t kOffMask = (1ull << 56) - 1;  // the offset part of a 
 
 inline constexpr uint32_t kFsMagic = 0x53464c50;  // "PLFS"
 // Version 2 adds whiteout entries, opaque directories and the branch fields
-// of FsInfo (format.md#fs-union). Version 1 trees are read as version 2 (they
-// hold none of them) and rewritten as 2 when opened read-write.
-inline constexpr uint32_t kFsVersion = 2;
+// of FsInfo (format.md#fs-union); version 3 the DOOMED branch flag
+// (format.md#snapshots). Older trees are read as the current version (they
+// hold none of it) and rewritten so when opened read-write.
+inline constexpr uint32_t kFsVersion = 3;
 inline constexpr uint32_t kFsVersionMin = 1;
 
 // FsInfo.branch_flags
 inline constexpr uint32_t kBranchReadOnly = 1;  // never changed, even in a rw view
+// A tree no view may show and the next read-write open drops: the scratch
+// copy of an unfinished merge or rollback, or a branch a finished one
+// replaced (format.md#snapshots).
+inline constexpr uint32_t kBranchDoomed = 2;
 
 struct FsInfo {
   le32 magic;

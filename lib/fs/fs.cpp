@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <cstdio>
 #include <cstring>
 
@@ -509,6 +510,11 @@ struct Filesystem::Ctx {
 
 Result<TreeId> Filesystem::create(Volume& v, const FsCreateOptions& o) {
   auto t = PLY_TRY(v.begin({.reserve_blocks = 8 * kOpBlocks}));
+  return create(t, o);
+}
+
+Result<TreeId> Filesystem::create(Volume::Txn& t, const FsCreateOptions& o) {
+  PLY_CHECK(t.reserve(4 * kOpBlocks));
   TreeId id = PLY_TRY(t.create_tree(disk::kKindFs));
   uint64_t root = t.take_inode_number();
   disk::FsInfo info{};
@@ -521,7 +527,8 @@ Result<TreeId> Filesystem::create(Volume& v, const FsCreateOptions& o) {
     return Error::invalid("a branch name has 1 to 32 bytes");
   std::memcpy(info.name, o.name.data(), o.name.size());
   info.parent.set(o.parent.v);
-  info.branch_flags.set(o.read_only ? disk::kBranchReadOnly : 0);
+  info.branch_flags.set((o.read_only ? disk::kBranchReadOnly : 0) |
+                        (o.doomed ? disk::kBranchDoomed : 0));
   PLY_CHECK(t.put(id, ikey(0, ItemType::FsInfo), bytes_of(&info, sizeof info)));
   Rec r;
   r.a.ino = root;
@@ -580,6 +587,7 @@ BranchMeta meta_of(TreeId tree, const disk::FsInfo& fi, Generation created) {
   m.name.assign(reinterpret_cast<const char*>(fi.name), strnlen(reinterpret_cast<const char*>(fi.name), sizeof fi.name));
   m.parent = TreeId{fi.parent.get()};
   m.read_only = fi.branch_flags.get() & disk::kBranchReadOnly;
+  m.doomed = fi.branch_flags.get() & disk::kBranchDoomed;
   m.root = fi.root_ino.get();
   m.created_ns = fi.created_ns.get();
   m.created = created;
@@ -589,12 +597,20 @@ BranchMeta meta_of(TreeId tree, const disk::FsInfo& fi, Generation created) {
 
 Result<BranchMeta> Filesystem::branch(Volume& v, TreeId tree) {
   auto t = PLY_TRY(v.begin());
+  return branch(t, tree);
+}
+
+Result<BranchMeta> Filesystem::branch(Volume::Txn& t, TreeId tree) {
   auto fi = PLY_TRY(read_info(t, tree));
   return meta_of(tree, fi, PLY_TRY(t.tree_info(tree)).created);
 }
 
 Result<std::vector<BranchMeta>> Filesystem::branches(Volume& v) {
   auto t = PLY_TRY(v.begin());
+  return branches(t);
+}
+
+Result<std::vector<BranchMeta>> Filesystem::branches(Volume::Txn& t) {
   std::vector<BranchMeta> out;
   for (const auto& ti : PLY_TRY(t.list_trees()))
     if (ti.kind == disk::kKindFs) out.push_back(meta_of(ti.id, PLY_TRY(read_info(t, ti.id)), ti.created));
@@ -602,13 +618,18 @@ Result<std::vector<BranchMeta>> Filesystem::branches(Volume& v) {
 }
 
 Result<void> Filesystem::set_branch(Volume& v, const BranchMeta& m) {
-  if (m.name.empty() || m.name.size() > 32) return Error::invalid("a branch name has 1 to 32 bytes");
   auto t = PLY_TRY(v.begin({.reserve_blocks = 2 * kOpBlocks}));
+  return set_branch(t, m);
+}
+
+Result<void> Filesystem::set_branch(Volume::Txn& t, const BranchMeta& m) {
+  if (m.name.empty() || m.name.size() > 32) return Error::invalid("a branch name has 1 to 32 bytes");
+  PLY_CHECK(t.reserve(kOpBlocks));
   auto fi = PLY_TRY(read_info(t, m.tree));
   std::memset(fi.name, 0, sizeof fi.name);
   std::memcpy(fi.name, m.name.data(), m.name.size());
   fi.parent.set(m.parent.v);
-  fi.branch_flags.set(m.read_only ? disk::kBranchReadOnly : 0);
+  fi.branch_flags.set((m.read_only ? disk::kBranchReadOnly : 0) | (m.doomed ? disk::kBranchDoomed : 0));
   fi.version.set(disk::kFsVersion);
   return t.put(m.tree, ikey(0, ItemType::FsInfo), bytes_of(&fi, sizeof fi));
 }
@@ -616,7 +637,7 @@ Result<void> Filesystem::set_branch(Volume& v, const BranchMeta& m) {
 Filesystem::Filesystem(Volume& v, TreeId tree, uint64_t root)
     : vol_(v), tree_(tree), root_(root), bs_(v.block_size()) {}
 
-Result<std::unique_ptr<Filesystem>> Filesystem::open(Volume& v, TreeId tree) {
+Result<std::unique_ptr<Filesystem>> Filesystem::open(Volume& v, TreeId tree, bool reader) {
   uint64_t root;
   bool old_version;
   {
@@ -625,14 +646,14 @@ Result<std::unique_ptr<Filesystem>> Filesystem::open(Volume& v, TreeId tree) {
     root = fi.root_ino.get();
     old_version = fi.version.get() < disk::kFsVersion;
   }
-  if (old_version && !v.read_only()) PLY_CHECK(set_branch(v, PLY_TRY(branch(v, tree))));
+  if (old_version && !v.read_only() && !reader) PLY_CHECK(set_branch(v, PLY_TRY(branch(v, tree))));
   std::unique_ptr<Filesystem> fs(new Filesystem(v, tree, root));
   {
     auto t = PLY_TRY(v.begin());
     Ctx c{*fs, std::move(t)};
     (void)PLY_TRY(c.dir(root));
   }
-  if (!v.read_only()) PLY_CHECK(fs->free_orphans());
+  if (!v.read_only() && !reader) PLY_CHECK(fs->free_orphans());
   return fs;
 }
 
@@ -814,7 +835,7 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
   r.a.rdev = (S_ISCHR(mode) || S_ISBLK(mode)) ? rdev : 0;
   r.a.generation = c.t.gen().v;
   r.a.atime = r.a.mtime = r.a.ctime = r.a.btime = now();
-  r.parent = is_dir ? dir : 0;
+  r.parent = dir;  // a file: a hint for diff (format.md#fs-inode)
   if (S_ISREG(mode)) r.flags = kInodeInline;
   if (S_ISLNK(mode)) {
     r.a.size = target.size();
@@ -959,13 +980,142 @@ Result<Attr> Filesystem::copy_in(Filesystem& src, uint64_t ino, uint64_t dir,
     r.a.opaque = false;
   } else {
     r.a.nlink = 1;
-    r.parent = 0;
+    r.parent = dir;
   }
   PLY_CHECK(c.put_inode(r));
   (void)PLY_TRY(c.add_over_whiteout(dir, name, ino, dt_of(r.a.mode)));
   d.a.size++;
   if (is_dir) d.a.nlink++;
   PLY_CHECK(c.put_inode(d));
+  return r.a;
+}
+
+Result<Filesystem::Changes> Filesystem::compare(Volume& v, TreeId from, TreeId to) {
+  Changes out;
+  auto t = PLY_TRY(v.begin());
+  std::set<uint64_t> touched;  // objects with a differing item other than entries
+  std::optional<Error> err;
+  PLY_CHECK(t.diff(from, to, [&](Key k, std::optional<std::span<const std::byte>> a,
+                                 std::optional<std::span<const std::byte>> b) {
+    if (k.hi == 0) return true;  // FsInfo, orphans: not objects
+    if (type_of(k) != ItemType::Dirent) {
+      touched.insert(k.hi);
+      return true;
+    }
+    std::vector<DirentRec> ea, eb;
+    if (a) {
+      auto r = decode_dirents(k, *a);
+      if (!r) return err = r.error(), false;
+      ea = std::move(*r);
+    }
+    if (b) {
+      auto r = decode_dirents(k, *b);
+      if (!r) return err = r.error(), false;
+      eb = std::move(*r);
+    }
+    auto same = [](const DirentRec& x, const DirentRec& y) {
+      return x.name == y.name && x.ino == y.ino && x.type == y.type;
+    };
+    for (const auto& x : ea)
+      if (std::none_of(eb.begin(), eb.end(), [&](auto& y) { return same(x, y); }))
+        out.removed.push_back({k.hi, x.name, x.ino, x.type});
+    for (const auto& y : eb)
+      if (std::none_of(ea.begin(), ea.end(), [&](auto& x) { return same(x, y); }))
+        out.added.push_back({k.hi, y.name, y.ino, y.type});
+    return true;
+  }, &out.nodes_read));
+  if (err) return *err;
+  for (uint64_t ino : touched)
+    if (PLY_TRY(t.get(from, ikey(ino, ItemType::Inode))) && PLY_TRY(t.get(to, ikey(ino, ItemType::Inode))))
+      out.modified.push_back(ino);
+  return out;
+}
+
+Result<std::optional<std::string>> Filesystem::path(uint64_t ino) {
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  std::string out;
+  for (int depth = 0; ino != root_; depth++) {
+    if (depth > 4096) return Error::corrupt(Error::kNoBlock, "directory parent chain loops");
+    auto r = c.inode(ino);
+    if (!r) return r.error().code == ENOENT ? std::optional<std::string>{} : Result<std::optional<std::string>>(r.error());
+    const uint64_t dir = r->parent;
+    if (!dir || dir == ino) return std::optional<std::string>{};
+    std::optional<std::string> name;
+    std::optional<Error> err;
+    PLY_CHECK(c.t.scan(tree_, ikey(dir, ItemType::Dirent, 0), ikey(dir, ItemType::Dirent, kOffMask),
+                       [&](Key k, std::span<const std::byte> v) {
+                         auto es = decode_dirents(k, v);
+                         if (!es) return err = es.error(), false;
+                         for (auto& e : *es)
+                           if (e.ino == ino && e.type != kDtWhiteout) return name = e.name, false;
+                         return true;
+                       }));
+    if (err) return *err;
+    if (!name) return std::optional<std::string>{};
+    out = "/" + *name + out;
+    ino = dir;
+  }
+  return std::optional<std::string>(out.empty() ? "/" : out);
+}
+
+Result<Attr> Filesystem::replace_from(Filesystem& src, uint64_t ino) {
+  if (&src == this || &src.vol_ != &vol_) return Error::invalid("replace_from the same tree or another volume");
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 16 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::shared_lock<std::shared_mutex> ls(src.mu_, std::defer_lock);
+  std::unique_lock<std::shared_mutex> lu(mu_, std::defer_lock);
+  if (src.tree_.v < tree_.v) ls.lock(), lu.lock();
+  else lu.lock(), ls.lock();
+  Rec mine = PLY_TRY(c.inode(ino));
+  auto sv = PLY_TRY(c.t.get(src.tree_, ikey(ino, ItemType::Inode)));
+  if (!sv) return Error::io(ENOENT, "no inode " + std::to_string(ino) + " to copy");
+  Rec r = PLY_TRY(decode_inode(ino, *sv));
+  if ((r.a.mode & S_IFMT) != (mine.a.mode & S_IFMT))
+    return Error::corrupt(Error::kNoBlock, "inode " + std::to_string(ino) + " has two types");
+  // Everything but the inode and a directory's entries goes, then comes
+  // over from src; extents move their references (copy_in's rule).
+  std::vector<std::pair<Key, std::vector<std::byte>>> drop, take;
+  auto gather = [&](TreeId tree, auto& out) -> Result<void> {
+    std::optional<Error> err;
+    PLY_CHECK(c.t.scan(tree, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+      if (type_of(k) == ItemType::Inode || type_of(k) == ItemType::Dirent) return true;
+      out.emplace_back(k, std::vector<std::byte>(v.begin(), v.end()));
+      if (out.size() % 256 == 0)
+        if (auto rr = c.t.reserve(2 * kOpBlocks); !rr) {
+          err = rr.error();
+          return false;
+        }
+      return true;
+    }));
+    if (err) return *err;
+    return ok();
+  };
+  PLY_CHECK(gather(tree_, drop));
+  PLY_CHECK(gather(src.tree_, take));
+  for (auto& [k, v] : drop) {
+    (void)PLY_TRY(c.t.erase(tree_, k));
+    if (type_of(k) == ItemType::Extent) {
+      Ext e = PLY_TRY(decode_extent(k, v));
+      if (e.disk_start) PLY_CHECK(c.t.dec_extent(BlockNo{e.disk_start}));
+    }
+  }
+  for (auto& [k, v] : take) {
+    if (type_of(k) == ItemType::Extent) {
+      Ext e = PLY_TRY(decode_extent(k, v));
+      if (e.disk_start) PLY_CHECK(c.t.inc_extent(BlockNo{e.disk_start}));
+    }
+    PLY_CHECK(c.t.put(tree_, k, v));
+  }
+  r.a.nlink = mine.a.nlink;
+  r.parent = mine.parent;
+  if (S_ISDIR(r.a.mode)) {
+    r.a.size = mine.a.size;
+    r.a.opaque = mine.a.opaque;
+  }
+  PLY_CHECK(c.put_inode(r));
   return r.a;
 }
 
@@ -1080,8 +1230,10 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
       PLY_CHECK(c.retarget(odir, oname, dst.a.ino, dt_of(dst.a.mode)));
       PLY_CHECK(c.retarget(ndir, nname, src.a.ino, dt_of(src.a.mode)));
       if (odir != ndir) {
-        if (S_ISDIR(src.a.mode)) { src.parent = ndir; nd.a.nlink++; od.a.nlink--; }
-        if (S_ISDIR(dst.a.mode)) { dst.parent = odir; od.a.nlink++; nd.a.nlink--; }
+        src.parent = ndir;
+        dst.parent = odir;
+        if (S_ISDIR(src.a.mode)) { nd.a.nlink++; od.a.nlink--; }
+        if (S_ISDIR(dst.a.mode)) { od.a.nlink++; nd.a.nlink--; }
       }
       src.a.ctime = dst.a.ctime = n;
       PLY_CHECK(c.put_inode(src));
@@ -1122,8 +1274,8 @@ Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t 
     if (flags & RENAME_WHITEOUT) PLY_CHECK(c.retarget(odir, oname, 0, kDtWhiteout));
     else PLY_CHECK(c.remove_entry(odir, oname));
     if (od.a.size) od.a.size--;
+    src.parent = ndir;  // a file's: a hint for diff
     if (is_dir && odir != ndir) {
-      src.parent = ndir;
       od.a.nlink--;
       nd.a.nlink++;
     }

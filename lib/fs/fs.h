@@ -70,6 +70,7 @@ struct BranchMeta {
   std::string name;
   TreeId parent;        // the branch it was created from or layered on; 0: none
   bool read_only = false;
+  bool doomed = false;  // left by an unfinished merge or rollback: dropped at the next open
   uint64_t root = 0, created_ns = 0;
   Generation created;   // generation of its root record
 };
@@ -86,6 +87,7 @@ struct FsCreateOptions {
   uint32_t root_mode = 0755, uid = 0, gid = 0;
   TreeId parent{0};
   bool read_only = false;
+  bool doomed = false;
 };
 
 // mkfs: an empty image whose one filesystem tree (the default branch) holds
@@ -97,15 +99,43 @@ class Filesystem {
  public:
   // Creates an empty filesystem tree (a root directory) and returns its id.
   static Result<TreeId> create(Volume& v, const FsCreateOptions& o);
+  // The same inside a transaction that does more (a snapshot's one generation).
+  static Result<TreeId> create(Volume::Txn& t, const FsCreateOptions& o);
   // The tree a mount uses when none is named: the lowest-id filesystem tree.
   static Result<TreeId> default_tree(Volume& v);
-  // Opens a filesystem tree. Read-write opens free the orphans a crash left.
-  static Result<std::unique_ptr<Filesystem>> open(Volume& v, TreeId tree);
+  // Opens a filesystem tree. Read-write opens free the orphans a crash left,
+  // unless `reader`: an instance that only reads, beside another that may
+  // hold open orphans (a mount's, while a snapshot or diff looks at it).
+  static Result<std::unique_ptr<Filesystem>> open(Volume& v, TreeId tree, bool reader = false);
   // Every filesystem tree of the image with its branch fields, by tree id.
   static Result<std::vector<BranchMeta>> branches(Volume& v);
   static Result<BranchMeta> branch(Volume& v, TreeId tree);
-  // Rewrites a branch's name, parent or read-only flag (one generation).
+  // Rewrites a branch's name, parent or flags (one generation).
   static Result<void> set_branch(Volume& v, const BranchMeta& m);
+  // The same inside a larger transaction.
+  static Result<void> set_branch(Volume::Txn& t, const BranchMeta& m);
+  static Result<BranchMeta> branch(Volume::Txn& t, TreeId tree);
+  static Result<std::vector<BranchMeta>> branches(Volume::Txn& t);
+
+  // What differs between two filesystem trees of one volume, item by item
+  // (Volume::Txn::diff: subtrees the two share are skipped unread). For
+  // diff (format.md#snapshots).
+  struct NameChange {
+    uint64_t dir;
+    std::string name;
+    uint64_t ino;   // 0: a whiteout
+    uint8_t type;   // DT_*, or DT_WHT
+  };
+  struct Changes {
+    std::vector<NameChange> removed, added;  // entries only in `from` / only in `to`
+    std::vector<uint64_t> modified;          // objects in both whose items differ
+    uint64_t nodes_read = 0;
+  };
+  static Result<Changes> compare(Volume& v, TreeId from, TreeId to);
+  // A path of object `ino` from the root ("/a/b"), found through the parent
+  // fields (a file's is a hint: format.md#fs-inode); nullopt if the hint
+  // does not lead to a name of it.
+  Result<std::optional<std::string>> path(uint64_t ino);
 
   uint64_t root() const { return root_; }
   TreeId tree() const { return tree_; }
@@ -148,6 +178,11 @@ class Filesystem {
   // link copied up by another name) the name is linked to it. A whiteout at
   // the name is replaced. One generation.
   Result<Attr> copy_in(Filesystem& src, uint64_t ino, uint64_t dir, std::string_view name);
+  // For a merge (format.md#snapshots): gives this tree's object `ino` the
+  // attributes, xattrs and data of the same object in `src`, sharing its
+  // extents; keeps this tree's names of it (nlink) and, for a directory, its
+  // entries, size, parent and opaque flag. One generation.
+  Result<Attr> replace_from(Filesystem& src, uint64_t ino);
   Result<Attr> setattr(uint64_t ino, const SetAttr& s);
 
   // Entries after cookie (0: from the start, with "." and ".."), in cookie

@@ -773,6 +773,7 @@ Result<std::string> Union::readlink(uint64_t ino) {
 // --- attributes and data --------------------------------------------------------------------
 
 Result<Attr> Union::setattr(uint64_t ino, const SetAttr& s, const Caller& c) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this change to land
   auto [fs, i] = PLY_TRY(writable_instance(ino, c));
   Attr a = PLY_TRY(fs->setattr(i, s));
   a.ino = ino;
@@ -786,11 +787,13 @@ Result<size_t> Union::read(uint64_t ino, uint64_t off, std::span<std::byte> out)
 
 Result<size_t> Union::write(uint64_t ino, uint64_t off, std::span<const std::byte> in,
                             const Caller& c) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this change to land
   auto [fs, i] = PLY_TRY(writable_instance(ino, c));
   return fs->write(i, off, in);
 }
 
 Result<void> Union::fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len, const Caller& c) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this change to land
   auto [fs, i] = PLY_TRY(writable_instance(ino, c));
   return fs->fallocate(i, mode, off, len);
 }
@@ -802,6 +805,7 @@ Result<uint64_t> Union::lseek(uint64_t ino, uint64_t off, int whence) {
 
 Result<uint64_t> Union::copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
                                    uint64_t len, const Caller& c) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this change to land
   auto [fo, io] = PLY_TRY(writable_instance(out, c));
   auto [fi, ii] = PLY_TRY(part(in));
   if (fi == fo) return fo->copy_range(ii, off_in, io, off_out, len);
@@ -822,6 +826,7 @@ Result<uint64_t> Union::copy_range(uint64_t in, uint64_t off_in, uint64_t out, u
 
 Result<void> Union::setxattr(uint64_t ino, std::string_view name, std::span<const std::byte> value,
                              int flags, const Caller& c) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this change to land
   auto [fs, i] = PLY_TRY(writable_instance(ino, c));
   return fs->setxattr(i, name, value, flags);
 }
@@ -837,6 +842,7 @@ Result<std::vector<std::string>> Union::listxattr(uint64_t ino) {
 }
 
 Result<void> Union::removexattr(uint64_t ino, std::string_view name, const Caller& c) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this change to land
   auto [fs, i] = PLY_TRY(writable_instance(ino, c));
   return fs->removexattr(i, name);
 }
@@ -862,8 +868,18 @@ std::vector<Union::Known> Union::known() {
 }
 
 Result<void> Union::restack(std::vector<UnionBranch> nb) {
+  return restack([&]() -> Result<std::vector<UnionBranch>> { return std::move(nb); });
+}
+
+Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>()>& prepare) {
+  // No operation runs meanwhile (unpin included), and no data change that
+  // resolved its branch before is still landing.
+  std::unique_lock io(io_mu_);
+  std::unique_lock lk(mu_);
+  auto nbr = prepare();
+  if (!nbr) return nbr.error();
+  std::vector<UnionBranch> nb = std::move(*nbr);
   if (nb.empty()) return Error::invalid("a union needs at least one branch");
-  std::unique_lock lk(mu_);  // no operation runs meanwhile (unpin included)
   auto writable_in = [](const std::vector<UnionBranch>& v, Filesystem* f) {
     for (const auto& b : v)
       if (b.fs == f && b.writable) return true;

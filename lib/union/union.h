@@ -85,6 +85,11 @@ class Union {
   // keeps every Filesystem it ever passed alive until the union is gone
   // (operations that began before the change may still be using one).
   Result<void> restack(std::vector<UnionBranch> branches);
+  // The same, with `prepare` run first while nothing else runs, not even a
+  // data change that resolved its branch earlier: a snapshot or merge of a
+  // mounted stack changes the branches there and returns the new stack
+  // (format.md#snapshots, "Online"). An error from prepare leaves the stack.
+  Result<void> restack(const std::function<Result<std::vector<UnionBranch>>()>& prepare);
   std::vector<UnionBranch> stack();
   // What the kernel may have cached: (parent, name, inode) of every known
   // object but the root, for invalidation after a restack.
@@ -236,6 +241,9 @@ class Union {
   // (creates, deletes, renames, copy-ups), so that a resolution is not
   // undone halfway by another thread.
   std::shared_mutex mu_;
+  // Shared by data and attribute changes (which leave mu_ once they have
+  // their branch), exclusive for a restack; taken before mu_.
+  std::shared_mutex io_mu_;
   std::shared_mutex nodes_mu_;
   std::unordered_map<uint64_t, Node> nodes_;
 };

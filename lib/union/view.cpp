@@ -108,6 +108,22 @@ Result<std::vector<std::pair<uint64_t, View>>> read_views(Volume::Txn& t, TreeId
 
 Result<std::vector<View>> list_views(Volume& v) {
   auto t = PLY_TRY(v.begin());
+  return list_views(t);
+}
+
+Result<void> rewrite_views(Volume::Txn& t, const std::function<bool(View&)>& fn) {
+  auto cat = PLY_TRY(find_catalog(t));
+  if (!cat) return ok();
+  for (auto& [k, view] : PLY_TRY(read_views(t, *cat))) {
+    if (!fn(view)) continue;
+    PLY_CHECK(t.reserve(8));
+    if (view.layers.empty()) (void)PLY_TRY(t.erase(*cat, Key{disk::kCatalogView, k}));
+    else PLY_CHECK(t.put(*cat, Key{disk::kCatalogView, k}, encode_view(view)));
+  }
+  return ok();
+}
+
+Result<std::vector<View>> list_views(Volume::Txn& t) {
   auto cat = PLY_TRY(find_catalog(t));
   std::vector<View> out;
   if (!cat) return out;
@@ -121,7 +137,8 @@ Result<void> check_stack(Volume& v, const std::vector<ViewLayer>& s) {
   auto bs = PLY_TRY(Filesystem::branches(v));
   for (size_t i = 0; i < s.size(); i++) {
     auto it = std::find_if(bs.begin(), bs.end(), [&](auto& b) { return b.tree == s[i].tree; });
-    if (it == bs.end()) return Error::io(ENOENT, "no branch with tree id " + std::to_string(s[i].tree.v));
+    if (it == bs.end() || it->doomed)
+      return Error::io(ENOENT, "no branch with tree id " + std::to_string(s[i].tree.v));
     if (s[i].writable && it->read_only)
       return Error::io(EROFS, "branch \"" + it->name + "\" is read-only and cannot be writable in a view");
     for (size_t j = 0; j < i; j++)
@@ -133,9 +150,15 @@ Result<void> check_stack(Volume& v, const std::vector<ViewLayer>& s) {
 Result<void> put_view(Volume& v, const View& view) {
   if (view.name.empty() || view.name.size() > 32) return Error::invalid("a view name has 1 to 32 bytes");
   PLY_CHECK(check_stack(v, view.layers));
-  auto enc = encode_view(view);
-  if (enc.size() > BTree::max_value_len(v.block_size())) return Error::invalid("too many branches for one view");
+  if (encode_view(view).size() > BTree::max_value_len(v.block_size()))
+    return Error::invalid("too many branches for one view");
   auto t = PLY_TRY(v.begin({.reserve_blocks = 64}));
+  return put_view(t, view);
+}
+
+Result<void> put_view(Volume::Txn& t, const View& view) {
+  auto enc = encode_view(view);
+  PLY_CHECK(t.reserve(16));
   auto cat = PLY_TRY(find_catalog(t));
   if (!cat) {
     cat = PLY_TRY(t.create_tree(kKindPlain));
@@ -174,6 +197,7 @@ Result<void> delete_view(Volume& v, std::string_view name) {
 
 Result<BranchMeta> find_branch(Volume& v, std::string_view name) {
   auto bs = PLY_TRY(Filesystem::branches(v));
+  std::erase_if(bs, [](const BranchMeta& b) { return b.doomed; });
   for (const auto& b : bs)
     if (b.name == name) return b;
   char* end = nullptr;
@@ -266,6 +290,9 @@ std::vector<Problem> check_views(Volume& v) {
         problem("view \"" + view.name + "\" names tree " + std::to_string(l.tree.v) + ", which is no branch");
         continue;
       }
+      if (b->doomed)
+        problem("view \"" + view.name + "\" shows tree " + std::to_string(l.tree.v) +
+                ", which an unfinished merge or rollback doomed");
       if (!seen.insert(l.tree.v).second)
         problem("view \"" + view.name + "\" names branch \"" + b->name + "\" twice");
       if (l.writable && b->read_only)

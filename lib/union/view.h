@@ -31,8 +31,15 @@ Result<std::vector<View>> list_views(Volume& v);
 // is_default clears it on every other view.
 Result<void> put_view(Volume& v, const View& view);
 Result<void> delete_view(Volume& v, std::string_view name);
+// Inside a larger transaction (a snapshot or merge changes branches and the
+// views that show them in one generation): every view, and a rewrite of
+// each view for which `fn` returns true (a view left empty is deleted).
+Result<std::vector<View>> list_views(Volume::Txn& t);
+Result<void> put_view(Volume::Txn& t, const View& view);  // the caller checked the stack
+Result<void> rewrite_views(Volume::Txn& t, const std::function<bool(View&)>& fn);
 
-// The branch named `name` (or a tree id written as a number).
+// The branch named `name` (or a tree id written as a number). Doomed trees
+// (format.md#snapshots) have no name.
 Result<BranchMeta> find_branch(Volume& v, std::string_view name);
 // "top=rw:middle:base=ro" (Unionfs's dirs= syntax): left to right; a layer
 // without a mode is read-write if it is the first, read-only otherwise.

@@ -13,6 +13,7 @@
 #include "fs/check.h"
 #include "fs/fs.h"
 #include "fsck/fsck.h"
+#include "snap/snap.h"
 #include "union/union.h"
 #include "union/view.h"
 #include "test_util.h"
@@ -909,6 +910,442 @@ TEST_CASE("union: views and stacks in the catalog persist", "[union]") {
   CHECK(parse_stack(*im.vol, "b2=rw").error().code == EROFS);
   im.close();
   REQUIRE(check_filesystems(*im.dev).empty());
+}
+
+
+// --- snapshots, clones, merges, rollback, diff (lib/snap, format.md#snapshots) --------
+
+// A mounted stack as the daemon keeps it: the image's volume, the stack's
+// branches open, and a union over them.
+struct Mounted {
+  Image& im;
+  std::vector<ViewLayer> stack;
+  std::unique_ptr<Union> u;
+
+  void open() {
+    im.trees.clear();
+    for (const auto& l : stack) im.trees.push_back(l.tree);
+    im.open();
+    must(drop_doomed(*im.vol));  // what a merge or rollback replaced (as a mount does)
+    remake();
+  }
+  void remake() {
+    std::vector<UnionBranch> bs;
+    for (size_t i = 0; i < stack.size(); i++) bs.push_back({im.fs[i].get(), stack[i].writable});
+    u = std::make_unique<Union>(std::move(bs));
+  }
+  // A lifecycle operation changed the branches: remount on the new stack.
+  void remount(std::vector<ViewLayer> next) {
+    u.reset();
+    im.close();
+    stack = std::move(next);
+    open();
+  }
+  int index_of(TreeId t) const {
+    for (size_t i = 0; i < stack.size(); i++)
+      if (stack[i].tree == t) return int(i);
+    return -1;
+  }
+};
+
+// One branch's raw names (whiteouts hidden), with inode numbers, for diff.
+struct Raw {
+  char type;
+  std::string data;
+  uint32_t mode;
+};
+std::map<std::pair<std::string, uint64_t>, Raw> raw(Filesystem& fs, uint64_t dir = 0, const std::string& prefix = "") {
+  std::map<std::pair<std::string, uint64_t>, Raw> out;
+  if (!dir) dir = fs.root();
+  std::vector<std::pair<std::string, uint64_t>> es;
+  must(fs.readdir(dir, 2, [&](const DirEntry& e) {
+    if (e.type != DT_WHT) es.emplace_back(std::string(e.name), e.ino);
+    return true;
+  }));
+  for (auto& [name, ino] : es) {
+    const std::string p = prefix + "/" + name;
+    Attr a = must(fs.getattr(ino));
+    Raw r{S_ISDIR(a.mode) ? 'd' : 'f', "", a.mode};
+    if (!S_ISDIR(a.mode)) {
+      std::vector<std::byte> buf(a.size);
+      must(fs.read(ino, 0, buf));
+      r.data.assign(reinterpret_cast<char*>(buf.data()), buf.size());
+    } else {
+      out.merge(raw(fs, ino, p));
+    }
+    out[{p, ino}] = r;
+  }
+  return out;
+}
+
+// diff(a, b) against the two branches' raw contents: every (path, inode)
+// only in b is added (or a rename's new name), every one only in a removed
+// (or a rename's old name), and every file in both whose bytes or mode
+// changed is reported modified.
+void check_diff(Volume& v, TreeId a, TreeId b, const std::map<std::pair<std::string, uint64_t>, Raw>& ra,
+                const std::map<std::pair<std::string, uint64_t>, Raw>& rb) {
+  auto d = must(diff(v, a, b));
+  std::set<std::string> added, removed, modified, want_added, want_removed, want_modified;
+  for (const auto& e : d) {
+    if (e.change == Change::Added) added.insert(e.path);
+    if (e.change == Change::Removed) removed.insert(e.path);
+    if (e.change == Change::Modified) modified.insert(e.path);
+    if (e.change == Change::Renamed) removed.insert(e.path), added.insert(e.new_path);
+  }
+  for (const auto& [k, r] : rb)
+    if (!ra.count(k)) want_added.insert(k.first);
+  for (const auto& [k, r] : ra) {
+    auto it = rb.find(k);
+    if (it == rb.end()) want_removed.insert(k.first);
+    else if (r.type == 'f' && (r.data != it->second.data || r.mode != it->second.mode)) want_modified.insert(k.first);
+  }
+  // A renamed directory is reported once (zfs diff's way): what moved with
+  // it, under the same inode numbers, is not a change of its own.
+  for (const auto& e : d) {
+    if (e.change != Change::Renamed) continue;
+    const std::string o = e.path + "/", n = e.new_path + "/";
+    for (const auto& [k, r] : rb) {
+      if (k.first.rfind(n, 0) != 0) continue;
+      const std::string old_path = o + k.first.substr(n.size());
+      if (ra.count({old_path, k.second})) want_added.erase(k.first), want_removed.erase(old_path);
+    }
+  }
+  std::string shown;
+  for (const auto& e : d) shown += std::string(1, char(e.change)) + " " + e.path + " " + e.new_path + "\n";
+  INFO("diff:\n" << shown);
+  CHECK(added == want_added);
+  CHECK(removed == want_removed);
+  for (const auto& p : want_modified) {
+    INFO("modified " << p);
+    CHECK(modified.count(p) == 1);
+  }
+}
+
+void check_image(Image& im) {
+  FsckOptions fo;
+  fo.kinds = fs_kinds();
+  auto rep = must(fsck_run(*im.dev, fo));
+  for (const auto& p : rep.problems) {
+    INFO(p.code << ": " << p.message);
+    CHECK(p.fix == FixClass::Info);
+  }
+  auto ps = check_filesystems(*im.dev);
+  for (const auto& p : ps) UNSCOPED_INFO(p.code << ": " << p.message);
+  REQUIRE(ps.empty());
+  auto vs = check_views(*im.dev);
+  for (const auto& p : vs) UNSCOPED_INFO(p.code << ": " << p.message);
+  REQUIRE(vs.empty());
+}
+
+// Random union workloads interleaved with snapshot, merge, rollback, clone,
+// diff and delete. A snapshot and a merge leave the view as it was (and
+// every inode number); a rollback shows what the view was when the layer
+// was made; diff matches the branches' contents.
+TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the union model",
+          "[snap][snapmodel]") {
+  const uint64_t s = seed("snap-model");
+  std::mt19937_64 rng(s);
+  const int rounds = int(6 * scale());
+  int merges = 0, rollbacks = 0, snaps = 0, diffs = 0, layer_diffs = 0;
+  for (int round = 0; round < rounds; round++) {
+    INFO("seed " << s << " round " << round);
+    Image im = make_image(1);
+    populate(*im.fs[0], rng);
+    Mounted mt{im, {{im.trees[0], true}}, nullptr};
+    im.close();
+    mt.open();
+    Model m = read_view(im);
+    compare(*mt.u, m);
+    std::map<uint64_t, Model> below;  // layer tree -> the view below it when it was made
+    for (int step = 0; step < 14; step++) {
+      INFO("step " << step);
+      for (int op = 0; op < 15; op++) {
+        auto [want, got, what] = random_op(*mt.u, m, rng);
+        INFO(what);
+        REQUIRE(want == got);
+      }
+      const int kind = int(rng() % 5);
+      INFO("lifecycle " << kind << " on " << format_stack(*im.vol, mt.stack));
+      if (kind <= 1 && mt.stack.size() < 8) {  // snapshot
+        auto sn = must(snapshot(*im.vol, mt.stack, "s" + std::to_string(step)));
+        REQUIRE(sn.stack.size() == mt.stack.size() + 1);
+        REQUIRE(sn.stack[0].tree == sn.live.tree);
+        below[sn.live.tree.v] = m;
+        mt.remount(sn.stack);
+        snaps++;
+      } else if (kind == 2) {  // merge a random layer into the branch below it
+        std::vector<size_t> cand;
+        for (size_t i = 0; i + 1 < mt.stack.size(); i++) {
+          auto b = must(Filesystem::branch(*im.vol, mt.stack[i].tree));
+          if (b.parent == mt.stack[i + 1].tree && must(is_layer(*im.vol, b))) cand.push_back(i);
+        }
+        if (cand.empty()) continue;
+        const size_t i = cand[rng() % cand.size()];
+        const TreeId lower = mt.stack[i + 1].tree;
+        auto mg = must(merge(*im.vol, mt.stack[i].tree, im.fs[i].get()));
+        REQUIRE(mg.lower == lower);
+        auto next = mt.stack;
+        next[i].tree = mg.merged.tree;
+        next.erase(next.begin() + long(i) + 1);
+        if (below.count(lower.v)) below[mg.merged.tree.v] = below[lower.v];
+        mt.remount(next);
+        merges++;
+      } else if (kind == 3) {  // rollback of the writable layer
+        auto b = must(Filesystem::branch(*im.vol, mt.stack[0].tree));
+        if (!below.count(b.tree.v) || !must(is_layer(*im.vol, b))) continue;
+        auto fresh = must(rollback(*im.vol, b.tree));
+        REQUIRE(fresh.name == b.name);
+        m = below[b.tree.v];
+        below[fresh.tree.v] = m;
+        auto next = mt.stack;
+        next[0].tree = fresh.tree;
+        mt.remount(next);
+        rollbacks++;
+      } else {  // clone the writable branch, change it, diff, delete the clone
+        auto c = must(clone_branch(*im.vol, mt.stack[0].tree, "c" + std::to_string(step), true));
+        auto before = raw(*im.fs[0]);
+        for (int op = 0; op < 15; op++) {
+          auto [want, got, what] = random_op(*mt.u, m, rng);
+          INFO(what);
+          REQUIRE(want == got);
+        }
+        check_diff(*im.vol, c.tree, mt.stack[0].tree, before, raw(*im.fs[0]));
+        must(delete_branch(*im.vol, c.tree));
+        diffs++;
+      }
+      compare(*mt.u, m);
+    }
+    // A layer's diff against the branch it is on is the change of the view
+    // since the layer was made.
+    if (mt.stack.size() >= 2 && below.count(mt.stack[0].tree.v)) {
+      auto b = must(Filesystem::branch(*im.vol, mt.stack[0].tree));
+      if (b.parent == mt.stack[1].tree && must(is_layer(*im.vol, b))) {
+        const Model& old = below[mt.stack[0].tree.v];
+        auto d = must(diff(*im.vol, mt.stack[1].tree, mt.stack[0].tree));
+        layer_diffs++;
+        std::set<std::string> added, removed, modified, want_added, want_removed;
+        std::string shown;
+        for (const auto& e : d) {
+          shown += std::string(1, char(e.change)) + " " + e.path + "\n";
+          std::string p = e.path.substr(1);
+          if (e.change == Change::Added) added.insert(p);
+          if (e.change == Change::Removed) removed.insert(p);
+          if (e.change == Change::Modified) modified.insert(p);
+        }
+        INFO("layer diff:\n" << shown);
+        for (const auto& [p, o] : m)
+          if (!old.count(p)) want_added.insert(p);
+        for (const auto& [p, o] : old)
+          if (!m.count(p)) want_removed.insert(p);
+        std::set<std::string> added_only, removed_only;
+        for (const auto& p : added)
+          if (!removed.count(p)) added_only.insert(p);
+        for (const auto& p : removed)
+          if (!added.count(p)) removed_only.insert(p);
+        CHECK(added_only == want_added);
+        CHECK(removed_only == want_removed);
+        for (const auto& [p, o] : m) {
+          auto it = old.find(p);
+          if (it == old.end() || o.type != 'f' || (it->second.data == o.data && it->second.mode == o.mode)) continue;
+          INFO("changed " << p);
+          CHECK((modified.count(p) || (added.count(p) && removed.count(p))));
+        }
+      }
+    }
+    mt.u.reset();
+    im.close();
+    check_image(im);
+  }
+  INFO(snaps << " snapshots, " << merges << " merges, " << rollbacks << " rollbacks, " << diffs << " diffs");
+  CHECK(merges > 0);
+  CHECK(rollbacks > 0);
+  CHECK(layer_diffs > 0);
+}
+
+// Space: what a deleted snapshot or clone held comes back, to the block.
+TEST_CASE("snap: deleting a clone or merging a snapshot returns the space the old data held", "[snap]") {
+  Image im = make_image(1);
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  const uint64_t bs = im.vol->block_size();
+  const size_t mib = 16;
+  std::vector<std::byte> buf(1 << 20);
+  auto fill = [&](Union& u, uint64_t ino, size_t from_mib, size_t n, char c) {
+    std::fill(buf.begin(), buf.end(), std::byte(c));
+    for (size_t i = from_mib; i < from_mib + n; i++) must(u.write(ino, i << 20, buf, kRoot));
+  };
+  uint64_t f = must(mt.u->mknod(mt.u->root(), "big", S_IFREG | 0644, 0, kRoot)).ino;
+  fill(*mt.u, f, 0, mib, 'a');
+  must(im.vol->commit());
+  const uint64_t data0 = im.vol->space_stats().data_blocks;
+  REQUIRE(data0 == mib * (1 << 20) / bs);
+  const auto free0 = mt.u->statfs().bfree;
+
+  // btrfs style: a clone, the original half overwritten, the clone deleted.
+  auto c = must(clone_branch(*im.vol, mt.stack[0].tree, "copy", true));
+  fill(*mt.u, f, 0, mib / 2, 'b');
+  must(im.vol->commit());
+  CHECK(im.vol->space_stats().data_blocks == data0 + data0 / 2);
+  must(delete_branch(*im.vol, c.tree));
+  must(im.vol->commit());
+  must(im.vol->commit());  // what the deletion freed is reusable once durable
+  CHECK(im.vol->space_stats().data_blocks == data0);
+
+  // Unionfs style: a snapshot, half overwritten through a copy-up, the
+  // live layer merged down (the snapshot goes).
+  auto sn = must(snapshot(*im.vol, mt.stack, "snap"));
+  mt.remount(sn.stack);
+  f = must(resolve(*mt.u, "big"));
+  must(mt.u->open(f, true, kRoot));
+  fill(*mt.u, f, mib / 2, mib / 2, 'c');
+  must(im.vol->commit());
+  CHECK(im.vol->space_stats().data_blocks == data0 + data0 / 2);
+  auto mg = must(merge(*im.vol, sn.live.tree, im.fs[0].get()));
+  CHECK(mg.merged.name == sn.live.name);
+  mt.remount({{mg.merged.tree, true}});
+  must(im.vol->commit());
+  must(im.vol->commit());
+  CHECK(im.vol->space_stats().data_blocks == data0);
+  // The merged file reads as the view showed it.
+  f = must(resolve(*mt.u, "big"));
+  std::vector<std::byte> got(1 << 20);
+  for (size_t i = 0; i < mib; i++) {
+    must(mt.u->read(f, i << 20, got));
+    CHECK(got[0] == std::byte(i < mib / 2 ? 'b' : 'c'));
+  }
+  // statfs agrees, within the metadata the trees moved.
+  const auto free1 = mt.u->statfs().bfree;
+  CHECK(free1 + 64 >= free0);
+  CHECK(free1 <= free0 + 64);
+  auto names = must(Filesystem::branches(*im.vol));
+  CHECK(names.size() == 1);
+  mt.u.reset();
+  im.close();
+  check_image(im);
+}
+
+TEST_CASE("snap: refusals leave everything as it was", "[snap]") {
+  Image im = make_image(1);
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  const TreeId base = mt.stack[0].tree;
+  // A base branch is no layer: nothing to merge into, nothing to roll back.
+  CHECK(merge(*im.vol, base).error().code == EINVAL);
+  CHECK(rollback(*im.vol, base).error().code == EINVAL);
+  CHECK(delete_branch(*im.vol, base).error().code == EBUSY);  // the only branch
+  auto sn = must(snapshot(*im.vol, mt.stack, "one"));
+  CHECK(snapshot(*im.vol, sn.stack, "one").error().code == EEXIST);
+  // A view shows the snapshot: it cannot go, and the branch below a merge
+  // must not be shown elsewhere.
+  must(put_view(*im.vol, View{"old", false, {{sn.frozen.tree, false}}}));
+  CHECK(delete_branch(*im.vol, sn.frozen.tree).error().code == EBUSY);
+  CHECK(merge(*im.vol, sn.live.tree).error().code == EBUSY);
+  must(delete_view(*im.vol, "old"));
+  // Two layers on one branch: merging one would change the other's view.
+  FsCreateOptions o;
+  o.name = "other";
+  o.parent = sn.frozen.tree;
+  TreeId other = must(Filesystem::create(*im.vol, o));
+  CHECK(merge(*im.vol, sn.live.tree).error().code == EBUSY);
+  must(delete_branch(*im.vol, other));
+  auto mg = must(merge(*im.vol, sn.live.tree));
+  CHECK(mg.merged.name == "main");
+  must(drop_doomed(*im.vol));
+  CHECK(must(Filesystem::branches(*im.vol)).size() == 1);
+  CHECK(must(list_views(*im.vol)).at(0).layers.size() == 1);
+  mt.u.reset();
+  mt.stack = {{mg.merged.tree, true}};
+  im.trees = {mg.merged.tree};
+  im.close();
+  check_image(im);
+}
+
+// The atomicity claim for the lifecycle operations: with every filesystem
+// operation its own generation, a power cut at any write of a snapshot,
+// merge, rollback, clone or delete recovers a view the model allows (the
+// same view for all but rollback, which may also show the layer's base),
+// no doomed tree survives the next open, and fsck finds nothing.
+TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recovers before or after it",
+          "[snap][snapcrash]") {
+  const uint64_t s = seed("snap-crash");
+  std::mt19937_64 rng(s);
+  const int runs = int(30 * scale());
+  int struck = 0;
+  for (int run = 0; run < runs; run++) {
+    INFO("seed " << s << " run " << run);
+    Image im = make_image(1);
+    populate(*im.fs[0], rng);
+    Mounted mt{im, {{im.trees[0], true}}, nullptr};
+    im.close();
+    mt.open();
+    // A snapshot and some changes in the new layer, committed.
+    auto sn = must(snapshot(*im.vol, mt.stack, "s"));
+    Model base = read_view(im);
+    mt.remount(sn.stack);
+    Model m = base;
+    for (int op = 0; op < 40; op++) {
+      auto [want, got, what] = random_op(*mt.u, m, rng);
+      INFO(what);
+      REQUIRE(want == got);
+    }
+    mt.u.reset();
+    im.close();
+    im.dev->track_unflushed(true);
+    FaultDevice dev(*im.dev);
+    im.via = &dev;
+    im.commit_each_txn = true;
+    mt.open();
+    const int kind = int(rng() % 4);
+    INFO("operation " << kind);
+    FaultDevice::Rule rule;
+    rule.op = FaultDevice::Op::Modify;
+    rule.nth = rng() % (kind == 0 ? 140 : 12) + 1;
+    rule.sticky = true;
+    rule.kind = rng() % 2 ? FaultDevice::Kind::Eio : FaultDevice::Kind::Torn;
+    rule.seed = rng();
+    INFO("cut at change " << rule.nth);
+    dev.add(rule);
+    bool done = false;
+    if (kind == 0) done = merge(*im.vol, sn.live.tree, im.fs[0].get()).ok();
+    else if (kind == 1) done = rollback(*im.vol, sn.live.tree).ok();
+    else if (kind == 2) done = snapshot(*im.vol, mt.stack, "t").ok();
+    else done = clone_branch(*im.vol, sn.live.tree, "c", false).ok() && drop_doomed(*im.vol).ok();
+    if (dev.fired()) struck++;
+    else REQUIRE(done);
+    mt.u.reset();
+    im.fs.clear();
+    im.vol.reset();
+    im.dev->crash(rng);
+    im.via = nullptr;
+    im.commit_each_txn = false;
+    check_image(im);
+    // Recover: what a mount shows is the default view's stack.
+    {
+      VolumeOptions vo;
+      vo.kinds = fs_kinds();
+      im.vol = must(Volume::open(*im.dev, vo));
+      must(drop_doomed(*im.vol));
+      for (const auto& b : must(Filesystem::branches(*im.vol))) CHECK(!b.doomed);
+      mt.stack = must(default_stack(*im.vol));
+      must(im.vol->close());
+      im.vol.reset();
+    }
+    mt.open();
+    Model got = read_view(im);
+    const bool same = same_view(got, m);
+    const bool rolled = kind == 1 && same_view(got, base);
+    REQUIRE((same || rolled));
+    if (!dev.fired() && kind == 1) REQUIRE(rolled);
+    Model expect = same ? m : base;
+    compare(*mt.u, expect);
+    mt.u.reset();
+    im.close();
+    check_image(im);
+  }
+  INFO(struck << " of " << runs << " runs cut during an operation");
+  CHECK(struck > runs / 3);
 }
 
 }  // namespace

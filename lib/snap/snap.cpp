@@ -1,0 +1,584 @@
+// Snapshots, clones, merges, rollback, deletion and diff (snap.h;
+// format.md#snapshots).
+#include "snap/snap.h"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <set>
+
+#include "fs/disk_fs.h"
+#include "union/union.h"
+
+namespace plyfs {
+
+namespace {
+
+constexpr uint64_t kSwapBlocks = 64;  // a swap: a few FsInfo items and views
+
+Result<BranchMeta> live_branch(Volume::Txn& t, TreeId id) {
+  auto b = t.tree_info(id);
+  if (!b) return Error::io(ENOENT, "no branch with tree id " + std::to_string(id.v));
+  BranchMeta m = PLY_TRY(Filesystem::branch(t, id));
+  if (m.doomed) return Error::io(ENOENT, "no branch with tree id " + std::to_string(id.v));
+  return m;
+}
+
+// A layer is a branch created empty on its parent, as opposed to a clone
+// (view.h's is_layer, inside a transaction).
+Result<bool> layer(Volume::Txn& t, const BranchMeta& b) {
+  if (!b.parent.v) return false;
+  return PLY_TRY(t.tree_info(b.tree)).cloned_from != b.parent;
+}
+
+// Refuses while a live branch other than `except` is layered on `b`.
+Result<void> no_layers_on(Volume::Txn& t, const BranchMeta& b, TreeId except) {
+  for (const auto& x : PLY_TRY(Filesystem::branches(t)))
+    if (!x.doomed && x.parent == b.tree && x.tree != except && x.tree != b.tree && PLY_TRY(layer(t, x)))
+      return Error::io(EBUSY, "branch \"" + x.name + "\" is layered on \"" + b.name + "\"");
+  return ok();
+}
+
+// Clones of a branch that goes record no parent any more (their parent
+// field is provenance only; a layer on it was refused before).
+Result<void> forget_parent(Volume::Txn& t, TreeId gone) {
+  for (auto b : PLY_TRY(Filesystem::branches(t)))
+    if (!b.doomed && b.parent == gone && b.tree != gone && !PLY_TRY(layer(t, b))) {
+      b.parent = TreeId{0};
+      PLY_CHECK(Filesystem::set_branch(t, b));
+    }
+  return ok();
+}
+
+// The root directory's attributes of a branch (a new layer's root starts as
+// its parent's).
+Result<FsCreateOptions> root_like(Volume& v, TreeId tree) {
+  auto fs = PLY_TRY(Filesystem::open(v, tree, true));
+  Attr a = PLY_TRY(fs->getattr(fs->root()));
+  FsCreateOptions o;
+  o.root_mode = a.mode & 07777;
+  o.uid = a.uid;
+  o.gid = a.gid;
+  return o;
+}
+
+}  // namespace
+
+Result<size_t> drop_doomed(Volume& v) {
+  if (v.read_only()) return size_t(0);
+  std::vector<TreeId> doomed;
+  for (const auto& b : PLY_TRY(Filesystem::branches(v)))
+    if (b.doomed) doomed.push_back(b.tree);
+  for (TreeId id : doomed) {
+    auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = kSwapBlocks}));
+    PLY_CHECK(t.drop_tree(id));
+  }
+  return doomed.size();
+}
+
+Result<BranchMeta> clone_branch(Volume& v, TreeId src, std::string_view name, bool read_only) {
+  if (find_branch(v, name)) return Error::io(EEXIST, "a branch named \"" + std::string(name) + "\" exists");
+  auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+  BranchMeta s = PLY_TRY(live_branch(t, src));
+  BranchMeta m = s;
+  m.tree = PLY_TRY(t.clone_tree(src));
+  m.name = std::string(name);
+  m.parent = src;
+  m.read_only = read_only;
+  PLY_CHECK(Filesystem::set_branch(t, m));
+  m.created = t.gen();
+  return m;
+}
+
+Result<std::string> snapshot_name(Volume& v, std::string_view base) {
+  char stamp[32];
+  time_t now = time(nullptr);
+  tm tmv{};
+  gmtime_r(&now, &tmv);
+  strftime(stamp, sizeof stamp, "@%y%m%d-%H%M%S", &tmv);
+  std::string b(base.substr(0, 32 - std::strlen(stamp) - 3));
+  std::string name = b + stamp;
+  for (int i = 1; find_branch(v, name); i++) {
+    if (i > 99) return Error::io(EEXIST, "too many snapshots named " + b + stamp);
+    name = b + stamp + "." + std::to_string(i);
+  }
+  return name;
+}
+
+Result<Snapshot> snapshot(Volume& v, const std::vector<ViewLayer>& stack, std::string_view snap_name) {
+  auto top = std::find_if(stack.begin(), stack.end(), [](const ViewLayer& l) { return l.writable; });
+  if (top == stack.end()) return Error::io(EROFS, "the stack has no writable branch to snapshot");
+  if (stack.size() >= kMaxViewLayers)
+    return Error::invalid("the stack holds " + std::to_string(kMaxViewLayers) + " branches already");
+  if (snap_name.empty() || snap_name.size() > 32) return Error::invalid("a branch name has 1 to 32 bytes");
+  if (find_branch(v, snap_name)) return Error::io(EEXIST, "a branch named \"" + std::string(snap_name) + "\" exists");
+  // Everything is checked before the transaction, which cannot be undone.
+  for (const auto& view : PLY_TRY(list_views(v)))
+    for (const auto& l : view.layers)
+      if (l.tree == top->tree && l.writable && view.layers.size() >= kMaxViewLayers)
+        return Error::invalid("view \"" + view.name + "\" holds " + std::to_string(kMaxViewLayers) +
+                              " branches already");
+  FsCreateOptions o = PLY_TRY(root_like(v, top->tree));
+  auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+  Snapshot s;
+  s.frozen = PLY_TRY(live_branch(t, top->tree));
+  o.name = s.frozen.name;
+  o.parent = s.frozen.tree;
+  s.live = PLY_TRY(Filesystem::branch(t, PLY_TRY(Filesystem::create(t, o))));
+  s.frozen.name = std::string(snap_name);
+  s.frozen.read_only = true;
+  PLY_CHECK(Filesystem::set_branch(t, s.frozen));
+  auto swap = [&](std::vector<ViewLayer>& ls) {
+    for (size_t i = 0; i < ls.size(); i++)
+      if (ls[i].tree == s.frozen.tree && ls[i].writable) {
+        ls[i].writable = false;
+        ls.insert(ls.begin() + long(i), ViewLayer{s.live.tree, true});
+        return true;
+      }
+    return false;
+  };
+  PLY_CHECK(rewrite_views(t, [&](View& view) { return swap(view.layers); }));
+  s.stack = stack;
+  swap(s.stack);
+  // An image without views mounts its first branch: the snapshot now. A
+  // default view keeps mounts on the live branch.
+  if (PLY_TRY(list_views(t)).empty()) PLY_CHECK(put_view(t, View{"default", true, s.stack}));
+  return s;
+}
+
+// --- merge --------------------------------------------------------------------------------
+
+namespace {
+
+struct Merger {
+  Filesystem& up;   // the upper branch
+  Filesystem& low;  // the scratch copy of the lower branch
+  bool keep_whiteouts;  // the lower branch is a layer: its result must hide what is below
+  const std::function<void(const MergeStats&)>& progress;
+  MergeStats st;
+  // (directory in the scratch tree, name) where pass 1 found an entry under
+  // a directory of the upper branch (which must come over opaque).
+  std::set<std::pair<uint64_t, std::string>> occupied;
+  std::set<uint64_t> replaced;  // objects whose content came over already
+
+  struct Item {
+    std::string name;
+    uint64_t ino;
+    uint8_t type;
+  };
+  static Result<std::vector<Item>> list(Filesystem& fs, uint64_t dir) {
+    std::vector<Item> out;
+    PLY_CHECK(fs.readdir(dir, 2, [&](const DirEntry& e) {
+      out.push_back({std::string(e.name), e.ino, e.type});
+      return true;
+    }));
+    return out;
+  }
+
+  void tick() {
+    if (++st.entries % 1024 == 0 && progress) progress(st);
+  }
+
+  // Removes dir/name from the scratch tree with everything below it; with
+  // `whiteout` the name stays as a whiteout.
+  Result<void> remove(uint64_t dir, const std::string& name, const Entry& e, bool whiteout) {
+    st.removed++;
+    if (e.type != DT_DIR) return low.unlink(dir, name, whiteout);
+    for (const auto& c : PLY_TRY(list(low, e.ino)))
+      if (c.type != disk::kDtWhiteout)
+        PLY_CHECK(remove(e.ino, c.name, Entry{c.ino, c.type}, false));
+    return low.rmdir(dir, name, whiteout);
+  }
+
+  // Pass 1: everything the upper branch deletes or replaces goes.
+  Result<void> prune(uint64_t udir, uint64_t ldir) {
+    for (const auto& e : PLY_TRY(list(up, udir))) {
+      auto le = PLY_TRY(low.entry(ldir, e.name));
+      const bool here = le && le->type != disk::kDtWhiteout;
+      if (e.type == disk::kDtWhiteout) {
+        if (here) PLY_CHECK(remove(ldir, e.name, *le, keep_whiteouts));
+        else if (!le && keep_whiteouts) PLY_CHECK(low.whiteout(ldir, e.name));
+        continue;
+      }
+      if (e.type == DT_DIR) {
+        if (le) occupied.insert({ldir, e.name});
+        if (!here) continue;
+        Attr ua = PLY_TRY(up.getattr(e.ino));
+        if (le->type == DT_DIR && !ua.opaque) {
+          occupied.erase({ldir, e.name});
+          PLY_CHECK(prune(e.ino, le->ino));
+        } else {
+          PLY_CHECK(remove(ldir, e.name, *le, false));
+        }
+        continue;
+      }
+      if (here && le->ino != e.ino) PLY_CHECK(remove(ldir, e.name, *le, false));
+    }
+    return ok();
+  }
+
+  // A directory's attributes and xattrs from the upper branch.
+  Result<void> take_attrs(uint64_t uino, uint64_t lino) {
+    if (uino == lino) {
+      (void)PLY_TRY(low.replace_from(up, uino));
+      return ok();
+    }
+    Attr a = PLY_TRY(up.getattr(uino));
+    SetAttr s;
+    s.mode = a.mode & 07777;
+    s.uid = a.uid;
+    s.gid = a.gid;
+    s.atime = a.atime;
+    s.mtime = a.mtime;
+    (void)PLY_TRY(low.setattr(lino, s));
+    auto want = PLY_TRY(up.listxattr(uino));
+    for (const auto& n : PLY_TRY(low.listxattr(lino)))
+      if (std::find(want.begin(), want.end(), n) == want.end()) PLY_CHECK(low.removexattr(lino, n));
+    for (const auto& n : want) PLY_CHECK(low.setxattr(lino, n, PLY_TRY(up.getxattr(uino, n)), 0));
+    return ok();
+  }
+
+  // Pass 2: everything the upper branch holds comes over.
+  Result<void> graft(uint64_t udir, uint64_t ldir) {
+    for (const auto& e : PLY_TRY(list(up, udir))) {
+      tick();
+      auto le = PLY_TRY(low.entry(ldir, e.name));
+      if (e.type == disk::kDtWhiteout) {
+        // Pass 1 did those in directories the lower branch had; a
+        // directory new to it may still hide names further down.
+        if (!le && keep_whiteouts) PLY_CHECK(low.whiteout(ldir, e.name));
+        continue;
+      }
+      const bool here = le && le->type != disk::kDtWhiteout;
+      if (e.type == DT_DIR) {
+        if (here) {  // a directory that merged: pass 1 kept it
+          PLY_CHECK(graft(e.ino, le->ino));
+          PLY_CHECK(take_attrs(e.ino, le->ino));
+          continue;
+        }
+        Attr ua = PLY_TRY(up.getattr(e.ino));
+        (void)PLY_TRY(low.copy_in(up, e.ino, ldir, e.name));
+        st.objects++;
+        // What the union showed was this directory alone: it hides the
+        // branches below the result too, if anything was there.
+        if (keep_whiteouts && (ua.opaque || occupied.count({ldir, e.name}))) {
+          SetAttr s;
+          s.opaque = true;
+          (void)PLY_TRY(low.setattr(e.ino, s));
+        }
+        PLY_CHECK(graft(e.ino, e.ino));
+        PLY_CHECK(take_attrs(e.ino, e.ino));
+        continue;
+      }
+      // A file: pass 1 left only the same object at the name, if any.
+      auto mine = low.getattr(e.ino);
+      const bool held = mine && mine->nlink > 0;
+      if (held && !replaced.count(e.ino)) {
+        (void)PLY_TRY(low.replace_from(up, e.ino));
+        replaced.insert(e.ino);
+        st.objects++;
+      }
+      if (here) continue;  // the same object, replaced in place
+      if (held) (void)PLY_TRY(low.link(e.ino, ldir, e.name));
+      else {
+        (void)PLY_TRY(low.copy_in(up, e.ino, ldir, e.name));
+        replaced.insert(e.ino);
+        st.objects++;
+      }
+    }
+    return ok();
+  }
+};
+
+}  // namespace
+
+Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
+                    const std::function<void(const MergeStats&)>& progress) {
+  Merge out;
+  BranchMeta up, low;
+  bool low_is_layer;
+  {
+    auto t = PLY_TRY(v.begin());
+    up = PLY_TRY(live_branch(t, upper));
+    if (!PLY_TRY(layer(t, up)))
+      return Error::invalid("branch \"" + up.name + "\" is not a layer (made on a parent): nothing to merge into");
+    low = PLY_TRY(live_branch(t, up.parent));
+    low_is_layer = PLY_TRY(layer(t, low));
+    PLY_CHECK(no_layers_on(t, low, up.tree));
+    for (const auto& view : PLY_TRY(list_views(t)))
+      for (size_t i = 0; i < view.layers.size(); i++)
+        if (view.layers[i].tree == low.tree && (i == 0 || view.layers[i - 1].tree != up.tree))
+          return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + low.name +
+                                      "\" other than right below \"" + up.name + "\"");
+  }
+  // The scratch tree: a doomed clone of the lower branch (dropped by the
+  // next open if the merge does not finish).
+  BranchMeta res = low;
+  {
+    auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+    res.tree = PLY_TRY(t.clone_tree(low.tree));
+    res.doomed = true;
+    PLY_CHECK(Filesystem::set_branch(t, res));
+  }
+  auto lowfs = PLY_TRY(Filesystem::open(v, res.tree));
+  std::unique_ptr<Filesystem> own_up;
+  if (!upper_fs) {
+    own_up = PLY_TRY(Filesystem::open(v, up.tree));
+    upper_fs = own_up.get();
+  }
+  Merger m{*upper_fs, *lowfs, low_is_layer, progress, {}, {}, {}};
+  PLY_CHECK(m.prune(upper_fs->root(), lowfs->root()));
+  PLY_CHECK(m.graft(upper_fs->root(), lowfs->root()));
+  PLY_CHECK(m.take_attrs(upper_fs->root(), lowfs->root()));
+  if (progress) progress(m.st);
+  lowfs.reset();
+  own_up.reset();
+
+  // The swap: one generation.
+  auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+  res.name = up.name;
+  res.read_only = up.read_only;
+  res.parent = low_is_layer ? low.parent : TreeId{0};
+  res.doomed = false;
+  up.doomed = low.doomed = true;
+  PLY_CHECK(Filesystem::set_branch(t, up));
+  PLY_CHECK(Filesystem::set_branch(t, low));
+  PLY_CHECK(Filesystem::set_branch(t, res));
+  // Layers on the upper branch are on the result now; clones of either
+  // forget their source.
+  for (auto b : PLY_TRY(Filesystem::branches(t)))
+    if (!b.doomed && b.parent == up.tree && b.tree != res.tree && PLY_TRY(layer(t, b))) {
+      b.parent = res.tree;
+      PLY_CHECK(Filesystem::set_branch(t, b));
+    }
+  PLY_CHECK(forget_parent(t, up.tree));
+  PLY_CHECK(forget_parent(t, low.tree));
+  PLY_CHECK(rewrite_views(t, [&](View& view) {
+    bool changed = false;
+    for (auto& l : view.layers)
+      if (l.tree == up.tree) l.tree = res.tree, changed = true;
+    changed |= std::erase_if(view.layers, [&](const ViewLayer& l) { return l.tree == low.tree; }) > 0;
+    return changed;
+  }));
+  out.merged = res;
+  out.merged.created = t.gen();
+  out.upper = up.tree;
+  out.lower = low.tree;
+  out.stats = m.st;
+  return out;
+}
+
+Result<BranchMeta> rollback(Volume& v, TreeId branch) {
+  BranchMeta old;
+  {
+    auto t = PLY_TRY(v.begin());
+    old = PLY_TRY(live_branch(t, branch));
+    if (!PLY_TRY(layer(t, old)))
+      return Error::invalid("branch \"" + old.name + "\" is not a layer: delete it instead");
+    PLY_CHECK(no_layers_on(t, old, TreeId{0}));
+  }
+  FsCreateOptions o = PLY_TRY(root_like(v, old.parent));
+  auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+  o.name = old.name;
+  o.parent = old.parent;
+  o.read_only = old.read_only;
+  BranchMeta fresh = PLY_TRY(Filesystem::branch(t, PLY_TRY(Filesystem::create(t, o))));
+  old.doomed = true;
+  PLY_CHECK(Filesystem::set_branch(t, old));
+  PLY_CHECK(forget_parent(t, old.tree));
+  PLY_CHECK(rewrite_views(t, [&](View& view) {
+    bool changed = false;
+    for (auto& l : view.layers)
+      if (l.tree == old.tree) l.tree = fresh.tree, changed = true;
+    return changed;
+  }));
+  return fresh;
+}
+
+Result<void> delete_branch(Volume& v, TreeId branch) {
+  auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = kSwapBlocks}));
+  BranchMeta b = PLY_TRY(live_branch(t, branch));
+  size_t live = 0;
+  for (const auto& x : PLY_TRY(Filesystem::branches(t))) live += !x.doomed;
+  if (live == 1) return Error::io(EBUSY, "\"" + b.name + "\" is the only branch");
+  PLY_CHECK(no_layers_on(t, b, TreeId{0}));
+  for (const auto& view : PLY_TRY(list_views(t)))
+    for (const auto& l : view.layers)
+      if (l.tree == b.tree) return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + b.name + "\"");
+  PLY_CHECK(forget_parent(t, b.tree));
+  return t.drop_tree(b.tree);
+}
+
+}  // namespace plyfs
+
+// --- diff ---------------------------------------------------------------------------------
+
+namespace plyfs {
+
+namespace {
+
+std::string join(const std::string& dir, std::string_view name) {
+  return (dir == "/" ? "" : dir) + "/" + std::string(name);
+}
+
+struct Differ {
+  Filesystem& to;
+  std::vector<DiffEntry> out;
+
+  static Result<std::vector<DirEntry>> list(Filesystem& fs, uint64_t dir, std::vector<std::string>& names) {
+    std::vector<DirEntry> es;
+    PLY_CHECK(fs.readdir(dir, 2, [&](const DirEntry& e) {
+      names.emplace_back(e.name);
+      es.push_back(e);
+      return true;
+    }));
+    for (size_t i = 0; i < es.size(); i++) es[i].name = names[i];
+    return es;
+  }
+  static bool attrs_differ(const Attr& a, const Attr& b) {
+    return a.mode != b.mode || a.uid != b.uid || a.gid != b.gid || a.size != b.size ||
+           a.mtime.tv_sec != b.mtime.tv_sec || a.mtime.tv_nsec != b.mtime.tv_nsec ||
+           a.ctime.tv_sec != b.ctime.tv_sec || a.ctime.tv_nsec != b.ctime.tv_nsec;
+  }
+  // Everything below directory `dir` of the view under a layer.
+  Result<void> all_view(Union& u, uint64_t dir, const std::string& path) {
+    std::vector<std::pair<std::string, Attr>> es;
+    PLY_CHECK(u.readdirplus(dir, 2, [&](const DirEntry& e, const Attr* a) {
+      if (a) es.emplace_back(std::string(e.name), *a);
+      return true;
+    }));
+    for (const auto& [name, a] : es) {
+      out.push_back({Change::Removed, join(path, name), "", uint8_t(IFTODT(a.mode))});
+      if (S_ISDIR(a.mode)) PLY_CHECK(all_view(u, a.ino, join(path, name)));
+    }
+    return ok();
+  }
+  // `to` is a layer on `from`: what the layer holds is the change against
+  // the view `below` (from over its ancestors, what the layer was made on).
+  // `vdir`: the same directory in that view, 0 if it has none.
+  Result<void> layer(Union& below_view, uint64_t ldir, uint64_t vdir, const std::string& path) {
+    std::vector<std::string> names;
+    names.reserve(1024);
+    auto es = PLY_TRY(list(to, ldir, names));
+    for (const auto& e : es) {
+      const std::string p = join(path, e.name);
+      std::optional<Attr> below;
+      if (vdir)
+        if (auto a = below_view.lookup(vdir, e.name)) below = *a;
+      auto gone = [&]() -> Result<void> {
+        if (S_ISDIR(below->mode)) PLY_CHECK(all_view(below_view, below->ino, p));
+        out.push_back({Change::Removed, p, "", uint8_t(IFTODT(below->mode))});
+        return ok();
+      };
+      if (e.type == DT_WHT) {
+        if (below) PLY_CHECK(gone());
+        continue;
+      }
+      Attr a = PLY_TRY(to.getattr(e.ino));
+      if (e.type == DT_DIR) {
+        const bool merges = below && S_ISDIR(below->mode) && !a.opaque;
+        if (below && !merges) PLY_CHECK(gone());
+        if (merges) {
+          if (attrs_differ(a, *below)) out.push_back({Change::Modified, p, "", DT_DIR});
+        } else {
+          out.push_back({Change::Added, p, "", DT_DIR});
+        }
+        PLY_CHECK(layer(below_view, e.ino, merges ? below->ino : 0, p));
+        continue;
+      }
+      if (below && below->ino == e.ino) {  // a copy-up: the same object, changed
+        out.push_back({Change::Modified, p, "", e.type});
+        continue;
+      }
+      if (below) PLY_CHECK(gone());
+      out.push_back({Change::Added, p, "", e.type});
+    }
+    return ok();
+  }
+};
+
+}  // namespace
+
+Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
+  BranchMeta a, b;
+  bool to_is_layer_on_from;
+  {
+    auto t = PLY_TRY(v.begin());
+    a = PLY_TRY(live_branch(t, from));
+    b = PLY_TRY(live_branch(t, to));
+    to_is_layer_on_from = b.parent == a.tree && PLY_TRY(layer(t, b));
+  }
+  auto ffs = PLY_TRY(Filesystem::open(v, from, true));
+  auto tfs = PLY_TRY(Filesystem::open(v, to, true));
+  Differ d{*tfs, {}};
+  if (to_is_layer_on_from) {
+    // The layer was made on the view of `from` over its ancestors.
+    std::vector<std::unique_ptr<Filesystem>> chain;
+    std::vector<UnionBranch> ub;
+    for (const auto& l : PLY_TRY(layer_stack(v, a.name))) {
+      chain.push_back(PLY_TRY(Filesystem::open(v, l.tree, true)));
+      ub.push_back({chain.back().get(), false});
+    }
+    Union below(std::move(ub));
+    PLY_CHECK(d.layer(below, tfs->root(), below.root(), "/"));
+  } else if (from != to) {
+    auto ch = PLY_TRY(Filesystem::compare(v, from, to));
+    // Paths of objects whose hint fails: one walk of the tree, on demand.
+    std::map<uint64_t, std::string> walked;
+    bool did_walk = false;
+    auto path_in = [&](Filesystem& fs, uint64_t ino) -> Result<std::string> {
+      if (ino == fs.root()) return std::string("/");
+      if (auto p = PLY_TRY(fs.path(ino))) return *p;
+      if (&fs == tfs.get() && !did_walk) {
+        did_walk = true;
+        std::function<Result<void>(uint64_t, const std::string&)> walk =
+            [&](uint64_t dir, const std::string& p) -> Result<void> {
+          std::vector<std::string> names;
+          for (const auto& e : PLY_TRY(Differ::list(fs, dir, names))) {
+            if (e.type == DT_WHT) continue;
+            walked.emplace(e.ino, join(p, e.name));
+            if (e.type == DT_DIR) PLY_CHECK(walk(e.ino, join(p, e.name)));
+          }
+          return ok();
+        };
+        PLY_CHECK(walk(fs.root(), "/"));
+      }
+      if (auto it = walked.find(ino); &fs == tfs.get() && it != walked.end()) return it->second;
+      return std::string("(inode " + std::to_string(ino) + ")");
+    };
+    std::map<uint64_t, std::pair<int, int>> names;  // ino: (removed, added) names
+    for (const auto& r : ch.removed) names[r.ino].first++;
+    for (const auto& r : ch.added) names[r.ino].second++;
+    std::set<uint64_t> renamed, whole;
+    for (const auto& r : ch.removed) {
+      if (r.type == DT_WHT) continue;
+      auto [rm, ad] = names[r.ino];
+      const std::string p = join(PLY_TRY(path_in(*ffs, r.dir)), r.name);
+      if (rm == 1 && ad == 1) {
+        auto to_name = std::find_if(ch.added.begin(), ch.added.end(), [&](auto& x) { return x.ino == r.ino; });
+        d.out.push_back({Change::Renamed, p, join(PLY_TRY(path_in(*tfs, to_name->dir)), to_name->name), r.type});
+        renamed.insert(r.ino);
+        continue;
+      }
+      d.out.push_back({Change::Removed, p, "", r.type});
+    }
+    for (const auto& r : ch.added) {
+      if (r.type == DT_WHT || renamed.count(r.ino)) continue;
+      d.out.push_back({Change::Added, join(PLY_TRY(path_in(*tfs, r.dir)), r.name), "", r.type});
+      whole.insert(r.ino);
+    }
+    for (uint64_t ino : ch.modified) {
+      if (whole.count(ino)) continue;
+      auto at = tfs->getattr(ino);
+      if (!at || at->nlink == 0) continue;
+      d.out.push_back({Change::Modified, PLY_TRY(path_in(*tfs, ino)), "", uint8_t(IFTODT(at->mode))});
+    }
+  }
+  std::stable_sort(d.out.begin(), d.out.end(), [](const DiffEntry& x, const DiffEntry& y) { return x.path < y.path; });
+  return std::move(d.out);
+}
+
+}  // namespace plyfs

@@ -1,0 +1,173 @@
+// Snapshots, merges, rollbacks, clones and diff through the real tools
+// (format.md#snapshots): plyctl on a mount point (online) and on the image
+// (offline), with files open across the changes, and automatic snapshots.
+#include <sys/statvfs.h>
+
+#include "fuse_util.h"
+
+using namespace plyfs::fusetest;
+
+namespace {
+
+std::string plyctl_bin() { return tool("PLYFS_PLYCTL"); }
+
+// Runs plyctl; returns its exit status and output.
+int plyctl(const Fixture& fx, std::vector<std::string> args, std::string* out = nullptr) {
+  args.insert(args.begin(), plyctl_bin());
+  const std::string log = fx.tmp / "plyctl.log";
+  ::unlink(log.c_str());
+  const int rc = run(args, log);
+  if (out) *out = slurp(log);
+  UNSCOPED_INFO("plyctl " << args[1] << ": " << slurp(log));
+  return rc;
+}
+
+uint64_t free_blocks(const std::string& p) {
+  struct statvfs v{};
+  REQUIRE(::statvfs(p.c_str(), &v) == 0);
+  return v.f_bfree;
+}
+
+}  // namespace
+
+TEST_CASE("snapshots: online snapshot with files open for writing, merge and rollback", "[snap-fuse]") {
+  Fixture fx;
+  write_file(fx / "f", "one");
+  int fd = ::open((fx / "f").c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  pwrite_all(fd, "AAAA", 4, 0);  // before the snapshot: plyctl flushes it first
+  const ino_t f_ino = lstat_of(fx / "f").st_ino;
+  std::string out;
+  REQUIRE(plyctl(fx, {"snapshot", fx.root(), "--name", "s1"}, &out) == 0);
+  CHECK(out == "main=rw:s1=ro\n");
+  // Writes after it land in the new branch, through the descriptor opened
+  // before it too.
+  pwrite_all(fd, "BBBB", 4, 0);
+  REQUIRE(::fsync(fd) == 0);
+  write_file(fx / "g", "after");
+  CHECK(read_file(fx / "f") == "BBBB");
+  CHECK(lstat_of(fx / "f").st_ino == f_ino);
+  ::close(fd);
+  fx.unmount();
+
+  // The snapshot holds the state at the command, the default view the live one.
+  fx.opts = {"branches=s1=ro"};
+  fx.mount();
+  CHECK(read_file(fx / "f") == "AAAA");
+  struct stat st;
+  CHECK(::lstat((fx / "g").c_str(), &st) != 0);
+  fx.unmount();
+  fx.opts = {};
+  fx.mount();
+  CHECK(read_file(fx / "f") == "BBBB");
+  CHECK(read_file(fx / "g") == "after");
+
+  // Online merge: the view and st_ino stay, an open file reads on, and the
+  // snapshot's blocks that nothing else uses come back.
+  int rfd = ::open((fx / "g").c_str(), O_RDONLY);
+  REQUIRE(rfd >= 0);
+  REQUIRE(plyctl(fx, {"merge", fx.root(), "main"}, &out) == 0);
+  CHECK(out == "main=rw\n");
+  char buf[8] = {};
+  CHECK(::pread(rfd, buf, 5, 0) == 5);
+  CHECK(std::string(buf) == "after");
+  ::close(rfd);
+  CHECK(read_file(fx / "f") == "BBBB");
+  CHECK(lstat_of(fx / "f").st_ino == f_ino);
+  write_file(fx / "h", "merged");
+
+  // Online rollback: a snapshot, a change, the change discarded.
+  REQUIRE(plyctl(fx, {"snapshot", fx.root(), "--name", "s2"}, &out) == 0);
+  write_file(fx / "scratch", "throw away");
+  REQUIRE(::unlink((fx / "h").c_str()) == 0);
+  REQUIRE(plyctl(fx, {"rollback", fx.root(), "main"}, &out) == 0);
+  CHECK(out == "main=rw:s2=ro\n");
+  CHECK(::lstat((fx / "scratch").c_str(), &st) != 0);
+  CHECK(read_file(fx / "h") == "merged");
+  // Refusals: clear errors, conventional exit codes.
+  CHECK(plyctl(fx, {"merge", fx.root(), "s2"}) == 1);       // s2 is a base, no layer
+  CHECK(plyctl(fx, {"merge", fx.root(), "nope"}) == 1);     // no such branch
+  CHECK(plyctl(fx, {"merge", fx.root()}) == 2);             // usage
+  CHECK(plyctl(fx, {"delete", fx.root(), "s2"}) == 1);      // needs the image
+  fx.unmount();  // fsck clean: the replaced branches were dropped
+
+  // Offline: diff, clone, delete, merge, all on the image.
+  REQUIRE(plyctl(fx, {"branch", "list", fx.img}, &out) == 0);
+  CHECK(out.find("s1") == std::string::npos);
+  fx.mount();
+  write_file(fx / "k", "new");
+  REQUIRE(::rename((fx / "f").c_str(), (fx / "f2").c_str()) == 0);
+  fx.unmount();
+  REQUIRE(plyctl(fx, {"diff", fx.img, "s2", "main"}, &out) == 0);
+  CHECK(out.find("+\t/k\n") != std::string::npos);
+  CHECK(out.find("-\t/f\n") != std::string::npos);  // a layer: the rename is a copy and a whiteout
+  CHECK(out.find("+\t/f2\n") != std::string::npos);
+  REQUIRE(plyctl(fx, {"clone", fx.img, "main", "c1", "--ro"}) == 0);
+  REQUIRE(plyctl(fx, {"diff", fx.img, "c1", "main"}, &out) == 0);
+  CHECK(out.empty());
+  REQUIRE(plyctl(fx, {"delete", fx.img, "c1"}) == 0);
+  REQUIRE(plyctl(fx, {"merge", fx.img, "main", "--json"}, &out) == 0);
+  CHECK(out.find("\"merged\": {\"name\": \"main\"") != std::string::npos);
+  REQUIRE(plyctl(fx, {"snapshot", fx.img, "--json"}, &out) == 0);
+  CHECK(out.find("\"snapshot\": {\"name\": \"main@") != std::string::npos);
+  CHECK(plyctl(fx, {"delete", fx.img, "main"}) == 1);  // a view shows it
+  require_fsck_clean(fx.img, fx.tmp / "fsck.log");
+  fx.mount();
+  CHECK(read_file(fx / "f2") == "BBBB");
+  CHECK(read_file(fx / "k") == "new");
+  CHECK(lstat_of(fx / "f2").st_ino == f_ino);
+  fx.unmount();
+}
+
+TEST_CASE("snapshots: space comes back when a snapshot is merged away", "[snap-fuse]") {
+  Fixture fx;
+  std::mt19937_64 rng(seed("snap-fuse-space"));
+  const std::string big = random_bytes(rng, 32 << 20);
+  write_file(fx / "big", big);
+  fx.remount();
+  const uint64_t free0 = free_blocks(fx.root());
+  REQUIRE(plyctl(fx, {"snapshot", fx.root(), "--name", "snap"}) == 0);
+  {
+    int fd = ::open((fx / "big").c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    const std::string half = random_bytes(rng, 16 << 20);
+    pwrite_all(fd, half.data(), half.size(), 0);
+    REQUIRE(::fsync(fd) == 0);
+    ::close(fd);
+  }
+  {
+    int dfd = ::open(fx.root().c_str(), O_RDONLY | O_DIRECTORY);
+    REQUIRE(dfd >= 0);
+    REQUIRE(::syncfs(dfd) == 0);
+    ::close(dfd);
+  }
+  const uint64_t free1 = free_blocks(fx.root());
+  CHECK(free1 + 4000 < free0);  // 16 MiB more: 4096 blocks
+  REQUIRE(plyctl(fx, {"merge", fx.root(), "main"}) == 0);
+  fx.remount();  // the old branches are dropped at unmount
+  const uint64_t free2 = free_blocks(fx.root());
+  INFO("free before " << free0 << ", with the snapshot " << free1 << ", after the merge " << free2);
+  CHECK(free2 + 64 >= free0);
+  CHECK(free2 <= free0 + 64);
+  fx.unmount();
+}
+
+TEST_CASE("snapshots: automatic snapshots every second, keeping two", "[snap-fuse]") {
+  Fixture fx;
+  fx.opts = {"snapshot_interval=1", "snapshot_keep=2"};
+  fx.remount();
+  for (int i = 0; i < 9; i++) {
+    write_file(fx / ("f" + std::to_string(i)), std::to_string(i));
+    ::usleep(500 * 1000);
+  }
+  std::string out;
+  REQUIRE(plyctl(fx, {"branch", "list", fx.root()}, &out) == 0);
+  INFO(out);
+  CHECK(out.rfind("main=rw:main@", 0) == 0);
+  size_t snaps = 0;
+  for (size_t p = 0; (p = out.find("main@", p)) != std::string::npos; p++) snaps++;
+  CHECK(snaps >= 1);
+  CHECK(snaps <= 3);  // two kept; a third may be on its way
+  for (int i = 0; i < 9; i++) CHECK(read_file(fx / ("f" + std::to_string(i))) == std::to_string(i));
+  fx.unmount();
+}
