@@ -312,6 +312,9 @@ Result<Opened> open_volume(const std::string& image, bool write) {
   vo.kinds = fs_kinds();
   vo.read_only = !write;
   vo.cache_bytes = 64ull << 20;
+  // A long merge commits as it goes, so that its dirty metadata never has
+  // to fit the cache (what it built before a crash is a doomed scratch tree).
+  vo.dirty_limit_bytes = write ? vo.cache_bytes / 4 : 0;
   o.vol = PLY_TRY(Volume::open(*o.dev, vo));
   // What an interrupted merge or rollback left goes first (format.md#snapshots).
   if (write) (void)PLY_TRY(drop_doomed(*o.vol));

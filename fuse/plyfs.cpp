@@ -596,31 +596,51 @@ Result<std::vector<UnionBranch>> union_branches(const std::vector<ViewLayer>& s)
 // at unmount, or at the next mount after a crash.
 Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
   if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  // The mounted stack is checked like a view before anything changes (snap.h):
+  // a merge needs the lower branch right below the upper one, a rollback
+  // the branch in the stack.
+  if (cmd != "snapshot") {
+    BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
+    auto at = std::find_if(g->stack.begin(), g->stack.end(), [&](const ViewLayer& l) { return l.tree == b.tree; });
+    if (at == g->stack.end()) return Error::io(ENOENT, "branch \"" + b.name + "\" is not in the mounted stack");
+    if (cmd == "merge" && (at + 1 == g->stack.end() || (at + 1)->tree != b.parent))
+      return Error::io(EBUSY, "the mount does not show \"" + b.name + "\" right above the branch it is on");
+  }
   std::vector<ViewLayer> next;
-  PLY_CHECK(g->u->restack([&]() -> Result<std::vector<UnionBranch>> {
+  bool changed = false;  // the image changed: the mount must follow or stop
+  auto r = g->u->restack([&]() -> Result<std::vector<UnionBranch>> {
     if (cmd == "snapshot") {
       auto top = std::find_if(g->stack.begin(), g->stack.end(), [](const ViewLayer& l) { return l.writable; });
       if (top == g->stack.end()) return Error::io(EROFS, "the stack has no writable branch");
       std::string snap = name;
       if (snap.empty()) snap = PLY_TRY(snapshot_name(*g->vol, PLY_TRY(Filesystem::branch(*g->vol, top->tree)).name));
       next = PLY_TRY(snapshot(*g->vol, g->stack, snap)).stack;
+      changed = true;
     } else {
       BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
       next = g->stack;
       if (cmd == "merge") {
         auto it = g->branches.find(b.tree.v);
         Merge m = PLY_TRY(merge(*g->vol, b.tree, it == g->branches.end() ? nullptr : it->second.get()));
+        changed = true;
         for (auto& l : next)
           if (l.tree == m.upper) l.tree = m.merged.tree;
         std::erase_if(next, [&](const ViewLayer& l) { return l.tree == m.lower; });
       } else {
         BranchMeta fresh = PLY_TRY(rollback(*g->vol, b.tree));
+        changed = true;
         for (auto& l : next)
           if (l.tree == b.tree) l.tree = fresh.tree;
       }
     }
     return union_branches(next);
-  }));
+  });
+  if (!r) {
+    // The branches changed but the union could not follow: writing on into
+    // a branch that is now doomed would lose the writes at unmount.
+    if (changed) g->vol->fail(r.error());
+    return r.error();
+  }
   g->stack = next;
   invalidate_all();
   return format_stack(*g->vol, g->stack);
@@ -645,7 +665,7 @@ void snapper_loop() {
         if (!live) break;
         for (auto it = top + 1; it != g->stack.end() && !it->writable; ++it) {
           auto b = Filesystem::branch(*g->vol, it->tree);
-          if (!b || b->name.rfind(live->name + "@", 0) != 0) break;
+          if (!b || b->name.rfind(snapshot_prefix(live->name), 0) != 0) break;
           snaps.push_back(b->name);
         }
       }
@@ -985,6 +1005,10 @@ int main(int argc, char** argv) {
   fuse_loop_cfg_set_idle_threads(lc, 8);
   int ret = cfg.debug ? fuse_session_loop(se) : fuse_session_loop_mt(se, lc);
   fuse_loop_cfg_destroy(lc);
+  // The snapshot thread stops after the unmount: a snapshot it is taking
+  // may be sending the kernel invalidations, which return at once once the
+  // connection is gone (and could wait on a lock the kernel holds before).
+  fuse_session_unmount(se);
   if (d.snapper.joinable()) {
     {
       std::lock_guard sl(d.snap_mu);
@@ -993,7 +1017,6 @@ int main(int argc, char** argv) {
     d.snap_cv.notify_all();
     d.snapper.join();
   }
-  fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
 

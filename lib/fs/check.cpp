@@ -239,6 +239,9 @@ void check_branches(Volume& vol, std::vector<Problem>& out) {
       out.push_back(Problem{"U3-branch", Error::kNoBlock, "two branches are named \"" + b.name + "\"", b.tree.v});
   }
   for (const auto& b : *bs) {
+    // A doomed tree's fields no longer matter: drop_doomed drops them one at
+    // a time, so one may outlive the parent it names.
+    if (b.doomed) continue;
     if (b.parent.v && !by_id.count(b.parent.v)) {
       out.push_back(Problem{"U3-branch", Error::kNoBlock,
                             "branch \"" + b.name + "\" names missing parent tree " + std::to_string(b.parent.v),

@@ -514,7 +514,6 @@ Result<TreeId> Filesystem::create(Volume& v, const FsCreateOptions& o) {
 }
 
 Result<TreeId> Filesystem::create(Volume::Txn& t, const FsCreateOptions& o) {
-  PLY_CHECK(t.reserve(4 * kOpBlocks));
   TreeId id = PLY_TRY(t.create_tree(disk::kKindFs));
   uint64_t root = t.take_inode_number();
   disk::FsInfo info{};
@@ -557,9 +556,8 @@ Result<SuperInfo> format_filesystem(BlockDevice& dev, const FormatOptions& f,
 
 Result<TreeId> Filesystem::default_tree(Volume& v) {
   auto t = PLY_TRY(v.begin());
-  auto trees = PLY_TRY(t.list_trees());
-  for (const auto& ti : trees)
-    if (ti.kind == disk::kKindFs) return ti.id;
+  for (const auto& b : PLY_TRY(branches(t)))
+    if (!b.doomed) return b.tree;  // by id; a doomed tree is no branch
   return Error::io(ENOENT, "the image holds no filesystem tree");
 }
 
@@ -624,7 +622,6 @@ Result<void> Filesystem::set_branch(Volume& v, const BranchMeta& m) {
 
 Result<void> Filesystem::set_branch(Volume::Txn& t, const BranchMeta& m) {
   if (m.name.empty() || m.name.size() > 32) return Error::invalid("a branch name has 1 to 32 bytes");
-  PLY_CHECK(t.reserve(kOpBlocks));
   auto fi = PLY_TRY(read_info(t, m.tree));
   std::memset(fi.name, 0, sizeof fi.name);
   std::memcpy(fi.name, m.name.data(), m.name.size());

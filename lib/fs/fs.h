@@ -99,7 +99,10 @@ class Filesystem {
  public:
   // Creates an empty filesystem tree (a root directory) and returns its id.
   static Result<TreeId> create(Volume& v, const FsCreateOptions& o);
-  // The same inside a transaction that does more (a snapshot's one generation).
+  // The same inside a transaction that does more (a snapshot's one
+  // generation), which reserved the blocks: kCreateBlocks for this, and
+  // kSetBranchBlocks per set_branch (format.md#commit, A5).
+  static constexpr uint64_t kCreateBlocks = 80, kSetBranchBlocks = 20;
   static Result<TreeId> create(Volume::Txn& t, const FsCreateOptions& o);
   // The tree a mount uses when none is named: the lowest-id filesystem tree.
   static Result<TreeId> default_tree(Volume& v);

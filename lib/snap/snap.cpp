@@ -17,7 +17,17 @@ namespace plyfs {
 
 namespace {
 
-constexpr uint64_t kSwapBlocks = 64;  // a swap: a few FsInfo items and views
+// The blocks a swap may need, reserved before it changes anything (A5): a
+// new tree, every branch's FsInfo and every view rewritten, and a new
+// default view. The helpers it calls reserve nothing more, so that no swap
+// fails halfway for want of space.
+Result<uint64_t> swap_blocks(Volume& v) {
+  auto t = PLY_TRY(v.begin());
+  const uint64_t branches = PLY_TRY(Filesystem::branches(t)).size();
+  const uint64_t views = PLY_TRY(list_views(t)).size();
+  return Filesystem::kCreateBlocks + Filesystem::kSetBranchBlocks * (branches + 4) +
+         kViewBlocks * (views + 2) + 16;
+}
 
 Result<BranchMeta> live_branch(Volume::Txn& t, TreeId id) {
   auto b = t.tree_info(id);
@@ -53,6 +63,28 @@ Result<void> forget_parent(Volume::Txn& t, TreeId gone) {
   return ok();
 }
 
+// The tree a plain mount shows when no view is the default (the lowest-id
+// branch, format.md#fs-info), or 0 when a view is.
+Result<TreeId> implicit_default(Volume::Txn& t) {
+  for (const auto& view : PLY_TRY(list_views(t)))
+    if (view.is_default) return TreeId{0};
+  for (const auto& b : PLY_TRY(Filesystem::branches(t)))
+    if (!b.doomed) return b.tree;
+  return TreeId{0};
+}
+
+// When an operation replaces the tree a plain mount shows by default, a
+// default view keeps plain mounts on what replaced it (its new id may not
+// be the lowest). Named "default", or "default-N" if that name is taken.
+Result<void> keep_default(Volume::Txn& t, TreeId was, TreeId replaced, const std::vector<ViewLayer>& stack) {
+  if (!was.v || was != replaced) return ok();
+  auto views = PLY_TRY(list_views(t));
+  std::string name = "default";
+  for (int i = 1; std::any_of(views.begin(), views.end(), [&](const View& w) { return w.name == name; }); i++)
+    name = "default-" + std::to_string(i);
+  return put_view(t, View{name, true, stack});
+}
+
 // The root directory's attributes of a branch (a new layer's root starts as
 // its parent's).
 Result<FsCreateOptions> root_like(Volume& v, TreeId tree) {
@@ -73,24 +105,33 @@ Result<size_t> drop_doomed(Volume& v) {
   for (const auto& b : PLY_TRY(Filesystem::branches(v)))
     if (b.doomed) doomed.push_back(b.tree);
   for (TreeId id : doomed) {
-    auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = kSwapBlocks}));
+    auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = 64}));
     PLY_CHECK(t.drop_tree(id));
   }
   return doomed.size();
 }
 
 Result<BranchMeta> clone_branch(Volume& v, TreeId src, std::string_view name, bool read_only) {
+  if (name.empty() || name.size() > 32) return Error::invalid("a branch name has 1 to 32 bytes");
   if (find_branch(v, name)) return Error::io(EEXIST, "a branch named \"" + std::string(name) + "\" exists");
-  auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+  auto t = PLY_TRY(v.begin({.reserve_blocks = 64 + Filesystem::kSetBranchBlocks}));
   BranchMeta s = PLY_TRY(live_branch(t, src));
   BranchMeta m = s;
   m.tree = PLY_TRY(t.clone_tree(src));
   m.name = std::string(name);
-  m.parent = src;
+  // A clone of a layer holds only the layer's changes: it is a layer on the
+  // same parent (showing the same view). A clone of anything else records
+  // its source.
+  m.parent = PLY_TRY(layer(t, s)) ? s.parent : src;
   m.read_only = read_only;
   PLY_CHECK(Filesystem::set_branch(t, m));
   m.created = t.gen();
   return m;
+}
+
+std::string snapshot_prefix(std::string_view base) {
+  // 32 bytes: the base, "@YYMMDD-HHMMSS" (14) and room for ".NN" (3).
+  return std::string(base.substr(0, 32 - 14 - 3)) + "@";
 }
 
 Result<std::string> snapshot_name(Volume& v, std::string_view base) {
@@ -99,7 +140,8 @@ Result<std::string> snapshot_name(Volume& v, std::string_view base) {
   tm tmv{};
   gmtime_r(&now, &tmv);
   strftime(stamp, sizeof stamp, "@%y%m%d-%H%M%S", &tmv);
-  std::string b(base.substr(0, 32 - std::strlen(stamp) - 3));
+  std::string b = snapshot_prefix(base);
+  b.pop_back();  // the '@' is the stamp's
   std::string name = b + stamp;
   for (int i = 1; find_branch(v, name); i++) {
     if (i > 99) return Error::io(EEXIST, "too many snapshots named " + b + stamp);
@@ -122,9 +164,10 @@ Result<Snapshot> snapshot(Volume& v, const std::vector<ViewLayer>& stack, std::s
         return Error::invalid("view \"" + view.name + "\" holds " + std::to_string(kMaxViewLayers) +
                               " branches already");
   FsCreateOptions o = PLY_TRY(root_like(v, top->tree));
-  auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+  auto t = PLY_TRY(v.begin({.reserve_blocks = PLY_TRY(swap_blocks(v))}));
   Snapshot s;
   s.frozen = PLY_TRY(live_branch(t, top->tree));
+  const TreeId was_default = PLY_TRY(implicit_default(t));
   o.name = s.frozen.name;
   o.parent = s.frozen.tree;
   s.live = PLY_TRY(Filesystem::branch(t, PLY_TRY(Filesystem::create(t, o))));
@@ -143,9 +186,9 @@ Result<Snapshot> snapshot(Volume& v, const std::vector<ViewLayer>& stack, std::s
   PLY_CHECK(rewrite_views(t, [&](View& view) { return swap(view.layers); }));
   s.stack = stack;
   swap(s.stack);
-  // An image without views mounts its first branch: the snapshot now. A
-  // default view keeps mounts on the live branch.
-  if (PLY_TRY(list_views(t)).empty()) PLY_CHECK(put_view(t, View{"default", true, s.stack}));
+  // A plain mount showed T: it shows the new stack from now on (T, the
+  // lowest id, is the snapshot now).
+  PLY_CHECK(keep_default(t, was_default, s.frozen.tree, s.stack));
   return s;
 }
 
@@ -156,7 +199,7 @@ namespace {
 struct Merger {
   Filesystem& up;   // the upper branch
   Filesystem& low;  // the scratch copy of the lower branch
-  bool keep_whiteouts;  // the lower branch is a layer: its result must hide what is below
+  bool keep_whiteouts;  // the result must hide what is below it, as the pair did
   const std::function<void(const MergeStats&)>& progress;
   MergeStats st;
   // (directory in the scratch tree, name) where pass 1 found an entry under
@@ -308,44 +351,60 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
     low = PLY_TRY(live_branch(t, up.parent));
     low_is_layer = PLY_TRY(layer(t, low));
     PLY_CHECK(no_layers_on(t, low, up.tree));
+    // Every view must show the two together (the result replaces the pair):
+    // L alone would lose its own content, U alone would gain L's.
     for (const auto& view : PLY_TRY(list_views(t)))
-      for (size_t i = 0; i < view.layers.size(); i++)
-        if (view.layers[i].tree == low.tree && (i == 0 || view.layers[i - 1].tree != up.tree))
+      for (size_t i = 0; i < view.layers.size(); i++) {
+        const TreeId x = view.layers[i].tree;
+        if (x == low.tree && (i == 0 || view.layers[i - 1].tree != up.tree))
           return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + low.name +
                                       "\" other than right below \"" + up.name + "\"");
+        if (x == up.tree && (i + 1 == view.layers.size() || view.layers[i + 1].tree != low.tree))
+          return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + up.name + "\" without \"" +
+                                      low.name + "\" right below it");
+      }
   }
+  const uint64_t swap = PLY_TRY(swap_blocks(v));
   // The scratch tree: a doomed clone of the lower branch (dropped by the
-  // next open if the merge does not finish).
+  // next open if the merge does not finish, and at once if it fails).
   BranchMeta res = low;
   {
-    auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+    auto t = PLY_TRY(v.begin({.reserve_blocks = 64 + Filesystem::kSetBranchBlocks}));
     res.tree = PLY_TRY(t.clone_tree(low.tree));
     res.doomed = true;
     PLY_CHECK(Filesystem::set_branch(t, res));
   }
-  auto lowfs = PLY_TRY(Filesystem::open(v, res.tree));
   std::unique_ptr<Filesystem> own_up;
-  if (!upper_fs) {
-    own_up = PLY_TRY(Filesystem::open(v, up.tree));
-    upper_fs = own_up.get();
-  }
-  Merger m{*upper_fs, *lowfs, low_is_layer, progress, {}, {}, {}};
-  PLY_CHECK(m.prune(upper_fs->root(), lowfs->root()));
-  PLY_CHECK(m.graft(upper_fs->root(), lowfs->root()));
-  PLY_CHECK(m.take_attrs(upper_fs->root(), lowfs->root()));
-  if (progress) progress(m.st);
-  lowfs.reset();
+  auto work = [&]() -> Result<MergeStats> {
+    auto lowfs = PLY_TRY(Filesystem::open(v, res.tree));
+    if (!upper_fs) {
+      own_up = PLY_TRY(Filesystem::open(v, up.tree));
+      upper_fs = own_up.get();
+    }
+    // Whiteouts and opaque flags are kept even in a base branch, where they
+    // hide nothing: a view may stack more branches below it.
+    Merger m{*upper_fs, *lowfs, true, progress, {}, {}, {}};
+    PLY_CHECK(m.prune(upper_fs->root(), lowfs->root()));
+    PLY_CHECK(m.graft(upper_fs->root(), lowfs->root()));
+    PLY_CHECK(m.take_attrs(upper_fs->root(), lowfs->root()));
+    if (progress) progress(m.st);
+    return m.st;
+  };
+  auto st = work();
   own_up.reset();
+  if (!st) {
+    if (auto t = v.begin({.for_delete = true, .reserve_blocks = 64})) (void)t->drop_tree(res.tree);
+    return st.error();
+  }
 
-  // The swap: one generation.
-  auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+  // The swap: one generation, every block reserved first; the old branches
+  // are doomed last.
+  auto t = PLY_TRY(v.begin({.reserve_blocks = swap}));
+  const TreeId was_default = PLY_TRY(implicit_default(t));
   res.name = up.name;
   res.read_only = up.read_only;
   res.parent = low_is_layer ? low.parent : TreeId{0};
   res.doomed = false;
-  up.doomed = low.doomed = true;
-  PLY_CHECK(Filesystem::set_branch(t, up));
-  PLY_CHECK(Filesystem::set_branch(t, low));
   PLY_CHECK(Filesystem::set_branch(t, res));
   // Layers on the upper branch are on the result now; clones of either
   // forget their source.
@@ -363,11 +422,15 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
     changed |= std::erase_if(view.layers, [&](const ViewLayer& l) { return l.tree == low.tree; }) > 0;
     return changed;
   }));
+  PLY_CHECK(keep_default(t, was_default, low.tree, {{res.tree, !res.read_only}}));
+  up.doomed = low.doomed = true;
+  PLY_CHECK(Filesystem::set_branch(t, up));
+  PLY_CHECK(Filesystem::set_branch(t, low));
   out.merged = res;
   out.merged.created = t.gen();
   out.upper = up.tree;
   out.lower = low.tree;
-  out.stats = m.st;
+  out.stats = *st;
   return out;
 }
 
@@ -381,13 +444,12 @@ Result<BranchMeta> rollback(Volume& v, TreeId branch) {
     PLY_CHECK(no_layers_on(t, old, TreeId{0}));
   }
   FsCreateOptions o = PLY_TRY(root_like(v, old.parent));
-  auto t = PLY_TRY(v.begin({.reserve_blocks = kSwapBlocks}));
+  auto t = PLY_TRY(v.begin({.reserve_blocks = PLY_TRY(swap_blocks(v))}));
+  const TreeId was_default = PLY_TRY(implicit_default(t));
   o.name = old.name;
   o.parent = old.parent;
   o.read_only = old.read_only;
   BranchMeta fresh = PLY_TRY(Filesystem::branch(t, PLY_TRY(Filesystem::create(t, o))));
-  old.doomed = true;
-  PLY_CHECK(Filesystem::set_branch(t, old));
   PLY_CHECK(forget_parent(t, old.tree));
   PLY_CHECK(rewrite_views(t, [&](View& view) {
     bool changed = false;
@@ -395,11 +457,14 @@ Result<BranchMeta> rollback(Volume& v, TreeId branch) {
       if (l.tree == old.tree) l.tree = fresh.tree, changed = true;
     return changed;
   }));
+  PLY_CHECK(keep_default(t, was_default, old.tree, {{fresh.tree, !fresh.read_only}}));
+  old.doomed = true;
+  PLY_CHECK(Filesystem::set_branch(t, old));
   return fresh;
 }
 
 Result<void> delete_branch(Volume& v, TreeId branch) {
-  auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = kSwapBlocks}));
+  auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = PLY_TRY(swap_blocks(v))}));
   BranchMeta b = PLY_TRY(live_branch(t, branch));
   size_t live = 0;
   for (const auto& x : PLY_TRY(Filesystem::branches(t))) live += !x.doomed;

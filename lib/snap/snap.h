@@ -36,8 +36,10 @@ Result<size_t> drop_doomed(Volume& v);
 Result<BranchMeta> clone_branch(Volume& v, TreeId src, std::string_view name, bool read_only);
 
 // A name for a snapshot of `base`: base@YYMMDD-HHMMSS (base cut to fit 32
-// bytes), with .N added if a branch has it already.
+// bytes), with .N added if a branch has it already. Every such name starts
+// with snapshot_prefix(base).
 Result<std::string> snapshot_name(Volume& v, std::string_view base);
+std::string snapshot_prefix(std::string_view base);
 
 struct Snapshot {
   BranchMeta frozen;              // the old writable branch, now read-only
@@ -47,8 +49,9 @@ struct Snapshot {
 // Unionfs's snapshot of a stack: its leftmost writable branch T is renamed
 // `snap_name` and becomes read-only; a new empty branch layered on T takes
 // T's old name and T's place as the writable branch. Every view that
-// writes to T changes the same way; an image without views gets a default
-// view "default" showing the new stack. One generation, O(1).
+// writes to T changes the same way. If a plain mount showed T (no default
+// view), a default view "default" now shows the new stack. One generation,
+// O(1).
 Result<Snapshot> snapshot(Volume& v, const std::vector<ViewLayer>& stack, std::string_view snap_name);
 
 struct MergeStats {

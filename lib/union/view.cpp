@@ -116,7 +116,6 @@ Result<void> rewrite_views(Volume::Txn& t, const std::function<bool(View&)>& fn)
   if (!cat) return ok();
   for (auto& [k, view] : PLY_TRY(read_views(t, *cat))) {
     if (!fn(view)) continue;
-    PLY_CHECK(t.reserve(8));
     if (view.layers.empty()) (void)PLY_TRY(t.erase(*cat, Key{disk::kCatalogView, k}));
     else PLY_CHECK(t.put(*cat, Key{disk::kCatalogView, k}, encode_view(view)));
   }
@@ -158,7 +157,6 @@ Result<void> put_view(Volume& v, const View& view) {
 
 Result<void> put_view(Volume::Txn& t, const View& view) {
   auto enc = encode_view(view);
-  PLY_CHECK(t.reserve(16));
   auto cat = PLY_TRY(find_catalog(t));
   if (!cat) {
     cat = PLY_TRY(t.create_tree(kKindPlain));

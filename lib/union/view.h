@@ -33,7 +33,10 @@ Result<void> put_view(Volume& v, const View& view);
 Result<void> delete_view(Volume& v, std::string_view name);
 // Inside a larger transaction (a snapshot or merge changes branches and the
 // views that show them in one generation): every view, and a rewrite of
-// each view for which `fn` returns true (a view left empty is deleted).
+// each view for which `fn` returns true (a view left empty is deleted). The
+// transaction reserved kViewBlocks per view written (A5): these reserve
+// nothing, so that they cannot fail halfway for want of space.
+inline constexpr uint64_t kViewBlocks = 16;
 Result<std::vector<View>> list_views(Volume::Txn& t);
 Result<void> put_view(Volume::Txn& t, const View& view);  // the caller checked the stack
 Result<void> rewrite_views(Volume::Txn& t, const std::function<bool(View&)>& fn);

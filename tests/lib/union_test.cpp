@@ -1262,6 +1262,62 @@ TEST_CASE("snap: refusals leave everything as it was", "[snap]") {
   check_image(im);
 }
 
+// Cases around the edges of a merge: the lower branch is a base but the
+// view stacks more below it; a view that shows the upper branch alone; the
+// default a plain mount shows; a clone of a layer.
+TEST_CASE("snap: merges keep what hides lower branches, the default mount and layer clones", "[snap]") {
+  Image im = make_image(1);
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  const TreeId mainb = mt.stack[0].tree;
+  // X below main holds "gone"; a layer U on main, mounted U:main:X.
+  FsCreateOptions o;
+  o.name = "x";
+  const TreeId x = must(Filesystem::create(*im.vol, o));
+  {
+    auto xf = must(Filesystem::open(*im.vol, x));
+    must(xf->mknod(xf->root(), "gone", S_IFREG | 0644, 0, 0, 0));
+    must(xf->mkdir(xf->root(), "dir", 0755, 0, 0));
+    must(xf->mknod(must(xf->lookup(xf->root(), "dir")).ino, "inner", S_IFREG | 0644, 0, 0, 0));
+  }
+  o.name = "u";
+  o.parent = mainb;
+  const TreeId u = must(Filesystem::create(*im.vol, o));
+  mt.remount({{u, true}, {mainb, false}, {x, false}});
+  must(mt.u->unlink(mt.u->root(), "gone"));                     // a whiteout in U
+  must(mt.u->unlink(must(resolve(*mt.u, "dir")), "inner"));
+  must(mt.u->rmdir(mt.u->root(), "dir"));
+  must(mt.u->mkdir(mt.u->root(), "dir", 0700, kRoot));          // opaque: hides X's dir/inner
+  Model before = read_view(im);
+  CHECK(!before.count("gone"));
+  CHECK(!before.count("dir/inner"));
+  // A view showing U without main right below it refuses the merge.
+  must(put_view(*im.vol, View{"odd", false, {{u, true}, {x, false}}}));
+  CHECK(merge(*im.vol, u, im.fs[0].get()).error().code == EBUSY);
+  must(delete_view(*im.vol, "odd"));
+  // No view is the default: a plain mount shows main (the lowest id). After
+  // the merge it must show the result, whose id is higher than x's.
+  CHECK(must(default_stack(*im.vol)).at(0).tree == mainb);
+  auto mg = must(merge(*im.vol, u, im.fs[0].get()));
+  mt.remount({{mg.merged.tree, true}, {x, false}});
+  Model after = read_view(im);
+  CHECK(same_view(before, after));  // whiteouts and opaque flags kept in a base
+  auto d = must(default_stack(*im.vol));
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].tree == mg.merged.tree);
+  // A clone of a layer is a layer on the same parent: the same view.
+  o.name = "l";
+  o.parent = mg.merged.tree;
+  const TreeId l = must(Filesystem::create(*im.vol, o));
+  auto c = must(clone_branch(*im.vol, l, "lc", false));
+  CHECK(c.parent == mg.merged.tree);
+  CHECK(must(layer_stack(*im.vol, "lc")).size() == 2);
+  mt.u.reset();
+  im.close();
+  check_image(im);
+}
+
 // The atomicity claim for the lifecycle operations: with every filesystem
 // operation its own generation, a power cut at any write of a snapshot,
 // merge, rollback, clone or delete recovers a view the model allows (the
