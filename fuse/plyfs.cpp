@@ -642,7 +642,9 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
     return r.error();
   }
   g->stack = next;
-  invalidate_all();
+  // A snapshot or a merge shows the same view, with the same inode numbers
+  // and attributes: what the kernel cached stays true. A rollback does not.
+  if (cmd == "rollback") invalidate_all();
   return format_stack(*g->vol, g->stack);
 }
 
