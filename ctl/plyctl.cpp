@@ -81,10 +81,10 @@ void usage(FILE* out) {
                "  snapshot IMAGE|MNT [--view V] [--name SNAP] [--json]\n"
                "                               freeze the stack's writable branch as SNAP (default\n"
                "                               NAME@YYMMDD-HHMMSS) under a new empty one, O(1)\n"
-               "  clone IMAGE SRC NAME [--ro]  a new branch sharing all of SRC's blocks, O(1)\n"
+               "  clone IMAGE|MNT SRC NAME [--ro]   a new branch sharing all of SRC's blocks, O(1)\n"
                "  merge IMAGE|MNT BRANCH [--json]   merge layer BRANCH into the branch below it\n"
                "  rollback IMAGE|MNT BRANCH    discard a layer's changes\n"
-               "  delete IMAGE BRANCH          delete a branch, freeing what only it used\n"
+               "  delete IMAGE|MNT BRANCH      delete a branch, freeing what only it used\n"
                "  diff IMAGE FROM TO [--json]  paths added (+), removed (-), modified (M), renamed (R)\n"
                "  debug tree IMAGE TREE        every node of a tree (TREE: an id, root or space)\n"
                "  debug fields STRUCT          the fields debug corrupt can damage\n"
@@ -684,7 +684,10 @@ int cmd_view(const std::string& sub, const std::vector<std::string>& args) {
 // holds, so that a snapshot holds every write made before the command.
 int mounted_request(const std::string& mnt, const std::string& req, bool json) {
   for (char c : req)
-    if (c == '\n') return usage_error("names cannot hold a newline");
+    if (c == '\n' || c == '\t') return usage_error("names cannot hold a newline or tab");
+  // The request is words: a name with a space would split (fuse/control.h).
+  if (std::count(req.begin(), req.end(), ' ') + 1 > (req.rfind("clone ", 0) == 0 ? 4 : 2))
+    return usage_error("on a mount point, branch names cannot hold spaces");
   int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd >= 0) {
     (void)::syscall(SYS_syncfs, fd);
@@ -692,7 +695,8 @@ int mounted_request(const std::string& mnt, const std::string& req, bool json) {
   }
   auto r = control(mnt, req);
   if (!r) return fail(r.error().message());
-  if (json) std::printf("{\"stack\": %s}\n", json_str(*r).c_str());
+  const bool stack = req.rfind("clone", 0) != 0 && req.rfind("delete", 0) != 0;
+  if (json) std::printf("{\"%s\": %s}\n", stack ? "stack" : "result", json_str(*r).c_str());
   else std::printf("%s\n", r->c_str());
   return 0;
 }
@@ -710,10 +714,10 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
   const bool json = has("--json");
   static const std::map<std::string, std::pair<std::string, size_t>> kUsage = {
       {"snapshot", {"snapshot IMAGE|MOUNTPOINT [--view V] [--name SNAP] [--json]", 1}},
-      {"clone", {"clone IMAGE SRC NAME [--ro] [--json]", 3}},
+      {"clone", {"clone IMAGE|MOUNTPOINT SRC NAME [--ro] [--json]", 3}},
       {"merge", {"merge IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
       {"rollback", {"rollback IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
-      {"delete", {"delete IMAGE BRANCH", 2}},
+      {"delete", {"delete IMAGE|MOUNTPOINT BRANCH", 2}},
       {"diff", {"diff IMAGE FROM TO [--json]", 3}}};
   const auto& [use, npos] = kUsage.at(cmd);
   if (pos.size() != npos || (has("--view") && cmd != "snapshot") || (has("--name") && cmd != "snapshot") ||
@@ -724,8 +728,10 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
       if (has("--view")) return usage_error("--view is for an image: a mount snapshots its own stack");
       return mounted_request(pos[0], "snapshot" + (has("--name") ? " " + p->opt.at("--name") : std::string()), json);
     }
-    if (cmd == "merge" || cmd == "rollback") return mounted_request(pos[0], cmd + " " + pos[1], json);
-    return fail(cmd + " needs the image, unmounted (" + pos[0] + " is a directory)");
+    if (cmd == "merge" || cmd == "rollback" || cmd == "delete")
+      return mounted_request(pos[0], cmd + " " + pos[1], json);
+    if (cmd == "clone") return mounted_request(pos[0], "clone " + pos[1] + " " + pos[2] + (has("--ro") ? " ro" : ""), json);
+    return fail("diff needs the image, unmounted (" + pos[0] + " is a directory)");
   }
   auto o = open_volume(pos[0], cmd != "diff");
   if (!o) return fail(pos[0] + ": " + o.error().message());

@@ -642,6 +642,8 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
     return r.error();
   }
   g->stack = next;
+  // Durable when the command returns, as btrfs's snapshots are.
+  PLY_CHECK(g->vol->commit());
   // A snapshot or a merge shows the same view, with the same inode numbers
   // and attributes: what the kernel cached stays true. A rollback does not.
   if (cmd == "rollback") invalidate_all();
@@ -689,7 +691,8 @@ Result<std::string> control(const std::string& request, bool may_change) {
   for (std::string x; in >> x;) w.push_back(x);
   static const std::map<std::string, std::pair<size_t, size_t>> kArity = {
       {"list", {1, 1}}, {"add", {3, 4}},      {"remove", {2, 2}}, {"set", {3, 3}},
-      {"move", {3, 3}}, {"snapshot", {1, 2}}, {"merge", {2, 2}},  {"rollback", {2, 2}}};
+      {"move", {3, 3}}, {"snapshot", {1, 2}}, {"merge", {2, 2}},  {"rollback", {2, 2}},
+      {"clone", {3, 4}}, {"delete", {2, 2}}};
   auto ar = kArity.find(w.empty() ? "" : w[0]);
   if (ar == kArity.end())
     return Error::invalid("unknown command \"" + request +
@@ -702,6 +705,22 @@ Result<std::string> control(const std::string& request, bool may_change) {
   if (cmd == "list") return format_stack(*g->vol, g->stack);
   if (!may_change) return Error::io(EPERM, "only root or the mount's owner may change branches");
   if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") return lifecycle(cmd, name);
+  if (cmd == "clone" || cmd == "delete") {
+    if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+    BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
+    if (cmd == "clone") {
+      // Each operation is one transaction: a clone between two is whole.
+      if (!w[3].empty() && w[3] != "ro") return Error::invalid("clone mode must be ro, not \"" + w[3] + "\"");
+      BranchMeta c = PLY_TRY(clone_branch(*g->vol, b.tree, arg, w[3] == "ro"));
+      return "cloned \"" + b.name + "\" as \"" + c.name + "\"";
+    }
+    // A branch this mount has shown may still be in use by an operation
+    // that began before it left the stack: it goes after the unmount.
+    if (g->branches.count(b.tree.v))
+      return Error::io(EBUSY, "this mount has shown \"" + b.name + "\"; delete it after unmounting");
+    PLY_CHECK(delete_branch(*g->vol, b.tree));
+    return "deleted \"" + b.name + "\"";
+  }
   auto mode = [&](const std::string& m) -> Result<bool> {
     if (m == "rw" || m == "ro") return m == "rw";
     return Error::invalid("mode must be rw or ro, not \"" + m + "\"");

@@ -885,8 +885,31 @@ Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>
       if (b.fs == f && b.writable) return true;
     return false;
   };
+  // A snapshot's restack: one branch with an empty root (no entry, no
+  // whiteout, not opaque) inserted, the others in their order. Nothing can
+  // be found in it, so every resolution stays, its branch indices shifted,
+  // and only the root gains a part: O(known objects), no lookups.
+  int inserted = -1;
+  if (nb.size() == br_.size() + 1) {
+    size_t j = 0;
+    for (size_t i = 0; i < nb.size() && inserted != -2; i++) {
+      if (j < br_.size() && nb[i].fs == br_[j].fs) j++;
+      else inserted = inserted == -1 ? int(i) : -2;
+    }
+    if (inserted >= 0) {
+      Filesystem& f = *nb[size_t(inserted)].fs;
+      bool empty = true;
+      auto ra = f.getattr(f.root());
+      auto rr = f.readdir(f.root(), 2, [&](const DirEntry&) { return empty = false; });
+      if (!ra || ra->opaque || !rr || !empty) inserted = -1;
+    } else {
+      inserted = -1;
+    }
+  }
   // The writable branches hold the kernel's references, so that a file
   // unlinked while open lives on: hand them over to the new writable set.
+  // After a snapshot the frozen branch keeps its own (it still serves the
+  // files unlinked while open before the snapshot).
   std::vector<std::pair<uint64_t, uint64_t>> refs;
   for (const auto& [ino, n] : nodes_)
     if (ino != root_ && n.refs) refs.emplace_back(ino, n.refs);
@@ -894,11 +917,26 @@ Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>
     if (b.writable && !writable_in(br_, b.fs))
       for (auto [ino, n] : refs) b.fs->pin(ino, n);
   for (const auto& b : br_)
-    if (b.writable && !writable_in(nb, b.fs))
+    if (b.writable && !writable_in(nb, b.fs) && inserted < 0)
       for (auto [ino, n] : refs) (void)b.fs->unpin(ino, n);  // an error fails that branch alone
   for (const auto& b : nb) b.fs->set_kernel_times(kernel_times_);
 
   std::lock_guard nl(nodes_mu_);
+  if (inserted >= 0) {
+    br_ = std::move(nb);
+    compute_origins();
+    for (auto& [ino, n] : nodes_)
+      for (auto& part : n.inst)
+        if (part.first >= inserted) part.first++;
+    Node& r = nodes_[root_];
+    r.inst.clear();
+    for (size_t b = 0; b < br_.size(); b++) {
+      r.inst.emplace_back(int(b), br_[b].fs->root());
+      auto a = br_[b].fs->getattr(br_[b].fs->root());
+      if (a && a->opaque) break;
+    }
+    return ok();
+  }
   // Where each file was served from: an unlinked file still open (pinned,
   // no name) stays there if that branch stays.
   std::unordered_map<uint64_t, Filesystem*> was;

@@ -88,7 +88,14 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   CHECK(plyctl(fx, {"merge", fx.root(), "s2"}) == 1);       // s2 is a base, no layer
   CHECK(plyctl(fx, {"merge", fx.root(), "nope"}) == 1);     // no such branch
   CHECK(plyctl(fx, {"merge", fx.root()}) == 2);             // usage
-  CHECK(plyctl(fx, {"delete", fx.root(), "s2"}) == 1);      // needs the image
+  CHECK(plyctl(fx, {"delete", fx.root(), "s2"}) == 1);      // shown by this mount
+  CHECK(plyctl(fx, {"merge", fx.root(), "two words"}) == 2);  // no spaces online
+  // Online clone and delete of a branch the mount never showed.
+  REQUIRE(plyctl(fx, {"clone", fx.root(), "main", "c0", "--ro"}, &out) == 0);
+  CHECK(out == "cloned \"main\" as \"c0\"\n");
+  REQUIRE(plyctl(fx, {"delete", fx.root(), "c0", "--json"}, &out) == 0);
+  CHECK(out == "{\"result\": \"deleted \\\"c0\\\"\"}\n");
+  CHECK(plyctl(fx, {"diff", fx.root(), "s2", "main"}) == 1);  // diff needs the image
   fx.unmount();  // fsck clean: the replaced branches were dropped
 
   // Offline: diff, clone, delete, merge, all on the image.

@@ -1071,7 +1071,16 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
         REQUIRE(sn.stack.size() == mt.stack.size() + 1);
         REQUIRE(sn.stack[0].tree == sn.live.tree);
         below[sn.live.tree.v] = m;
-        mt.remount(sn.stack);
+        if (rng() % 2) {
+          mt.remount(sn.stack);
+        } else {  // live, as the daemon does: the union keeps what it knows
+          im.fs.insert(im.fs.begin(), must(Filesystem::open(*im.vol, sn.live.tree)));
+          im.trees.insert(im.trees.begin(), sn.live.tree);
+          mt.stack = sn.stack;
+          std::vector<UnionBranch> bs;
+          for (size_t i = 0; i < mt.stack.size(); i++) bs.push_back({im.fs[i].get(), mt.stack[i].writable});
+          must(mt.u->restack(std::move(bs)));
+        }
         snaps++;
       } else if (kind == 2) {  // merge a random layer into the branch below it
         std::vector<size_t> cand;
