@@ -2,6 +2,11 @@
 // (format.md#snapshots): plyctl on a mount point (online) and on the image
 // (offline), with files open across the changes, and automatic snapshots.
 #include <sys/statvfs.h>
+#include <sys/wait.h>
+
+#include <map>
+#include <set>
+#include <thread>
 
 #include "fuse_util.h"
 
@@ -177,4 +182,82 @@ TEST_CASE("snapshots: automatic snapshots every second, keeping two", "[snap-fus
   CHECK(snaps <= 3);  // two kept; a third may be on its way
   for (int i = 0; i < 9; i++) CHECK(read_file(fx / ("f" + std::to_string(i))) == std::to_string(i));
   fx.unmount();
+}
+
+// The daemon killed (SIGKILL) at a random moment of an online merge: the
+// image checks clean, the next mount drops what the merge left, and the view
+// is the one the merge kept (the changes were made durable before it), with
+// the branches either both there (killed before the swap) or merged.
+TEST_CASE("snapshots: SIGKILL of the daemon during an online merge", "[snap-fuse]") {
+  std::mt19937_64 rng(seed("snap-kill"));
+  TempDir tmp;
+  const std::string img = tmp / "image";
+  mkfs(img, "512M", tmp / "mkfs.log");
+  std::map<std::string, std::string> view;  // what the mount must show
+  std::set<std::string> gone;                 // and what it must not
+  int cut = 0, finished = 0;
+  auto check = [&](const Mount& m) {
+    for (const auto& [p, d] : view) {
+      INFO(p);
+      REQUIRE(read_file(m / p) == d);
+    }
+    for (const auto& p : gone) {
+      struct stat st;
+      INFO(p << " was deleted");
+      REQUIRE(::lstat((m / p).c_str(), &st) != 0);
+    }
+  };
+  for (int round = 0; round < 6; round++) {
+    INFO("round " << round);
+    Mount m(img, tmp / "mnt", {"commit=0"});
+    m.start();
+    check(m);
+    const std::string log = tmp / "ctl.log";
+    REQUIRE(run({plyctl_bin(), "snapshot", m.path(), "--name", "s" + std::to_string(round)}, log) == 0);
+    // Changes in the new layer: rewrites (copy-ups), new files, deletions.
+    ::mkdir((m / ("d" + std::to_string(round))).c_str(), 0755);
+    for (int i = 0; i < 250; i++) {
+      const std::string p = "d" + std::to_string(round) + "/f" + std::to_string(i);
+      const std::string data = random_bytes(rng, rng() % 3 ? 100 + rng() % 3000 : 70000);
+      write_file(m / p, data);
+      view[p] = data;
+      gone.erase(p);
+    }
+    for (auto it = view.begin(); it != view.end();) {
+      const int r = int(rng() % 6);
+      if (r == 0) {
+        REQUIRE(::unlink((m / it->first).c_str()) == 0);
+        gone.insert(it->first);
+        it = view.erase(it);
+        continue;
+      }
+      if (r == 1) {
+        it->second = random_bytes(rng, 1 + rng() % 5000);
+        write_file(m / it->first, it->second);
+      }
+      ++it;
+    }
+    {
+      // fsync commits the whole generation: every change above is durable.
+      int fd = ::open((m / ("d" + std::to_string(round))).c_str(), O_RDONLY | O_DIRECTORY);
+      REQUIRE(fd >= 0);
+      REQUIRE(::fsync(fd) == 0);
+      ::close(fd);
+    }
+    const pid_t ctl = spawn({plyctl_bin(), "merge", m.path(), "main"}, log);
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 30000));
+    m.kill9();
+    int st = 0;
+    REQUIRE(waitpid(ctl, &st, 0) == ctl);
+    (WIFEXITED(st) && WEXITSTATUS(st) == 0 ? finished : cut)++;
+    require_fsck_clean(img, tmp / "fsck.log");
+  }
+  INFO(cut << " merges cut, " << finished << " finished before the kill");
+  Mount m(img, tmp / "mnt");
+  m.start();
+  check(m);
+  REQUIRE(run({plyctl_bin(), "branch", "list", m.path()}, tmp / "list.log") == 0);
+  REQUIRE(m.unmount() == 0);
+  require_fsck_clean(img, tmp / "fsck.log");
+  CHECK(cut + finished == 6);
 }
