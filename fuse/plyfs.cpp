@@ -591,9 +591,9 @@ Result<std::vector<UnionBranch>> union_branches(const std::vector<ViewLayer>& s)
 // "Online"), under ctl_mu. Each runs inside Union::restack's prepare step,
 // while no operation runs and no data change is landing, so that a snapshot
 // holds every write that finished before it and none after, and a merge
-// sees the upper branch hold still. The replaced branches stay open (an
-// operation that began before may hold one) and doomed: they are dropped
-// at unmount, or at the next mount after a crash.
+// sees the upper branch hold still. When the restack returns nothing uses
+// the replaced (doomed) branches: they are closed and dropped at once (or
+// at the next mount, after a crash).
 Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
   if (g->read_only) return Error::io(EROFS, "the mount is read-only");
   // The mounted stack is checked like a view before anything changes (snap.h):
@@ -607,6 +607,7 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
       return Error::io(EBUSY, "the mount does not show \"" + b.name + "\" right above the branch it is on");
   }
   std::vector<ViewLayer> next;
+  std::vector<TreeId> replaced;  // branches a merge or rollback doomed
   bool changed = false;  // the image changed: the mount must follow or stop
   auto r = g->u->restack([&]() -> Result<std::vector<UnionBranch>> {
     if (cmd == "snapshot") {
@@ -623,12 +624,14 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
         auto it = g->branches.find(b.tree.v);
         Merge m = PLY_TRY(merge(*g->vol, b.tree, it == g->branches.end() ? nullptr : it->second.get()));
         changed = true;
+        replaced = {m.upper, m.lower};
         for (auto& l : next)
           if (l.tree == m.upper) l.tree = m.merged.tree;
         std::erase_if(next, [&](const ViewLayer& l) { return l.tree == m.lower; });
       } else {
         BranchMeta fresh = PLY_TRY(rollback(*g->vol, b.tree));
         changed = true;
+        replaced = {b.tree};
         for (auto& l : next)
           if (l.tree == b.tree) l.tree = fresh.tree;
       }
@@ -642,6 +645,11 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
     return r.error();
   }
   g->stack = next;
+  // Once the restack returned, nothing uses the replaced branches: they go
+  // now, and what only they held is free again.
+  for (TreeId t : replaced) g->branches.erase(t.v);
+  if (!replaced.empty())
+    if (auto d = drop_doomed(*g->vol); !d) log_error("dropping replaced branches: %s", d.error().message().c_str());
   // Durable when the command returns, as btrfs's snapshots are.
   PLY_CHECK(g->vol->commit());
   // A snapshot or a merge shows the same view, with the same inode numbers

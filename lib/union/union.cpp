@@ -203,6 +203,11 @@ static Result<bool> left_has(const std::vector<UnionBranch>& br,
 }
 
 Result<Attr> Union::getattr(uint64_t ino) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this to finish
+  return attr_of(ino);
+}
+
+Result<Attr> Union::attr_of(uint64_t ino) {
   auto [fs, i] = PLY_TRY(part(ino));
   Attr a = PLY_TRY(fs->getattr(i));
   a.ino = ino;
@@ -214,8 +219,8 @@ Result<Attr> Union::lookup(uint64_t dir, std::string_view name) {
   std::shared_lock lk(mu_);
   Node d = PLY_TRY(node(dir));
   if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
-  if (name == ".") return getattr(dir);
-  if (name == "..") return getattr(d.parent);
+  if (name == ".") return attr_of(dir);
+  if (name == "..") return attr_of(d.parent);
   auto f = PLY_TRY(resolve(d, name));
   if (!f) return Error::io(ENOENT, "no such entry");
   remember(f->attr.ino, dir, name, *f, true);
@@ -300,6 +305,7 @@ static Result<void> list_merged(const std::vector<UnionBranch>& br, std::shared_
 
 Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
                             const std::function<bool(const DirEntry&)>& fn) {
+  std::shared_lock landing(io_mu_);  // the parts it found stay the stack's
   Node d;
   {
     std::shared_lock lk(mu_);
@@ -312,6 +318,7 @@ Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
 
 Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
                                 const std::function<bool(const DirEntry&, const Attr*)>& fn) {
+  std::shared_lock landing(io_mu_);  // the parts it found stay the stack's
   Node d;
   {
     std::shared_lock lk(mu_);
@@ -766,6 +773,7 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
 }
 
 Result<std::string> Union::readlink(uint64_t ino) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this to finish
   auto [fs, i] = PLY_TRY(part(ino));
   return fs->readlink(i);
 }
@@ -781,6 +789,7 @@ Result<Attr> Union::setattr(uint64_t ino, const SetAttr& s, const Caller& c) {
 }
 
 Result<size_t> Union::read(uint64_t ino, uint64_t off, std::span<std::byte> out) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this to finish
   auto [fs, i] = PLY_TRY(part(ino));
   return fs->read(i, off, out);
 }
@@ -799,6 +808,7 @@ Result<void> Union::fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len
 }
 
 Result<uint64_t> Union::lseek(uint64_t ino, uint64_t off, int whence) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this to finish
   auto [fs, i] = PLY_TRY(part(ino));
   return fs->lseek(i, off, whence);
 }
@@ -832,11 +842,13 @@ Result<void> Union::setxattr(uint64_t ino, std::string_view name, std::span<cons
 }
 
 Result<std::vector<std::byte>> Union::getxattr(uint64_t ino, std::string_view name) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this to finish
   auto [fs, i] = PLY_TRY(part(ino));
   return fs->getxattr(i, name);
 }
 
 Result<std::vector<std::string>> Union::listxattr(uint64_t ino) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this to finish
   auto [fs, i] = PLY_TRY(part(ino));
   return fs->listxattr(i);
 }

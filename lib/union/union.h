@@ -81,9 +81,9 @@ class Union {
   // operation overlaps (format.md#fs-union, "Live branch changes"). What the
   // kernel references is found again in the new stack: a file in the
   // leftmost branch that holds its number, a directory by its name under its
-  // parent; one that no branch shows any more answers ESTALE. The caller
-  // keeps every Filesystem it ever passed alive until the union is gone
-  // (operations that began before the change may still be using one).
+  // parent; one that no branch shows any more answers ESTALE. When it
+  // returns, no operation uses a branch that left the stack any more: the
+  // caller may close it.
   Result<void> restack(std::vector<UnionBranch> branches);
   // The same, with `prepare` run first while nothing else runs, not even a
   // data change that resolved its branch earlier: a snapshot or merge of a
@@ -182,6 +182,7 @@ class Union {
   // A branch's filesystem and the object's inode there.
   using Part = std::pair<Filesystem*, uint64_t>;
   Result<Node> node(uint64_t ino);
+  Result<Attr> attr_of(uint64_t ino);  // getattr without io_mu_ (callers under mu_)
   // The visible part of `ino` as (branch index, inode): for use under mu_
   // (the indices change with restack).
   Result<std::pair<int, uint64_t>> top(uint64_t ino);
@@ -241,8 +242,9 @@ class Union {
   // (creates, deletes, renames, copy-ups), so that a resolution is not
   // undone halfway by another thread.
   std::shared_mutex mu_;
-  // Shared by data and attribute changes (which leave mu_ once they have
-  // their branch), exclusive for a restack; taken before mu_.
+  // Shared by every operation that leaves mu_ once it has its branch (data
+  // and attribute reads and changes), exclusive for a restack; taken before
+  // mu_. When a restack returns, nothing uses a branch that left the stack.
   std::shared_mutex io_mu_;
   std::shared_mutex nodes_mu_;
   std::unordered_map<uint64_t, Node> nodes_;
