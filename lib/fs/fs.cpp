@@ -995,6 +995,17 @@ Result<Filesystem::Changes> Filesystem::compare(Volume& v, TreeId from, TreeId t
   PLY_CHECK(t.diff(from, to, [&](Key k, std::optional<std::span<const std::byte>> a,
                                  std::optional<std::span<const std::byte>> b) {
     if (k.hi == 0) return true;  // FsInfo, orphans: not objects
+    if (type_of(k) == ItemType::Inode && a && b) {
+      // A rename or link changes only ctime and the parent hint: not a
+      // change of the object (zfs diff reports the rename alone).
+      auto ra = decode_inode(k.hi, *a), rb = decode_inode(k.hi, *b);
+      if (ra && rb) {
+        Rec x = *ra, y = *rb;
+        y.a.ctime = x.a.ctime;
+        y.parent = x.parent;
+        if (encode_inode(x) == encode_inode(y)) return true;
+      }
+    }
     if (type_of(k) != ItemType::Dirent) {
       touched.insert(k.hi);
       return true;

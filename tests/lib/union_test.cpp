@@ -1019,6 +1019,20 @@ void check_diff(Volume& v, TreeId a, TreeId b, const std::map<std::pair<std::str
     INFO("modified " << p);
     CHECK(modified.count(p) == 1);
   }
+  // A file renamed and nothing else is reported renamed only.
+  for (const auto& e : d) {
+    if (e.change != Change::Renamed || e.type != DT_REG) continue;
+    const Raw* before = nullptr;
+    const Raw* after = nullptr;
+    for (const auto& [k, r] : ra)
+      if (k.first == e.path) before = &r;
+    for (const auto& [k, r] : rb)
+      if (k.first == e.new_path) after = &r;
+    if (before && after && before->data == after->data && before->mode == after->mode) {
+      INFO("renamed " << e.path << " -> " << e.new_path);
+      CHECK(modified.count(e.new_path) == 0);
+    }
+  }
 }
 
 void check_image(Image& im) {
