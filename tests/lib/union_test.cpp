@@ -1059,7 +1059,7 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
           "[snap][snapmodel]") {
   const uint64_t s = seed("snap-model");
   std::mt19937_64 rng(s);
-  const int rounds = int(6 * scale());
+  const int rounds = int(24 * scale());
   int merges = 0, rollbacks = 0, snaps = 0, diffs = 0, layer_diffs = 0;
   for (int round = 0; round < rounds; round++) {
     INFO("seed " << s << " round " << round);
@@ -1350,7 +1350,7 @@ TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recov
           "[snap][snapcrash]") {
   const uint64_t s = seed("snap-crash");
   std::mt19937_64 rng(s);
-  const int runs = int(30 * scale());
+  const int runs = int(120 * scale());
   int struck = 0;
   for (int run = 0; run < runs; run++) {
     INFO("seed " << s << " run " << run);
