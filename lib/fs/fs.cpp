@@ -316,6 +316,40 @@ struct Filesystem::Ctx {
     return r;
   }
 
+  // Every item of object `ino` in `tree` but its inode and a directory's
+  // entries: xattrs, inline data and extents (for a copy between trees).
+  // Large files: it reserves as it goes, so that a copy fails cleanly with
+  // ENOSPC rather than halfway through a tree update.
+  using Items = std::vector<std::pair<Key, std::vector<std::byte>>>;
+  Result<Items> object_items(TreeId tree, uint64_t ino) {
+    Items out;
+    std::optional<Error> err;
+    PLY_CHECK(t.scan(tree, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+      if (type_of(k) == ItemType::Inode || type_of(k) == ItemType::Dirent) return true;
+      out.emplace_back(k, std::vector<std::byte>(v.begin(), v.end()));
+      if (out.size() % 256 == 0)
+        if (auto rr = t.reserve(2 * kOpBlocks); !rr) {
+          err = rr.error();
+          return false;
+        }
+      return true;
+    }));
+    if (err) return *err;
+    return out;
+  }
+  // Puts items of another tree's object into this one; their space extents
+  // gain a reference (the blocks are shared, not copied).
+  Result<void> take_items(const Items& items) {
+    for (const auto& [k, v] : items) {
+      if (type_of(k) == ItemType::Extent) {
+        Ext e = PLY_TRY(decode_extent(k, v));
+        if (e.disk_start) PLY_CHECK(t.inc_extent(BlockNo{e.disk_start}));
+      }
+      PLY_CHECK(t.put(fs.tree_, k, v));
+    }
+    return ok();
+  }
+
   Result<std::vector<DirentRec>> bucket(uint64_t dir, uint64_t h) {
     Key k = ikey(dir, ItemType::Dirent, h);
     auto v = PLY_TRY(t.get(fs.tree_, k));
@@ -945,31 +979,9 @@ Result<Attr> Filesystem::copy_in(Filesystem& src, uint64_t ino, uint64_t dir,
     PLY_CHECK(c.put_inode(d));
     return m.a;
   }
-  // Every item of the object except a directory's entries: attributes,
-  // xattrs, inline data and extents, whose space extents gain a reference.
-  std::vector<std::pair<Key, std::vector<std::byte>>> items;
-  std::optional<Error> err;
-  PLY_CHECK(c.t.scan(src.tree_, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
-    if (type_of(k) == ItemType::Inode || type_of(k) == ItemType::Dirent) return true;
-    items.emplace_back(k, std::vector<std::byte>(v.begin(), v.end()));
-    if (items.size() % 256 == 0) {
-      // Large files: reserve as we go, so the copy fails cleanly with
-      // ENOSPC rather than halfway through a tree update.
-      if (auto rr = c.t.reserve(2 * kOpBlocks); !rr) {
-        err = rr.error();
-        return false;
-      }
-    }
-    return true;
-  }));
-  if (err) return *err;
-  for (auto& [k, v] : items) {
-    if (type_of(k) == ItemType::Extent) {
-      Ext e = PLY_TRY(decode_extent(k, v));
-      if (e.disk_start) PLY_CHECK(c.t.inc_extent(BlockNo{e.disk_start}));
-    }
-    PLY_CHECK(c.t.put(tree_, k, v));
-  }
+  // Every item of the object except a directory's entries: xattrs, inline
+  // data and extents, whose space extents gain a reference.
+  PLY_CHECK(c.take_items(PLY_TRY(c.object_items(src.tree_, ino))));
   if (is_dir) {
     r.a.nlink = 2;
     r.a.size = 0;
@@ -1085,38 +1097,16 @@ Result<Attr> Filesystem::replace_from(Filesystem& src, uint64_t ino) {
     return Error::corrupt(Error::kNoBlock, "inode " + std::to_string(ino) + " has two types");
   // Everything but the inode and a directory's entries goes, then comes
   // over from src; extents move their references (copy_in's rule).
-  std::vector<std::pair<Key, std::vector<std::byte>>> drop, take;
-  auto gather = [&](TreeId tree, auto& out) -> Result<void> {
-    std::optional<Error> err;
-    PLY_CHECK(c.t.scan(tree, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
-      if (type_of(k) == ItemType::Inode || type_of(k) == ItemType::Dirent) return true;
-      out.emplace_back(k, std::vector<std::byte>(v.begin(), v.end()));
-      if (out.size() % 256 == 0)
-        if (auto rr = c.t.reserve(2 * kOpBlocks); !rr) {
-          err = rr.error();
-          return false;
-        }
-      return true;
-    }));
-    if (err) return *err;
-    return ok();
-  };
-  PLY_CHECK(gather(tree_, drop));
-  PLY_CHECK(gather(src.tree_, take));
-  for (auto& [k, v] : drop) {
+  const auto drop = PLY_TRY(c.object_items(tree_, ino));
+  const auto take = PLY_TRY(c.object_items(src.tree_, ino));
+  for (const auto& [k, v] : drop) {
     (void)PLY_TRY(c.t.erase(tree_, k));
     if (type_of(k) == ItemType::Extent) {
       Ext e = PLY_TRY(decode_extent(k, v));
       if (e.disk_start) PLY_CHECK(c.t.dec_extent(BlockNo{e.disk_start}));
     }
   }
-  for (auto& [k, v] : take) {
-    if (type_of(k) == ItemType::Extent) {
-      Ext e = PLY_TRY(decode_extent(k, v));
-      if (e.disk_start) PLY_CHECK(c.t.inc_extent(BlockNo{e.disk_start}));
-    }
-    PLY_CHECK(c.t.put(tree_, k, v));
-  }
+  PLY_CHECK(c.take_items(take));
   r.a.nlink = mine.a.nlink;
   r.parent = mine.parent;
   if (S_ISDIR(r.a.mode)) {

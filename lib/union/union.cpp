@@ -303,15 +303,17 @@ static Result<void> list_merged(const std::vector<UnionBranch>& br, std::shared_
   }
 }
 
+Result<Union::Node> Union::dir_node(uint64_t dir) {
+  std::shared_lock lk(mu_);
+  Node d = PLY_TRY(node(dir));
+  if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
+  return d;
+}
+
 Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
                             const std::function<bool(const DirEntry&)>& fn) {
   std::shared_lock landing(io_mu_);  // the parts it found stay the stack's
-  Node d;
-  {
-    std::shared_lock lk(mu_);
-    d = PLY_TRY(node(dir));
-  }
-  if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
+  const Node d = PLY_TRY(dir_node(dir));
   return list_merged(br_, mu_, dir, d.parent, d.inst, cookie,
                      [&](const DirEntry& e, const Merged*) -> Result<bool> { return fn(e); });
 }
@@ -319,12 +321,7 @@ Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
 Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
                                 const std::function<bool(const DirEntry&, const Attr*)>& fn) {
   std::shared_lock landing(io_mu_);  // the parts it found stay the stack's
-  Node d;
-  {
-    std::shared_lock lk(mu_);
-    d = PLY_TRY(node(dir));
-  }
-  if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
+  const Node d = PLY_TRY(dir_node(dir));
   return list_merged(br_, mu_, dir, d.parent, d.inst, cookie,
                      [&](const DirEntry& e, const Merged* mp) -> Result<bool> {
     if (!mp) return fn(e, nullptr);

@@ -182,6 +182,7 @@ class Union {
   // A branch's filesystem and the object's inode there.
   using Part = std::pair<Filesystem*, uint64_t>;
   Result<Node> node(uint64_t ino);
+  Result<Node> dir_node(uint64_t dir);  // node(), which must be a directory (takes mu_)
   Result<Attr> attr_of(uint64_t ino);  // getattr without io_mu_ (callers under mu_)
   // The visible part of `ino` as (branch index, inode): for use under mu_
   // (the indices change with restack).

@@ -476,7 +476,7 @@ std::string join_stack(const std::vector<std::string>& s) {
 }
 
 void plyctl_ok(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> a{tool("PLYFS_PLYCTL")};
+  std::vector<std::string> a{plyctl_bin()};
   a.insert(a.end(), args.begin(), args.end());
   ::unlink(log.c_str());
   int rc = run(a, log);
@@ -516,7 +516,7 @@ void change_branches(UnionDiff& u, std::mt19937_64& rng, const std::string& mnt,
   }
   std::string out;
   ::unlink(log.c_str());
-  REQUIRE(run({tool("PLYFS_PLYCTL"), "branch", "list", mnt}, log) == 0);
+  REQUIRE(run({plyctl_bin(), "branch", "list", mnt}, log) == 0);
   REQUIRE(slurp(log) == join_stack(u.stack) + "\n");
 }
 

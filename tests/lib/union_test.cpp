@@ -70,6 +70,23 @@ std::vector<std::byte> bytes(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size()};
 }
 
+// fsck finds nothing it would fix, and the objects and views check clean.
+void check_image(Image& im) {
+  FsckOptions fo;
+  fo.kinds = fs_kinds();
+  auto rep = must(fsck_run(*im.dev, fo));
+  for (const auto& p : rep.problems) {
+    INFO(p.code << ": " << p.message);
+    CHECK(p.fix == FixClass::Info);
+  }
+  auto ps = check_filesystems(*im.dev);
+  for (const auto& p : ps) UNSCOPED_INFO(p.code << ": " << p.message);
+  REQUIRE(ps.empty());
+  auto vs = check_views(*im.dev);
+  for (const auto& p : vs) UNSCOPED_INFO(p.code << ": " << p.message);
+  REQUIRE(vs.empty());
+}
+
 // --- the model: what the user sees -------------------------------------------
 
 struct MObj {
@@ -453,9 +470,7 @@ TEST_CASE("union: random operations agree with the model of the view", "[union][
       if (!cfg.writable[i]) REQUIRE(dump(*im.fs[i], im.fs[i]->root()) == ro_before[i]);
     u.reset();
     im.close();
-    auto ps = check_filesystems(*im.dev);
-    for (const auto& p : ps) INFO(p.code << ": " << p.message);
-    REQUIRE(ps.empty());
+    check_image(im);
   }
 }
 
@@ -580,18 +595,7 @@ TEST_CASE("union: a power cut at any write of a union or view operation recovers
     im.dev->crash(rng);
     im.via = nullptr;
     im.commit_each_txn = false;
-    {
-      FsckOptions fo;
-      fo.kinds = fs_kinds();
-      auto rep = must(fsck_run(*im.dev, fo));
-      for (const auto& p : rep.problems) {
-        INFO(p.code << ": " << p.message);
-        CHECK(p.fix == FixClass::Info);
-      }
-      auto ps = check_filesystems(*im.dev);
-      for (const auto& p : ps) INFO(p.code << ": " << p.message);
-      REQUIRE(ps.empty());
-    }
+    check_image(im);
     im.open();
     Model got = read_view(im);
     add_views(im, got);
@@ -1035,21 +1039,6 @@ void check_diff(Volume& v, TreeId a, TreeId b, const std::map<std::pair<std::str
   }
 }
 
-void check_image(Image& im) {
-  FsckOptions fo;
-  fo.kinds = fs_kinds();
-  auto rep = must(fsck_run(*im.dev, fo));
-  for (const auto& p : rep.problems) {
-    INFO(p.code << ": " << p.message);
-    CHECK(p.fix == FixClass::Info);
-  }
-  auto ps = check_filesystems(*im.dev);
-  for (const auto& p : ps) UNSCOPED_INFO(p.code << ": " << p.message);
-  REQUIRE(ps.empty());
-  auto vs = check_views(*im.dev);
-  for (const auto& p : vs) UNSCOPED_INFO(p.code << ": " << p.message);
-  REQUIRE(vs.empty());
-}
 
 // Random union workloads interleaved with snapshot, merge, rollback, clone,
 // diff and delete. A snapshot and a merge leave the view as it was (and
