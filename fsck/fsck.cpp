@@ -169,13 +169,7 @@ int real_main(int argc, char** argv) {
   std::signal(SIGINT, [](int) { g_cancel = true; });
   std::signal(SIGTERM, [](int) { g_cancel = true; });
   FsckOptions fo;
-  fo.kinds = fs_kinds();
-  fo.object_checks = [&a](BlockDevice& d) {
-    auto ps = check_filesystems(d, a.data);
-    auto vs = check_views(d);  // the catalog (U4)
-    ps.insert(ps.end(), vs.begin(), vs.end());
-    return ps;
-  };
+  set_object_passes(fo, a.data);  // passes 5-6 and their repairs
   fo.mode = a.mode;
   fo.cancel = &g_cancel;
   if (a.progress)

@@ -106,6 +106,12 @@ struct Problem {
   uint64_t block = Error::kNoBlock;
   std::string message;  // one plain sentence
   uint64_t tree = 0;    // the tree it was found in (1 root, 2 space, >= 256 user), 0: none
+  // What a repair of it costs, for the layers above the B-trees whose
+  // checks come with repairs (fsck pass 5-6): Safe loses nothing (fsck -p),
+  // Lossy gives something up (fsck -y), None cannot be repaired. fsck
+  // classifies the B-tree and space problems itself.
+  enum class Repair : uint8_t { None, Safe, Lossy };
+  Repair repair = Repair::None;
 };
 
 class BTree {

@@ -743,4 +743,13 @@ uint64_t Volume::Txn::take_inode_number() {
   return s_.v->next_inode_++;
 }
 
+void Volume::Txn::advance_inode_numbers(uint64_t n) {
+  uint64_t cur = s_.v->next_inode_.load();
+  while (cur < n && !s_.v->next_inode_.compare_exchange_weak(cur, n)) {
+  }
+  s_.v->changed_ = true;
+}
+
+uint64_t Volume::Txn::next_inode_number() const { return s_.v->next_inode_.load(); }
+
 }  // namespace plyfs

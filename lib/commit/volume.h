@@ -248,6 +248,10 @@ class Volume::Txn {
   Result<void> dec_extent(BlockNo start);
 
   uint64_t take_inode_number();
+  // The next number handed out is at least `n` (fsck: a tree holds a number
+  // the counter had not reached).
+  void advance_inode_numbers(uint64_t n);
+  uint64_t next_inode_number() const;
 
  private:
   friend class Volume;

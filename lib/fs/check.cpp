@@ -1,7 +1,16 @@
-// Filesystem-object checks, F1-F6 (check.h, format.md#fs-invariants).
+// Filesystem-object checks and repairs: F1-F8 and U1-U3 (check.h,
+// format.md#fs-invariants, #fs-repair).
 //
-// One ordered scan of each filesystem tree collects what each object is and
-// what points at it; the checks then compare the two sides.
+// One ordered scan of a filesystem tree collects what each object is and
+// what points at it; the checks then compare the two sides. Every problem
+// the scan finds comes with its repair: a change of the tree's items made
+// with the layer's own codecs (items.h), so that a repaired tree holds only
+// what the layer itself could have written. Repairs go in rounds, each
+// after a new scan, because each round's counts depend on the one before:
+//   1 items: malformed or misplaced records and items, dangling entries,
+//     names given twice, items of objects that do not exist;
+//   2 objects no entry names go to the branch's /lost+found as "#INO";
+//   3 counts and back-pointers: nlink, size, blocks, a directory's parent.
 #include "fs/check.h"
 
 #include <sys/stat.h>
@@ -13,49 +22,234 @@
 
 #include "fs/disk_fs.h"
 #include "fs/fs.h"
+#include "fs/items.h"
 #include "util/checksum.h"
 
 namespace plyfs {
 namespace {
 
-using disk::ItemType;
-using disk::kOffMask;
-using disk::kInodeInline;
+using namespace fsitems;
+using disk::kDtWhiteout;
+using Repair = Problem::Repair;
+
+// Blocks reserved for one repair step: a few items of one tree (A5).
+constexpr uint64_t kFixBlocks = 64;
+constexpr int kMaxRounds = 12;  // scans of one tree during a repair
+
+// A record that names an object (whiteouts are kept apart).
+struct NameRec {
+  uint64_t dir, hash;
+  uint8_t seq, type;
+  std::string name;
+  uint64_t ino;
+};
 
 struct InodeInfo {
+  bool present = false;  // it has an inode item
   uint32_t mode = 0, nlink = 0, flags = 0;
   uint64_t size = 0, blocks = 0, parent = 0;
-  uint64_t mapped = 0;     // blocks mapped by extent items
-  uint64_t ext_end = 0;    // end of the last extent item seen
-  uint32_t names = 0;      // dirent records naming it
-  uint32_t subdirs = 0;    // for a directory: records naming directories
-  std::set<uint64_t> named_in;  // directories holding a record for it
+  uint64_t mapped = 0;   // blocks mapped by extent items
+  uint64_t ext_end = 0;  // end of the last extent item seen
+  uint64_t entries = 0;  // a directory's records that name objects
+  uint32_t subdirs = 0;  // ... of which name directories
+  std::vector<size_t> names;                            // records naming it (NameRec index)
+  std::vector<std::pair<Key, uint64_t>> extent_items;   // key, referenced space extent
 };
+
+// What a repair step writes, in a transaction of its own.
+struct RepairCtx {
+  Volume::Txn& t;
+  TreeId tree;
+  uint64_t root;
+  uint64_t& lost_found;  // 0 until found or made, then shared by the round
+};
+using FixFn = std::function<Result<void>(RepairCtx&)>;
+
+struct Finding {
+  Problem p;
+  int round = 0;     // 1-3 (above); 0: no repair
+  std::string done;  // the repair, as the report says it (aggregated)
+  FixFn fix;
+};
+
+bool valid_name(std::string_view n) {
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string_view::npos &&
+         n.find('\0') == std::string_view::npos;
+}
+
+// The records of a Dirent item up to the first malformed one; a repeated
+// seq is dropped. `bad` says whether anything was left out.
+std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v, bool* bad = nullptr) {
+  std::vector<DirentRec> out;
+  std::set<uint8_t> seqs;
+  size_t p = 0;
+  bool b = false;
+  while (p < v.size()) {
+    if (v.size() - p < sizeof(disk::Dirent)) {
+      b = true;
+      break;
+    }
+    const auto* d = view_as<disk::Dirent>(v, p);
+    const size_t n = d->name_len;
+    if (n == 0 || v.size() - p - sizeof(disk::Dirent) < n || d->seq >= 128) {
+      b = true;
+      break;
+    }
+    if (seqs.insert(d->seq).second)
+      out.push_back({d->ino.get(), d->type, d->seq,
+                     std::string(reinterpret_cast<const char*>(v.data() + p + sizeof(disk::Dirent)), n)});
+    else
+      b = true;
+    p += sizeof(disk::Dirent) + n;
+  }
+  if (bad) *bad = b;
+  return out;
+}
+
+// The xattr records up to the first malformed one.
+std::vector<std::byte> lenient_xattrs(std::span<const std::byte> v, bool* bad) {
+  size_t p = 0;
+  *bad = false;
+  while (p < v.size()) {
+    if (v.size() - p < sizeof(disk::XattrEntry)) break;
+    const auto* d = view_as<disk::XattrEntry>(v, p);
+    const size_t n = d->name_len, m = d->value_len.get();
+    if (n == 0 || v.size() - p - sizeof(disk::XattrEntry) < n + m) break;
+    p += sizeof(disk::XattrEntry) + n + m;
+  }
+  *bad = p != v.size();
+  return std::vector<std::byte>(v.begin(), v.begin() + long(p));
+}
+
+// The space extent an item references, as fs_value_refs counts it.
+uint64_t extent_ref(Key k, std::span<const std::byte> v) {
+  if (type_of(k) != ItemType::Extent || k.hi == 0 || v.size() < sizeof(disk::Extent)) return 0;
+  return view_as<disk::Extent>(v)->disk_start.get();
+}
+
+// Repair steps (each reads what it changes again: steps of one round may
+// touch the same item).
+Result<void> erase_item(RepairCtx& c, Key k, uint64_t ref) {
+  if (PLY_TRY(c.t.erase(c.tree, k)) && ref) PLY_CHECK(c.t.dec_extent(BlockNo{ref}));
+  return ok();
+}
+
+Result<void> edit_bucket(RepairCtx& c, uint64_t dir, uint64_t h,
+                         const std::function<Result<void>(std::vector<DirentRec>&)>& fn) {
+  const Key k = ikey(dir, ItemType::Dirent, h);
+  auto v = PLY_TRY(c.t.get(c.tree, k));
+  std::vector<DirentRec> recs;
+  if (v) recs = lenient_dirents(*v);
+  PLY_CHECK(fn(recs));
+  if (recs.empty()) return (void)PLY_TRY(c.t.erase(c.tree, k)), ok();
+  return c.t.put(c.tree, k, encode_dirents(recs));
+}
+
+Result<void> drop_record(RepairCtx& c, uint64_t dir, uint64_t h, uint8_t seq) {
+  return edit_bucket(c, dir, h, [&](std::vector<DirentRec>& r) {
+    std::erase_if(r, [&](const DirentRec& e) { return e.seq == seq; });
+    return ok();
+  });
+}
+
+Result<void> add_record(RepairCtx& c, uint64_t dir, const std::string& name, uint64_t ino, uint8_t type) {
+  return edit_bucket(c, dir, name_hash(name), [&](std::vector<DirentRec>& r) -> Result<void> {
+    bool used[128] = {};
+    for (const auto& e : r) {
+      if (e.name == name) return Error::io(EEXIST, "\"" + name + "\" exists");
+      used[e.seq] = true;
+    }
+    uint8_t seq = 0;
+    while (seq < 128 && used[seq]) seq++;
+    if (seq == 128) return Error::no_space("too many names with one hash");
+    r.push_back({ino, type, seq, name});
+    return ok();
+  });
+}
+
+Result<void> patch_inode(RepairCtx& c, uint64_t ino, const std::function<void(Rec&)>& fn) {
+  auto v = PLY_TRY(c.t.get(c.tree, ikey(ino, ItemType::Inode)));
+  if (!v) return Error::io(ENOENT, "inode " + std::to_string(ino) + " is gone");
+  Rec r = PLY_TRY(decode_inode(ino, *v));
+  fn(r);  // encoding drops an OPAQUE flag on a non-directory (U2)
+  return c.t.put(c.tree, ikey(ino, ItemType::Inode), encode_inode(r));
+}
+
+// The branch's /lost+found, made (mode 0700) the first time it is needed.
+Result<uint64_t> lost_found(RepairCtx& c) {
+  if (c.lost_found) return c.lost_found;
+  const std::string name = "lost+found";
+  auto v = PLY_TRY(c.t.get(c.tree, ikey(c.root, ItemType::Dirent, name_hash(name))));
+  if (v)
+    for (const auto& e : lenient_dirents(*v))
+      if (e.name == name) {
+        if (e.type != DT_DIR) return Error::io(EEXIST, "/lost+found is not a directory");
+        return c.lost_found = e.ino;
+      }
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  Rec r;
+  r.a.ino = c.t.take_inode_number();
+  r.a.mode = S_IFDIR | 0700;
+  r.a.nlink = 2;
+  r.a.generation = c.t.gen().v;
+  r.a.atime = r.a.mtime = r.a.ctime = r.a.btime = now;
+  r.parent = c.root;
+  PLY_CHECK(c.t.put(c.tree, ikey(r.a.ino, ItemType::Inode), encode_inode(r)));
+  PLY_CHECK(add_record(c, c.root, name, r.a.ino, DT_DIR));
+  PLY_CHECK(patch_inode(c, c.root, [](Rec& root) {
+    root.a.nlink++;
+    root.a.size++;
+  }));
+  return c.lost_found = r.a.ino;
+}
+
+// Names object `ino` "#INO" in /lost+found (e2fsck's convention).
+Result<void> reconnect(RepairCtx& c, uint64_t ino, uint32_t mode) {
+  const uint64_t lf = PLY_TRY(lost_found(c));
+  std::string name = "#" + std::to_string(ino);
+  for (int i = 1;; i++) {
+    auto r = add_record(c, lf, name, ino, uint8_t(IFTODT(mode)));
+    if (r) break;
+    if (r.error().code != EEXIST || i > 100) return r.error();
+    name = "#" + std::to_string(ino) + "." + std::to_string(i);
+  }
+  const bool dir = S_ISDIR(mode);
+  PLY_CHECK(patch_inode(c, lf, [&](Rec& l) {
+    l.a.size++;
+    if (dir) l.a.nlink++;
+  }));
+  return patch_inode(c, ino, [&](Rec& r) {
+    if (dir) r.parent = lf;
+    else r.a.nlink = 1;
+  });
+}
 
 class Checker {
  public:
-  Checker(TreeId t, uint32_t bs, std::vector<Problem>& out, Volume* data)
-      : tree_(t), bs_(bs), out_(out), data_(data) {}
+  Checker(TreeId t, uint32_t bs, Volume* data, uint64_t next_inode)
+      : tree_(t), bs_(bs), data_(data), next_inode_(next_inode) {}
 
-  void problem(const std::string& code, uint64_t ino, const std::string& what) {
-    out_.push_back(Problem{code, Error::kNoBlock,
-                           (ino ? "inode " + std::to_string(ino) + ": " : std::string()) + what,
-                           tree_.v});
-  }
+  std::vector<Finding>& findings() { return out_; }
+  uint64_t root() const { return root_; }
 
   void item(Key k, std::span<const std::byte> v) {
-    const uint64_t ino = k.hi, off = k.lo & kOffMask;
-    const auto type = ItemType(k.lo >> 56);
+    const uint64_t ino = k.hi, off = off_of(k);
+    const auto type = type_of(k);
     if (ino == 0) {
       if (type == ItemType::FsInfo && off == 0) return info(v);
       if (type == ItemType::Orphan) return (void)orphans_.insert(off);
-      return problem("F-item", 0, "unexpected item of type " + std::to_string(int(type)) +
-                                      " in object 0");
+      return problem("F-item", 0, "unexpected item of type " + std::to_string(int(type)) + " in object 0",
+                     Repair::Lossy, 1, "removed unexpected items", erase(k, v));
     }
+    if (ino < kFirstInode || ino >= next_inode_) bad_inos_.insert(ino);
     if (type == ItemType::Inode) {
-      if (v.size() != sizeof(disk::Inode)) return problem("F-item", ino, "inode item of wrong size");
+      if (v.size() != sizeof(disk::Inode))
+        return problem("F-item", ino, "inode item of wrong size", Repair::Lossy, 1,
+                       "removed undecodable inodes", erase(k, v));
       const auto* d = view_as<disk::Inode>(v);
       InodeInfo& i = inodes_[ino];
+      i.present = true;
       i.mode = d->mode.get();
       i.nlink = d->nlink.get();
       i.flags = d->flags.get();
@@ -66,65 +260,92 @@ class Checker {
     }
     objects_.insert(ino);
     switch (type) {
-      case ItemType::Dirent: return dirents(ino, v);
-      case ItemType::Xattr: return xattrs(ino, v);
-      case ItemType::Inline: return inline_item(ino, off, v);
-      case ItemType::Extent: return extent(ino, off, v);
-      default: return problem("F-item", ino, "item of unknown type " + std::to_string(int(type)));
+      case ItemType::Dirent: return dirents(k, v);
+      case ItemType::Xattr: return xattrs(k, v);
+      case ItemType::Inline: return inline_item(k, v);
+      case ItemType::Extent: return extent(k, v);
+      default:
+        return problem("F-item", ino, "item of unknown type " + std::to_string(int(type)),
+                       Repair::Lossy, 1, "removed items of unknown types", erase(k, v));
     }
   }
 
   void finish() {
     if (!root_) problem("F1-info", 0, "the filesystem info item is missing");
-    else if (!inodes_.count(root_) || !S_ISDIR(inodes_[root_].mode))
+    else if (!inodes_[root_].present || !S_ISDIR(inodes_[root_].mode))
       problem("F1-info", root_, "the root directory is missing or not a directory");
+    inode_numbers();
     for (uint64_t o : objects_)
-      if (!inodes_.count(o)) problem("F6-orphan-item", o, "items of an inode that does not exist");
-    for (uint64_t o : orphans_)
-      if (!inodes_.count(o)) problem("F6-orphan-item", o, "orphan entry for a missing inode");
-    for (const auto& [t, dir] : targets_)
-      if (!inodes_.count(t)) problem("F2-dirent", dir, "an entry names missing inode " + std::to_string(t));
-    for (auto& [ino, i] : inodes_) {
-      const bool orphan = orphans_.count(ino);
-      if (S_ISDIR(i.mode)) {
-        if (ino == root_) {
-          if (i.names) problem("F3-parent", ino, "the root directory has a name");
-        } else if (!orphan) {
-          if (i.names != 1) problem("F3-parent", ino, "directory with " + std::to_string(i.names) + " names");
-          else if (!i.named_in.count(i.parent))
-            problem("F3-parent", ino, "directory's parent field does not name the directory holding it");
-        }
-        if (!orphan && i.nlink != 2 + i.subdirs)
-          problem("F2-nlink", ino, "directory nlink " + std::to_string(i.nlink) + ", expected " +
-                                       std::to_string(2 + i.subdirs));
-      } else if (i.nlink != i.names && !(i.nlink == 0 && orphan)) {
-        problem("F2-nlink", ino, "nlink " + std::to_string(i.nlink) + " but " +
-                                     std::to_string(i.names) + " names");
-      }
-      if (i.mapped && !S_ISREG(i.mode)) problem("F4-extent", ino, "extent items on a non-regular file");
-      if (i.blocks != i.mapped * (bs_ / 512))
-        problem("F4-blocks", ino, "blocks " + std::to_string(i.blocks) + ", extents map " +
-                                      std::to_string(i.mapped * (bs_ / 512)));
-      if ((i.flags & disk::kInodeOpaque) && !S_ISDIR(i.mode))
-        problem("U2-opaque", ino, "the opaque flag on a non-directory");
-      if (S_ISREG(i.mode) && (i.flags & kInodeInline) && i.mapped)
-        problem("F5-inline", ino, "inline file with extent items");
+      if (!inodes_[o].present)
+        problem("F6-orphan-item", o, "items of an inode that does not exist", Repair::Lossy, 1,
+                "removed the items of inodes that do not exist",
+                [o](RepairCtx& c) -> Result<void> {
+                  std::vector<std::pair<Key, uint64_t>> items;
+                  PLY_CHECK(c.t.scan(c.tree, Key{o, 0}, Key{o, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+                    items.emplace_back(k, extent_ref(k, v));
+                    return true;
+                  }));
+                  for (auto& [k, ref] : items) PLY_CHECK(erase_item(c, k, ref));
+                  return ok();
+                });
+    for (uint64_t o : orphans_) {
+      const Key k = ikey(0, ItemType::Orphan, o);
+      if (!inodes_[o].present)
+        problem("F6-orphan-item", o, "orphan entry for a missing inode", Repair::Safe, 1,
+                "removed orphan entries of missing inodes", erase(k, {}));
+      else if (!inodes_[o].names.empty())
+        problem("F6-orphan-named", o,
+                "orphan entry for an inode that still has names (the next mount would free it)",
+                Repair::Safe, 1, "removed orphan entries of named inodes", erase(k, {}));
     }
-    for (const auto& [ino, off] : inline_)
-      if (auto it = inodes_.find(ino); it != inodes_.end()) {
+    for (const NameRec& n : names_)
+      if (!inodes_[n.ino].present)
+        problem("F2-dirent", n.dir, "entry \"" + n.name + "\" names missing inode " + std::to_string(n.ino),
+                Repair::Lossy, 1, "removed entries of missing inodes", drop(n));
+      else if (IFTODT(inodes_[n.ino].mode) != n.type)
+        problem("F2-dirent", n.dir, "entry \"" + n.name + "\" has a type that disagrees with inode " +
+                                        std::to_string(n.ino),
+                Repair::Safe, 1, "corrected the type of entries",
+                [n, t = uint8_t(IFTODT(inodes_[n.ino].mode))](RepairCtx& c) {
+                  return edit_bucket(c, n.dir, n.hash, [&](std::vector<DirentRec>& r) {
+                    for (auto& e : r)
+                      if (e.seq == n.seq) e.type = t;
+                    return ok();
+                  });
+                });
+    for (auto& [ino, i] : inodes_)
+      if (i.present) object(ino, i);
+    for (const auto& [ino, off, k] : inline_)
+      if (auto it = inodes_.find(ino); it != inodes_.end() && it->second.present) {
         const InodeInfo& i = it->second;
         if (!(S_ISLNK(i.mode) || (S_ISREG(i.mode) && (i.flags & kInodeInline))))
-          problem("F5-inline", ino, "inline data on an object that keeps none");
+          problem("F5-inline", ino, "inline data on an object that keeps none", Repair::Lossy, 1,
+                  "removed misplaced inline data", erase(k, {}));
         else if (off >= i.size)
-          problem("F5-inline", ino, "inline chunk at " + std::to_string(off) + " past the size");
+          problem("F5-inline", ino, "inline chunk at " + std::to_string(off) + " past the size",
+                  Repair::Lossy, 1, "removed inline data past the end of files", erase(k, {}));
       }
-    for (const auto& [dir, typed] : entry_types_)
-      for (const auto& [t, type] : typed)
-        if (auto it = inodes_.find(t); it != inodes_.end() && IFTODT(it->second.mode) != type)
-          problem("F2-dirent", dir, "entry type disagrees with inode " + std::to_string(t));
   }
 
  private:
+  void problem(const std::string& code, uint64_t ino, const std::string& what,
+               Repair r = Repair::None, int round = 0, std::string done = {}, FixFn fix = {}) {
+    Finding f;
+    f.p = Problem{code, Error::kNoBlock, (ino ? "inode " + std::to_string(ino) + ": " : std::string()) + what,
+                  tree_.v, r};
+    f.round = r == Repair::None ? 0 : round;
+    f.done = std::move(done);
+    f.fix = std::move(fix);
+    out_.push_back(std::move(f));
+  }
+
+  FixFn erase(Key k, std::span<const std::byte> v) {
+    return [k, ref = extent_ref(k, v)](RepairCtx& c) { return erase_item(c, k, ref); };
+  }
+  FixFn drop(const NameRec& n) {
+    return [dir = n.dir, h = n.hash, seq = n.seq](RepairCtx& c) { return drop_record(c, dir, h, seq); };
+  }
+
   void info(std::span<const std::byte> v) {
     if (v.size() != sizeof(disk::FsInfo)) return problem("F1-info", 0, "info item of wrong size");
     const auto* d = view_as<disk::FsInfo>(v);
@@ -134,160 +355,374 @@ class Checker {
     root_ = d->root_ino.get();
   }
 
-  void dirents(uint64_t dir, std::span<const std::byte> v) {
-    size_t p = 0;
-    std::set<uint8_t> seqs;
-    while (p < v.size()) {
-      if (v.size() - p < sizeof(disk::Dirent)) return problem("F-item", dir, "truncated directory entry");
-      const auto* d = view_as<disk::Dirent>(v, p);
-      if (d->name_len == 0 || v.size() - p - sizeof(disk::Dirent) < d->name_len || d->seq >= 128 ||
-          !seqs.insert(d->seq).second)
-        return problem("F-item", dir, "malformed directory entry");
-      const uint64_t t = d->ino.get();
-      p += sizeof(disk::Dirent) + d->name_len;
-      if (d->type == disk::kDtWhiteout) {  // names no inode (format.md#fs-union)
-        if (t != 0) problem("U1-whiteout", dir, "a whiteout entry names inode " + std::to_string(t));
+  // F8: numbers come from the image's counter and are never reused
+  // (format.md#fs-keys): one above it would be handed out again.
+  void inode_numbers() {
+    uint64_t high = 0;
+    for (uint64_t ino : bad_inos_) {
+      if (ino < kFirstInode)
+        problem("F8-ino", ino, "inode number below " + std::to_string(kFirstInode));
+      else
+        high = std::max(high, ino);
+    }
+    if (high)
+      problem("F8-ino", high,
+              "inode number not yet handed out (the counter is at " + std::to_string(next_inode_) +
+                  "): a new file would reuse it",
+              Repair::Safe, 1, "advanced the inode number counter",
+              [high](RepairCtx& c) { return c.t.advance_inode_numbers(high + 1), ok(); });
+  }
+
+  void dirents(Key k, std::span<const std::byte> v) {
+    const uint64_t dir = k.hi, h = off_of(k);
+    bool bad = false;
+    auto recs = lenient_dirents(v, &bad);
+    if (bad)
+      problem("F-item", dir, "malformed directory entry", Repair::Lossy, 1,
+              "rewrote malformed directory items with their readable entries",
+              [dir, h](RepairCtx& c) { return edit_bucket(c, dir, h, [](auto&) { return ok(); }); });
+    std::map<std::string, size_t> seen;  // name -> index in recs of the record kept
+    for (size_t i = 0; i < recs.size(); i++) {
+      const DirentRec& e = recs[i];
+      const std::string at = "entry \"" + e.name + "\"";
+      NameRec n{dir, h, e.seq, e.type, e.name, e.ino};
+      if (!valid_name(e.name)) {
+        problem("F2-name", dir, at + " is not a valid name", Repair::Lossy, 1, "removed entries with invalid names",
+                drop(n));
         continue;
       }
-      if (t == 0) {
-        problem("F2-dirent", dir, "an entry names inode 0");
+      if (auto it = seen.find(e.name); it != seen.end()) {
+        // One record per name (format.md#fs-dirent). An entry wins over a
+        // whiteout in its own branch (Unionfs): the whiteout goes.
+        const DirentRec& kept = recs[it->second];
+        const bool wh = e.type == kDtWhiteout, kept_wh = kept.type == kDtWhiteout;
+        if (wh || !kept_wh) {
+          problem(wh != kept_wh ? "U1-conflict" : "F2-dup", dir,
+                  at + (wh != kept_wh ? " is both an entry and a whiteout" : " is given twice"),
+                  Repair::Lossy, 1, "removed second records of names", drop(n));
+          continue;
+        }
+        NameRec w{dir, h, kept.seq, kept.type, kept.name, 0};
+        problem("U1-conflict", dir, at + " is both an entry and a whiteout", Repair::Lossy, 1,
+                "removed second records of names", drop(w));
+        it->second = i;
+      } else {
+        seen.emplace(e.name, i);
+      }
+    }
+    for (const auto& [name, i] : seen) {
+      const DirentRec& e = recs[i];
+      NameRec n{dir, h, e.seq, e.type, e.name, e.ino};
+      if (name_hash(e.name) != h) {
+        // Lookup would never find it; move it to its item.
+        problem("F2-hash", dir, "entry \"" + e.name + "\" is filed under the wrong hash", Repair::Safe, 1,
+                "moved entries filed under the wrong hash", [n](RepairCtx& c) -> Result<void> {
+                  PLY_CHECK(drop_record(c, n.dir, n.hash, n.seq));
+                  auto r = add_record(c, n.dir, n.name, n.ino, n.type);
+                  if (!r && r.error().code != EEXIST) return r.error();
+                  return ok();  // the name exists where it belongs: this copy goes
+                });
+      }
+      if (e.type == kDtWhiteout) {  // names no inode (format.md#fs-union)
+        if (e.ino != 0)
+          problem("U1-whiteout", dir, "whiteout \"" + e.name + "\" names inode " + std::to_string(e.ino),
+                  Repair::Safe, 1, "cleared the inode of whiteouts", [n](RepairCtx& c) {
+                    return edit_bucket(c, n.dir, n.hash, [&](std::vector<DirentRec>& r) {
+                      for (auto& x : r)
+                        if (x.seq == n.seq) x.ino = 0;
+                      return ok();
+                    });
+                  });
         continue;
       }
-      targets_.emplace(t, dir);
-      InodeInfo& i = inodes_[t];  // may be created before its inode item is seen
-      i.names++;
-      i.named_in.insert(dir);
-      if (d->type == DT_DIR) inodes_[dir].subdirs++;
-      entry_types_[dir].emplace_back(t, d->type);
+      if (e.ino == 0) {
+        problem("F2-dirent", dir, "entry \"" + e.name + "\" names inode 0", Repair::Lossy, 1,
+                "removed entries of missing inodes", drop(n));
+        continue;
+      }
+      InodeInfo& d = inodes_[dir];
+      d.entries++;
+      if (e.type == DT_DIR) d.subdirs++;
+      inodes_[e.ino].names.push_back(names_.size());  // may come before its inode item
+      names_.push_back(n);
     }
   }
 
-  void xattrs(uint64_t ino, std::span<const std::byte> v) {
-    size_t p = 0;
-    while (p < v.size()) {
-      if (v.size() - p < sizeof(disk::XattrEntry)) return problem("F-item", ino, "truncated xattr");
-      const auto* d = view_as<disk::XattrEntry>(v, p);
-      const size_t n = d->name_len, m = d->value_len.get();
-      if (n == 0 || v.size() - p - sizeof(disk::XattrEntry) < n + m)
-        return problem("F-item", ino, "malformed xattr");
-      p += sizeof(disk::XattrEntry) + n + m;
-    }
+  void xattrs(Key k, std::span<const std::byte> v) {
+    bool bad = false;
+    auto good = lenient_xattrs(v, &bad);
+    if (!bad) return;
+    problem("F-item", k.hi, "malformed xattr", Repair::Lossy, 1, "dropped malformed extended attributes",
+            [k, good](RepairCtx& c) -> Result<void> {
+              if (good.empty()) return (void)PLY_TRY(c.t.erase(c.tree, k)), ok();
+              return c.t.put(c.tree, k, good);
+            });
   }
 
-  void inline_item(uint64_t ino, uint64_t off, std::span<const std::byte> v) {
+  void inline_item(Key k, std::span<const std::byte> v) {
+    const uint64_t off = off_of(k);
     if (off % disk::kInlineChunk || v.size() > disk::kInlineChunk || v.empty())
-      return problem("F5-inline", ino, "malformed inline chunk");
-    inline_.emplace_back(ino, off);
+      return problem("F5-inline", k.hi, "malformed inline chunk", Repair::Lossy, 1,
+                     "removed malformed inline data", erase(k, v));
+    inline_.emplace_back(k.hi, off, k);
   }
 
-  void extent(uint64_t ino, uint64_t blk, std::span<const std::byte> v) {
-    if (v.size() < sizeof(disk::Extent)) return problem("F4-extent", ino, "extent item too short");
-    const auto* d = view_as<disk::Extent>(v);
-    const uint32_t n = d->nblocks.get();
-    const bool pre = d->flags & disk::kExtentPrealloc;
-    if (n == 0 || n > disk::kMaxExtentBlocks || d->compression != disk::kCompressNone ||
-        (d->flags & ~disk::kExtentPrealloc) || d->offset.get() > d->disk_nblocks.get() ||
-        n > d->disk_nblocks.get() - d->offset.get() ||
-        v.size() != sizeof(disk::Extent) + (pre ? 0 : 8ull * n))
-      return problem("F4-extent", ino, "malformed extent item at block " + std::to_string(blk));
+  void extent(Key k, std::span<const std::byte> v) {
+    const uint64_t ino = k.hi, blk = off_of(k);
+    auto e = decode_extent(k, v);
+    if (!e)
+      return problem("F4-extent", ino, "malformed extent item at block " + std::to_string(blk),
+                     Repair::Lossy, 1, "removed malformed extent items (their ranges read as holes)",
+                     erase(k, v));
     InodeInfo& i = inodes_[ino];
     if (blk < i.ext_end)
-      problem("F4-extent", ino, "extent items overlap at block " + std::to_string(blk));
-    i.ext_end = blk + n;
-    i.mapped += n;
-    if (data_ && !pre) {
+      return problem("F4-extent", ino, "extent items overlap at block " + std::to_string(blk), Repair::Lossy,
+                     1, "removed overlapping extent items", erase(k, v));
+    i.ext_end = e->end();
+    i.mapped += e->nblocks;
+    i.extent_items.emplace_back(k, extent_ref(k, v));
+    if (data_ && !e->prealloc()) {
       // -c: every block against its checksum (format.md#fs-extent).
-      std::vector<std::byte> buf(uint64_t(n) * bs_);
-      auto r = data_->read_data(BlockNo{d->disk_start.get() + d->offset.get()}, buf);
-      if (!r) return problem("F7-data", ino, "cannot read the data at file block " + std::to_string(blk) + ": " + r.error().message());
-      for (uint32_t b = 0; b < n; b++)
-        if (xxh3(std::span(buf).subspan(uint64_t(b) * bs_, bs_)) !=
-            view_as<le64>(v, sizeof(disk::Extent) + 8ull * b)->get())
+      std::vector<std::byte> buf(uint64_t(e->nblocks) * bs_);
+      auto r = data_->read_data(BlockNo{e->disk_start + e->offset}, buf);
+      if (!r)
+        return problem("F7-data", ino, "cannot read the data at file block " + std::to_string(blk) + ": " +
+                                           r.error().message());
+      for (uint32_t b = 0; b < e->nblocks; b++)
+        if (xxh3(std::span(buf).subspan(uint64_t(b) * bs_, bs_)) != e->csums[b])
           problem("F7-data", ino, "data checksum mismatch at file block " + std::to_string(blk + b) +
-                                      " (device block " +
-                                      std::to_string(d->disk_start.get() + d->offset.get() + b) + ")");
+                                      " (device block " + std::to_string(e->disk_start + e->offset + b) + ")");
     }
+  }
+
+  // The checks of one object against what names it.
+  void object(uint64_t ino, InodeInfo& i) {
+    const bool orphan = orphans_.count(ino);
+    const auto set = [ino](auto fn) -> FixFn {
+      return [ino, fn](RepairCtx& c) { return patch_inode(c, ino, fn); };
+    };
+    if (S_ISDIR(i.mode)) {
+      if (ino == root_) {
+        for (size_t n : i.names)
+          problem("F3-parent", ino, "the root directory has a name", Repair::Lossy, 1,
+                  "removed entries naming the root directory", drop(names_[n]));
+        if (i.parent != ino)
+          problem("F3-parent", ino, "the root directory's parent field is not itself", Repair::Safe, 3,
+                  "corrected directories' parent fields", set([ino](Rec& r) { r.parent = ino; }));
+      } else if (!orphan) {
+        if (i.names.empty()) {
+          problem("F3-unattached", ino, "directory that no entry names", Repair::Lossy, 2,
+                  "connected unnamed objects to /lost+found",
+                  [ino, m = i.mode](RepairCtx& c) { return reconnect(c, ino, m); });
+        } else if (i.names.size() > 1) {
+          // Keep the name in the directory its parent field gives, else the first.
+          size_t keep = i.names[0];
+          for (size_t n : i.names)
+            if (names_[n].dir == i.parent) keep = n;
+          for (size_t n : i.names)
+            if (n != keep)
+              problem("F3-parent", ino, "directory also named \"" + names_[n].name + "\" in " +
+                                            std::to_string(names_[n].dir),
+                      Repair::Lossy, 1, "removed second names of directories", drop(names_[n]));
+        } else if (names_[i.names[0]].dir != i.parent) {
+          problem("F3-parent", ino, "directory's parent field does not name the directory holding it",
+                  Repair::Safe, 3, "corrected directories' parent fields",
+                  set([p = names_[i.names[0]].dir](Rec& r) { r.parent = p; }));
+        }
+      }
+      if (!orphan && i.nlink != 2 + i.subdirs)
+        problem("F2-nlink", ino, "directory nlink " + std::to_string(i.nlink) + ", expected " +
+                                     std::to_string(2 + i.subdirs),
+                Repair::Safe, 3, "corrected link counts", set([n = 2 + i.subdirs](Rec& r) { r.a.nlink = n; }));
+      if (!orphan && i.size != i.entries)
+        problem("F2-dirsize", ino, "directory size " + std::to_string(i.size) + ", but " +
+                                       std::to_string(i.entries) + " entries",
+                Repair::Safe, 3, "corrected directory sizes", set([n = i.entries](Rec& r) { r.a.size = n; }));
+    } else if (i.names.empty() && !orphan) {
+      problem("F2-unattached", ino, "nlink " + std::to_string(i.nlink) + " but no entry names it",
+              Repair::Lossy, 2, "connected unnamed objects to /lost+found",
+              [ino, m = i.mode](RepairCtx& c) { return reconnect(c, ino, m); });
+    } else if (i.nlink != i.names.size() && !(i.nlink == 0 && orphan && i.names.empty())) {
+      problem("F2-nlink", ino, "nlink " + std::to_string(i.nlink) + " but " + std::to_string(i.names.size()) +
+                                   " names",
+              Repair::Safe, 3, "corrected link counts",
+              set([n = uint32_t(i.names.size())](Rec& r) { r.a.nlink = n; }));
+    }
+    if (!i.extent_items.empty() && !S_ISREG(i.mode)) {
+      problem("F4-extent", ino, "extent items on a non-regular file", Repair::Lossy, 1,
+              "removed extent items of non-regular files", [items = i.extent_items](RepairCtx& c) -> Result<void> {
+                for (auto& [k, ref] : items) PLY_CHECK(erase_item(c, k, ref));
+                return ok();
+              });
+    } else if (i.blocks != i.mapped * (bs_ / 512)) {
+      problem("F4-blocks", ino, "blocks " + std::to_string(i.blocks) + ", extents map " +
+                                    std::to_string(i.mapped * (bs_ / 512)),
+              Repair::Safe, 3, "corrected block counts",
+              set([b = i.mapped * (bs_ / 512)](Rec& r) { r.a.blocks = b; }));
+    }
+    if ((i.flags & disk::kInodeOpaque) && !S_ISDIR(i.mode))
+      problem("U2-opaque", ino, "the opaque flag on a non-directory", Repair::Safe, 1,
+              "cleared the opaque flag of non-directories", set([](Rec&) {}));
+    if (S_ISREG(i.mode) && (i.flags & kInodeInline) && i.mapped)
+      problem("F5-inline", ino, "inline file with extent items");
   }
 
   TreeId tree_;
   uint32_t bs_;
-  std::vector<Problem>& out_;
   Volume* data_;  // -c: read and verify data blocks
+  uint64_t next_inode_;
   uint64_t root_ = 0;
+  std::vector<Finding> out_;
   std::map<uint64_t, InodeInfo> inodes_;
-  std::set<uint64_t> objects_, orphans_;
-  std::multimap<uint64_t, uint64_t> targets_;  // target inode -> directory
-  std::map<uint64_t, std::vector<std::pair<uint64_t, uint8_t>>> entry_types_;
-  std::vector<std::pair<uint64_t, uint64_t>> inline_;
+  std::set<uint64_t> objects_, orphans_, bad_inos_;
+  std::vector<NameRec> names_;
+  std::vector<std::tuple<uint64_t, uint64_t, Key>> inline_;  // ino, offset, key
 };
 
-}  // namespace
+// One scan of one filesystem tree.
+std::vector<Finding> scan_tree(Volume& vol, TreeId id, bool data, uint64_t* root = nullptr) {
+  auto fail = [&](const Error& e, const std::string& what) {
+    Finding f;
+    f.p = Problem{"F-item", e.block, what + e.message(), id.v};
+    return std::vector<Finding>{std::move(f)};
+  };
+  auto t = vol.begin();
+  if (!t) return fail(t.error(), "cannot read: ");
+  Checker c(id, vol.block_size(), data ? &vol : nullptr, t->next_inode_number());
+  auto r = t->scan(id, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
+    c.item(k, v);
+    return true;
+  });
+  if (!r) return fail(r.error(), "cannot read the tree: ");
+  c.finish();
+  if (root) *root = c.root();
+  return std::move(c.findings());
+}
 
-namespace {
-// The branch fields (pass 6): parents name filesystem trees, without cycles;
-// names are unique.
-void check_branches(Volume& vol, std::vector<Problem>& out) {
+// The branch fields (U3): parents name filesystem trees, without cycles;
+// names are unique. A repair renames the later of two branches with one
+// name and forgets a parent that does not exist or makes a cycle.
+std::vector<Finding> check_branches(Volume& vol) {
+  std::vector<Finding> out;
   auto bs = Filesystem::branches(vol);
-  if (!bs) return;  // the per-tree checks report unreadable info items
+  if (!bs) return out;  // the per-tree checks report unreadable info items
+  auto problem = [&](const BranchMeta& b, const std::string& what, std::string done, BranchMeta fixed) {
+    Finding f;
+    f.p = Problem{"U3-branch", Error::kNoBlock, what, b.tree.v, Repair::Lossy};
+    f.round = 1;
+    f.done = std::move(done);
+    f.fix = [fixed](RepairCtx& c) { return Filesystem::set_branch(c.t, fixed); };
+    out.push_back(std::move(f));
+  };
   std::map<uint64_t, const BranchMeta*> by_id;
   std::set<std::string> names;
+  for (const auto& b : *bs) by_id[b.tree.v] = &b;
   for (const auto& b : *bs) {
-    by_id[b.tree.v] = &b;
     // A doomed tree's name is free (format.md#snapshots): a rollback's new
     // branch has it while the old one waits to be dropped.
-    if (!b.doomed && !names.insert(b.name).second)
-      out.push_back(Problem{"U3-branch", Error::kNoBlock, "two branches are named \"" + b.name + "\"", b.tree.v});
+    if (b.doomed || names.insert(b.name).second) continue;
+    BranchMeta m = b;
+    m.name = b.name.substr(0, 20) + "~" + std::to_string(b.tree.v);
+    problem(b, "two branches are named \"" + b.name + "\"", "renamed branches whose names were taken", m);
   }
   for (const auto& b : *bs) {
     // A doomed tree's fields no longer matter: drop_doomed drops them one at
     // a time, so one may outlive the parent it names.
     if (b.doomed) continue;
+    BranchMeta m = b;
+    m.parent = TreeId{0};
     if (b.parent.v && !by_id.count(b.parent.v)) {
-      out.push_back(Problem{"U3-branch", Error::kNoBlock,
-                            "branch \"" + b.name + "\" names missing parent tree " + std::to_string(b.parent.v),
-                            b.tree.v});
+      problem(b, "branch \"" + b.name + "\" names missing parent tree " + std::to_string(b.parent.v),
+              "forgot branch parents that do not exist or form a cycle", m);
       continue;
     }
     uint64_t p = b.parent.v;
     for (size_t steps = 0; p; steps++) {
       if (steps > by_id.size() || p == b.tree.v) {
-        out.push_back(Problem{"U3-branch", Error::kNoBlock, "branch \"" + b.name + "\" is its own ancestor", b.tree.v});
+        problem(b, "branch \"" + b.name + "\" is its own ancestor",
+                "forgot branch parents that do not exist or form a cycle", m);
         break;
       }
       auto it = by_id.find(p);
       p = it == by_id.end() ? 0 : it->second->parent.v;
     }
   }
+  return out;
 }
+
+Result<std::vector<TreeId>> fs_trees(Volume& vol) {
+  auto t = PLY_TRY(vol.begin());
+  std::vector<TreeId> out;
+  for (const auto& ti : PLY_TRY(t.list_trees()))
+    if (ti.kind == disk::kKindFs) out.push_back(ti.id);
+  return out;
+}
+
+// Applies the repairs of the lowest round found (only Safe ones unless
+// `lossy`); returns how many were applied.
+Result<size_t> apply_round(Volume& vol, TreeId tree, uint64_t root, const std::vector<Finding>& fs,
+                           bool lossy, std::map<std::string, uint64_t>& done) {
+  int round = 0;
+  for (const auto& f : fs)
+    if (f.round && (lossy || f.p.repair == Repair::Safe) && (!round || f.round < round)) round = f.round;
+  if (!round) return 0;
+  uint64_t lf = 0;
+  size_t n = 0;
+  for (const auto& f : fs) {
+    if (f.round != round || !(lossy || f.p.repair == Repair::Safe)) continue;
+    auto t = PLY_TRY(vol.begin({.for_delete = true, .reserve_blocks = kFixBlocks}));
+    RepairCtx c{t, tree, root, lf};
+    PLY_CHECK(f.fix(c));
+    done[f.done]++;
+    n++;
+  }
+  return n;
+}
+
 }  // namespace
 
 std::vector<Problem> check_filesystems(Volume& vol, bool data) {
   std::vector<Problem> out;
-  check_branches(vol, out);
-  auto t = vol.begin();
-  if (!t) {
-    out.push_back(Problem{"F-item", Error::kNoBlock, "cannot read: " + t.error().message(), 0});
-    return out;
-  }
-  auto trees = t->list_trees();
+  for (auto& f : check_branches(vol)) out.push_back(std::move(f.p));
+  auto trees = fs_trees(vol);
   if (!trees) {
     out.push_back(Problem{"F-item", Error::kNoBlock, "cannot list the trees: " + trees.error().message(), 0});
     return out;
   }
-  for (const auto& ti : *trees) {
-    if (ti.kind != disk::kKindFs) continue;
-    Checker c(ti.id, vol.block_size(), out, data ? &vol : nullptr);
-    auto r = t->scan(ti.id, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
-      c.item(k, v);
-      return true;
-    });
-    if (!r) {
-      out.push_back(Problem{"F-item", r.error().block, "cannot read the tree: " + r.error().message(), ti.id.v});
-      continue;
-    }
-    c.finish();
-  }
+  for (TreeId id : *trees)
+    for (auto& f : scan_tree(vol, id, data)) out.push_back(std::move(f.p));
   return out;
+}
+
+Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy) {
+  std::vector<std::string> actions;
+  {
+    std::map<std::string, uint64_t> done;
+    uint64_t none = 0;
+    for (const auto& f : check_branches(vol)) {
+      if (!lossy) continue;
+      auto t = PLY_TRY(vol.begin({.reserve_blocks = Filesystem::kSetBranchBlocks}));
+      RepairCtx c{t, TreeId{f.p.tree}, 0, none};
+      PLY_CHECK(f.fix(c));
+      done[f.done]++;
+    }
+    for (const auto& [what, n] : done) actions.push_back(what + " (" + std::to_string(n) + ")");
+  }
+  const auto metas = PLY_TRY(Filesystem::branches(vol));
+  for (TreeId id : PLY_TRY(fs_trees(vol))) {
+    std::string name = "tree " + std::to_string(id.v);
+    for (const auto& m : metas)
+      if (m.tree == id) name = "branch \"" + m.name + "\"";
+    std::map<std::string, uint64_t> done;
+    for (int i = 0; i < kMaxRounds; i++) {
+      uint64_t root = 0;
+      auto fs = scan_tree(vol, id, false, &root);
+      if (!PLY_TRY(apply_round(vol, id, root, fs, lossy, done))) break;
+    }
+    for (const auto& [what, n] : done)
+      actions.push_back(name + ": " + what + " (" + std::to_string(n) + ")");
+  }
+  return actions;
 }
 
 Result<std::unique_ptr<Volume>> open_to_check(BlockDevice& dev) {

@@ -1,6 +1,7 @@
-// Checks of the filesystem objects in filesystem trees: the invariants
-// F1-F6 of format.md#fs-invariants. fsck.plyfs runs them as its pass 5
-// through FsckOptions::object_checks; they only read.
+// Checks and repairs of the filesystem objects in filesystem trees: the
+// invariants F1-F8 and U1-U3 of format.md#fs-invariants. fsck.plyfs runs
+// the checks as its passes 5 and 6 through FsckOptions::object_checks, and
+// the repairs through FsckOptions::object_repair (format.md#fs-repair).
 #pragma once
 
 #include <vector>
@@ -11,11 +12,18 @@
 namespace plyfs {
 
 // Every problem found in every filesystem tree of the volume's durable
-// generation. Codes: F1-info, F2-dirent, F2-nlink, F3-parent, F4-extent,
-// F4-blocks, F5-inline, F6-orphan-item, F-item (an item that does not decode
-// or has an unknown type); with `data`, also F7-data: every data block is
-// read and compared with its checksum (fsck -c).
+// generation. Codes: F1-info, F2-dirent, F2-name, F2-hash, F2-dup,
+// F2-nlink, F2-dirsize, F2-unattached, F3-parent, F3-unattached, F4-extent,
+// F4-blocks, F5-inline, F6-orphan-item, F6-orphan-named, F8-ino, F-item (an
+// item that does not decode or has an unknown type), U1-whiteout,
+// U1-conflict, U2-opaque, U3-branch; with `data`, also F7-data: every data
+// block is read and compared with its checksum (fsck -c). Each problem says
+// what its repair costs (Problem::repair).
 std::vector<Problem> check_filesystems(Volume& vol, bool data = false);
+// Repairs what check_filesystems finds, in the open generation of a
+// read-write volume (the caller commits, so the repair lands whole): only
+// the Safe repairs unless `lossy`. Returns what it did, a sentence each.
+Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy);
 // The same on a device, opened read-only (fsck's pass 5 hook).
 std::vector<Problem> check_filesystems(BlockDevice& dev, bool data = false);
 // The volume such checks read: read-only, with the filesystem kinds.

@@ -1,6 +1,7 @@
 #include "fsck/fsck.h"
 
 #include <algorithm>
+#include <map>
 
 #include "fsck/rebuild.h"
 
@@ -44,9 +45,15 @@ FsckProblem classify(const Problem& p) {
   else if (starts(c, "T")) f.pass = 3;
   else if (starts(c, "A")) f.pass = 4;
   else if (starts(c, "F")) f.pass = 5;
+  else if (starts(c, "U")) f.pass = 6;
   else f.pass = 1;
-  // Filesystem objects (pass 5) are reported, not yet repaired.
-  if (f.pass == 5) return f;
+  // The objects (passes 5-6): the layer that found it knows the cost.
+  if (f.pass >= 5) {
+    f.fix = p.repair == Problem::Repair::Safe    ? FixClass::Preen
+            : p.repair == Problem::Repair::Lossy ? FixClass::Yes
+                                                 : FixClass::None;
+    return f;
+  }
 
   // An unreadable node loses what is under it; a wrong owner loses nothing.
   const bool lossy = starts(c, "B-node") || starts(c, "T5") || starts(c, "T1") || starts(c, "T3");
@@ -129,9 +136,15 @@ RebuildPlan plan_for(const std::vector<FsckProblem>& ps) {
   return plan;
 }
 
+Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth);
+
 }  // namespace
 
-Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
+Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) { return run(dev, opts, 0); }
+
+namespace {
+
+Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
   FsckReport rep;
   auto progress = [&](int pass, const char* what) {
     if (opts.progress) opts.progress(pass, what);
@@ -189,8 +202,10 @@ Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
 
   // R3: when this generation lost data, an older generation that is whole
   // is the better repair.
+  // Only the B-trees count: an object repair gives up far less than the
+  // newest generation (and the older one's objects are not checked here).
   const bool lossy = std::any_of(found.begin(), found.end(), [](const FsckProblem& p) {
-    return p.fix == FixClass::Yes || p.fix == FixClass::None;
+    return p.pass <= 4 && (p.fix == FixClass::Yes || p.fix == FixClass::None);
   });
   std::optional<SuperInfo> fallback;
   const auto& other = ch->reports[1 - ch->slot];
@@ -218,8 +233,14 @@ Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
       return p.fix == FixClass::Info || p.fix == FixClass::Preen;
     });
   else if (opts.mode == FsckMode::Yes)
-    repair = fallback || std::none_of(rep.problems.begin(), rep.problems.end(),
-                                      [](const FsckProblem& p) { return p.fix == FixClass::None; });
+    // A structural problem no rebuild mends stops it; an object that cannot
+    // be mended stays as it is while the others are.
+    repair = fallback ||
+             (std::none_of(rep.problems.begin(), rep.problems.end(),
+                           [](const FsckProblem& p) { return p.fix == FixClass::None && p.pass <= 4; }) &&
+              std::any_of(rep.problems.begin(), rep.problems.end(), [](const FsckProblem& p) {
+                return p.fix == FixClass::Preen || p.fix == FixClass::Yes;
+              }));
   if (!repair) {
     rep.exit_code = kFsckUncorrected;
     return rep;
@@ -231,7 +252,21 @@ Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
   }
 
   progress(5, "repairing");
-  if (fallback) {
+  const bool structural = std::any_of(rep.problems.begin(), rep.problems.end(), [](const FsckProblem& p) {
+    return p.fix != FixClass::Info && p.pass <= 4;
+  });
+  if (!fallback && !structural) {
+    // Only objects (R4): the hook repairs them in one generation.
+    auto r = opts.object_repair ? opts.object_repair(dev, opts.mode == FsckMode::Yes)
+                                : Result<FsckOptions::ObjectRepair>(Error::invalid("no object repairs"));
+    if (!r) {
+      rep.actions.push_back("repair refused: " + r.error().message());
+      rep.exit_code = kFsckUncorrected;
+      return rep;
+    }
+    rep.written = r->written;
+    for (auto& a : r->actions) rep.actions.push_back(std::move(a));
+  } else if (fallback) {
     // The older generation is whole: make it current again under the next
     // generation number, written over the damaged copy's slot.
     SuperInfo again = *fallback;
@@ -258,22 +293,43 @@ Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
                           std::to_string(r->records_dropped) + " damaged root records dropped");
   }
 
-  // The repaired image must check clean; whatever remains is reported.
-  progress(6, "checking the repair");
+  // The repaired image must check clean; whatever remains is reported. A
+  // structural repair is checked in the same mode, so that the objects it
+  // left wrong (or that pass 5 could not see before) are repaired next (R4).
+  progress(7, "checking the repair");
   FsckOptions again = opts;
-  again.mode = FsckMode::Check;
+  if (!(structural && depth == 0)) again.mode = FsckMode::Check;
   again.progress = nullptr;
-  auto after = fsck_run(dev, again);
+  auto after = run(dev, again, depth + 1);
   if (!after) return after.error();
-  const bool clean = after->errors() == 0;
-  for (auto& p : rep.problems)
-    if (p.fix != FixClass::Info) p.fixed = clean;
-  if (!clean)
-    for (auto& p : after->problems)
-      if (p.fix != FixClass::Info) rep.problems.push_back(p);
+  if (after->cancelled) {
+    rep.cancelled = true;
+    rep.exit_code = kFsckCancelled;
+    return rep;
+  }
+  // A problem is fixed when the check after the repair does not find it
+  // again (or found it and repaired it in its own round).
+  auto id = [](const FsckProblem& p) { return p.code + '\n' + std::to_string(p.tree) + '\n' + p.message; };
+  std::map<std::string, const FsckProblem*> later;
+  for (const auto& p : after->problems)
+    if (p.fix != FixClass::Info) later.emplace(id(p), &p);
+  for (auto& p : rep.problems) {
+    if (p.fix == FixClass::Info) continue;
+    auto it = later.find(id(p));
+    p.fixed = it == later.end() || it->second->fixed;
+    if (it != later.end()) later.erase(it);
+  }
+  for (const auto& p : after->problems)
+    if (p.fix != FixClass::Info && later.count(id(p))) rep.problems.push_back(p);
+  if (again.mode != FsckMode::Check) {
+    for (auto& a : after->actions) rep.actions.push_back(a);
+    if (after->written) rep.written = after->written;
+  }
+  const bool clean = after->remaining() == 0;
   rep.used_blocks = after->choice.info.used_blocks;
   rep.exit_code = clean ? kFsckCorrected : kFsckUncorrected;
   return rep;
 }
 
+}  // namespace
 }  // namespace plyfs

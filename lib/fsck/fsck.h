@@ -11,8 +11,11 @@
 //   4 space: reference counts equal the references found by walking every
 //     tree (A3), counters (A4), no block with two owners that do not share it;
 //   5 the objects higher layers keep in their trees (FsckOptions::
-//     object_checks; fsck.plyfs passes lib/fs's filesystem checks, F1-F6),
-//     run when passes 2-4 found nothing. Reported, not repaired yet.
+//     object_checks; fsck.plyfs passes lib/fs's filesystem checks, F1-F8),
+//     run when passes 2-4 found nothing;
+//   6 branches and views (codes U*), through the same hook.
+// Pass 5-6 problems say what their repair costs (Problem::repair); the
+// hook FsckOptions::object_repair makes the repairs.
 //
 // Repairs write one new generation, built from what is readable (R1-R3):
 //   R1 a repair never writes a block that the generation it repairs reaches:
@@ -22,7 +25,10 @@
 //      their readable items; the root and space trees are always rebuilt, so
 //      reference counts and free space are recomputed, never patched;
 //   R3 when the newest generation has lost data and the older superblock's
-//      generation verifies clean, -y falls back to it instead.
+//      generation verifies clean, -y falls back to it instead;
+//   R4 object repairs (passes 5-6) come after the B-trees and space are
+//      sound: a run that rebuilds them checks again and repairs the objects
+//      in a second generation; each generation lands whole.
 #pragma once
 
 #include <atomic>
@@ -52,6 +58,13 @@ struct FsckOptions {
   std::map<uint8_t, ValueRefs> kinds;  // value references per tree kind
   // Pass 5: checks of what the trees hold, by the layers that define it.
   std::function<std::vector<Problem>(BlockDevice&)> object_checks;
+  // Repairs what object_checks found (only Problem::Repair::Safe ones
+  // unless `lossy`) in one new generation; returns what it did.
+  struct ObjectRepair {
+    std::vector<std::string> actions;
+    Generation written;
+  };
+  std::function<Result<ObjectRepair>(BlockDevice&, bool lossy)> object_repair;
   std::function<void(int pass, const std::string& what)> progress;
   const std::atomic<bool>* cancel = nullptr;  // checked between passes and before writing
 };

@@ -1,6 +1,9 @@
 // Views in the catalog tree (view.h; items in format.md#catalog).
 #include "union/view.h"
 
+#include "fs/check.h"
+#include "fsck/fsck.h"
+
 #include <cstring>
 #include <set>
 
@@ -268,12 +271,13 @@ Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name) {
 
 std::vector<Problem> check_views(Volume& v) {
   std::vector<Problem> out;
+  // repair_views can mend every problem but an unreadable catalog.
   auto problem = [&](const std::string& what) {
-    out.push_back(Problem{"U4-view", Error::kNoBlock, what, 0});
+    out.push_back(Problem{"U4-view", Error::kNoBlock, what, 0, Problem::Repair::Lossy});
   };
   auto views = list_views(v);
   if (!views) {
-    problem("the catalog does not read back: " + views.error().message());
+    out.push_back(Problem{"U4-view", Error::kNoBlock, "the catalog does not read back: " + views.error().message(), 0});
     return out;
   }
   size_t defaults = 0;
@@ -299,6 +303,69 @@ std::vector<Problem> check_views(Volume& v) {
   }
   if (defaults > 1) problem(std::to_string(defaults) + " views are the default");
   return out;
+}
+
+Result<std::vector<std::string>> repair_views(Volume& v) {
+  std::vector<std::string> done;
+  auto views = list_views(v);
+  if (!views || views->empty()) return done;  // no catalog, or one that cannot be read
+  auto t = PLY_TRY(v.begin({.reserve_blocks = kViewBlocks * (views->size() + 1)}));
+  bool seen_default = false;
+  PLY_CHECK(rewrite_views(t, [&](View& view) {
+    bool changed = false;
+    std::set<uint64_t> seen;
+    std::vector<ViewLayer> keep;
+    for (ViewLayer l : view.layers) {
+      auto b = Filesystem::branch(t, l.tree);
+      if (!b || b->doomed || !seen.insert(l.tree.v).second || keep.size() == kMaxViewLayers) {
+        done.push_back("view \"" + view.name + "\": removed tree " + std::to_string(l.tree.v));
+        changed = true;
+        continue;
+      }
+      if (l.writable && b->read_only) {
+        l.writable = false;
+        done.push_back("view \"" + view.name + "\": shows read-only branch \"" + b->name + "\" read-only");
+        changed = true;
+      }
+      keep.push_back(l);
+    }
+    if (view.is_default && seen_default) {
+      view.is_default = false;
+      done.push_back("view \"" + view.name + "\" is no longer a default view");
+      changed = true;
+    }
+    seen_default |= view.is_default;
+    if (keep.empty()) done.push_back("view \"" + view.name + "\" showed no branch left: deleted");
+    view.layers = std::move(keep);
+    return changed;
+  }));
+  return done;
+}
+
+void set_object_passes(FsckOptions& fo, bool data) {
+  fo.kinds = fs_kinds();
+  fo.object_checks = [data](BlockDevice& d) {
+    auto vol = open_to_check(d);
+    if (!vol) return std::vector<Problem>{Problem{"F-item", Error::kNoBlock, "cannot open: " + vol.error().message(), 0}};
+    auto ps = check_filesystems(**vol, data);
+    auto vs = check_views(**vol);
+    ps.insert(ps.end(), vs.begin(), vs.end());
+    return ps;
+  };
+  // One generation for both layers: a crash during the repair leaves the
+  // image as it was (fsck.h R1).
+  fo.object_repair = [](BlockDevice& d, bool lossy) -> Result<FsckOptions::ObjectRepair> {
+    VolumeOptions vo;
+    vo.kinds = fs_kinds();
+    vo.cache_bytes = 256ull << 20;
+    auto vol = PLY_TRY(Volume::open(d, vo));
+    FsckOptions::ObjectRepair r;
+    r.actions = PLY_TRY(repair_filesystems(*vol, lossy));
+    if (lossy)
+      for (auto& a : PLY_TRY(repair_views(*vol))) r.actions.push_back(std::move(a));
+    r.written = PLY_TRY(vol->commit());
+    return r;
+  };
 }
 
 std::vector<Problem> check_views(BlockDevice& dev) {

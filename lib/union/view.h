@@ -70,5 +70,18 @@ std::string format_stack(Volume& v, const std::vector<ViewLayer>& s);
 // Code "U4-view"; only reads.
 std::vector<Problem> check_views(Volume& v);
 std::vector<Problem> check_views(BlockDevice& dev);  // opened read-only
+// Mends what check_views finds, in the open generation (fsck -y; the
+// caller commits): a layer naming no branch, a doomed one or a repeated one
+// leaves its view, a read-only branch is shown read-only, only the first
+// default view stays the default, and a view left empty is deleted.
+// Returns what it did.
+Result<std::vector<std::string>> repair_views(Volume& v);
+
+// fsck's passes 5-6 for an image of filesystem trees and views: sets the
+// hooks FsckOptions::object_checks (lib/fs's F1-F8, U1-U3, and U4 here;
+// with `data` also every data block, fsck -c) and object_repair (both
+// layers' repairs, committed as one generation).
+struct FsckOptions;
+void set_object_passes(FsckOptions& o, bool data);
 
 }  // namespace plyfs

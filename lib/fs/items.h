@@ -1,0 +1,243 @@
+// The items of a filesystem tree in memory: keys, and the codecs of the
+// values of format.md#fs-tree. Internal to lib/fs: the filesystem layer
+// (fs.cpp) and its checker and repairer (check.cpp) share them, so that a
+// repair writes exactly what the layer would.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "btree/btree.h"
+#include "fs/disk_fs.h"
+#include "fs/fs.h"
+#include "util/checksum.h"
+
+namespace plyfs::fsitems {
+
+using disk::ItemType;
+using disk::kInodeInline;
+using disk::kInodeOpaque;
+using disk::kOffMask;
+
+inline Key ikey(uint64_t obj, ItemType t, uint64_t off = 0) {
+  return Key{obj, (uint64_t(t) << 56) | (off & kOffMask)};
+}
+inline ItemType type_of(Key k) { return ItemType(k.lo >> 56); }
+inline uint64_t off_of(Key k) { return k.lo & kOffMask; }
+
+inline uint64_t name_hash(std::string_view n) {
+  uint64_t h = xxh3(n.data(), n.size()) & kOffMask;
+  return h ? h : 1;
+}
+
+
+// An inode as the layer uses it: the POSIX attributes plus the fields only
+// the layer sees.
+struct Rec {
+  Attr a;
+  uint64_t parent = 0;
+  uint32_t flags = 0;
+  bool is_inline() const { return flags & kInodeInline; }
+};
+
+inline void put_ts(disk::Timespec& d, const timespec& t) {
+  d.sec.set(uint64_t(t.tv_sec));
+  d.nsec.set(uint32_t(t.tv_nsec));
+  d.reserved.set(0);
+}
+inline timespec get_ts(const disk::Timespec& d) {
+  return timespec{time_t(d.sec.get()), long(d.nsec.get() % 1000000000)};
+}
+
+inline std::vector<std::byte> encode_inode(const Rec& r) {
+  std::vector<std::byte> v(sizeof(disk::Inode));
+  auto* d = view_as<disk::Inode>(std::span(v));
+  d->mode.set(r.a.mode);
+  d->uid.set(r.a.uid);
+  d->gid.set(r.a.gid);
+  d->nlink.set(r.a.nlink);
+  d->size.set(r.a.size);
+  d->blocks.set(r.a.blocks);
+  d->rdev.set(r.a.rdev);
+  d->parent.set(r.parent);
+  d->generation.set(r.a.generation);
+  d->flags.set((r.flags & ~kInodeOpaque) | (r.a.opaque ? kInodeOpaque : 0));
+  d->reserved0.set(0);
+  put_ts(d->atime, r.a.atime);
+  put_ts(d->mtime, r.a.mtime);
+  put_ts(d->ctime, r.a.ctime);
+  put_ts(d->btime, r.a.btime);
+  return v;
+}
+
+inline Result<Rec> decode_inode(uint64_t ino, std::span<const std::byte> v) {
+  if (v.size() != sizeof(disk::Inode))
+    return Error::corrupt(Error::kNoBlock, "inode " + std::to_string(ino) + " item has " +
+                                               std::to_string(v.size()) + " bytes, not 128");
+  const auto* d = view_as<disk::Inode>(v);
+  Rec r;
+  r.a.ino = ino;
+  r.a.mode = d->mode.get();
+  r.a.uid = d->uid.get();
+  r.a.gid = d->gid.get();
+  r.a.nlink = d->nlink.get();
+  r.a.size = d->size.get();
+  r.a.blocks = d->blocks.get();
+  r.a.rdev = d->rdev.get();
+  r.a.generation = d->generation.get();
+  r.parent = d->parent.get();
+  r.flags = d->flags.get();
+  r.a.atime = get_ts(d->atime);
+  r.a.mtime = get_ts(d->mtime);
+  r.a.ctime = get_ts(d->ctime);
+  r.a.btime = get_ts(d->btime);
+  r.a.opaque = S_ISDIR(r.a.mode) && (r.flags & kInodeOpaque);
+  return r;
+}
+
+// A decoded extent item.
+struct Ext {
+  uint64_t file_blk = 0;  // the key's offset
+  uint64_t disk_start = 0, disk_nblocks = 0, offset = 0;
+  uint32_t nblocks = 0;
+  uint8_t compression = 0, flags = 0;
+  std::vector<uint64_t> csums;  // empty for prealloc
+  bool prealloc() const { return flags & disk::kExtentPrealloc; }
+  uint64_t end() const { return file_blk + nblocks; }
+};
+
+inline Result<Ext> decode_extent(Key k, std::span<const std::byte> v) {
+  auto bad = [&](const char* why) {
+    return Error::corrupt(Error::kNoBlock, "extent item of inode " + std::to_string(k.hi) +
+                                               " at block " + std::to_string(off_of(k)) + ": " +
+                                               why);
+  };
+  if (v.size() < sizeof(disk::Extent)) return bad("too short");
+  const auto* d = view_as<disk::Extent>(v);
+  Ext e;
+  e.file_blk = off_of(k);
+  e.disk_start = d->disk_start.get();
+  e.disk_nblocks = d->disk_nblocks.get();
+  e.offset = d->offset.get();
+  e.nblocks = d->nblocks.get();
+  e.compression = d->compression;
+  e.flags = d->flags;
+  if (e.nblocks == 0 || e.nblocks > disk::kMaxExtentBlocks) return bad("bad block count");
+  if (e.offset > e.disk_nblocks || e.nblocks > e.disk_nblocks - e.offset)
+    return bad("maps past its disk extent");
+  if (e.compression != disk::kCompressNone) return bad("unknown compression");
+  if (e.flags & ~disk::kExtentPrealloc) return bad("unknown flags");
+  size_t want = sizeof(disk::Extent) + (e.prealloc() ? 0 : 8ull * e.nblocks);
+  if (v.size() != want) return bad("wrong size");
+  if (!e.prealloc()) {
+    e.csums.resize(e.nblocks);
+    for (uint32_t i = 0; i < e.nblocks; i++)
+      e.csums[i] = view_as<le64>(v, sizeof(disk::Extent) + 8 * i)->get();
+  }
+  return e;
+}
+
+inline std::vector<std::byte> encode_extent(const Ext& e) {
+  std::vector<std::byte> v(sizeof(disk::Extent) + 8 * e.csums.size());
+  auto* d = view_as<disk::Extent>(std::span(v));
+  d->disk_start.set(e.disk_start);
+  d->disk_nblocks.set(e.disk_nblocks);
+  d->offset.set(e.offset);
+  d->nblocks.set(e.nblocks);
+  d->compression = e.compression;
+  d->flags = e.flags;
+  d->reserved.set(0);
+  for (size_t i = 0; i < e.csums.size(); i++)
+    view_as<le64>(std::span(v), sizeof(disk::Extent) + 8 * i)->set(e.csums[i]);
+  return v;
+}
+
+
+struct DirentRec {
+  uint64_t ino;
+  uint8_t type, seq;
+  std::string name;
+};
+
+inline Result<std::vector<DirentRec>> decode_dirents(Key k, std::span<const std::byte> v) {
+  std::vector<DirentRec> out;
+  size_t p = 0;
+  while (p < v.size()) {
+    if (v.size() - p < sizeof(disk::Dirent))
+      return Error::corrupt(Error::kNoBlock, "truncated directory entry in inode " +
+                                                 std::to_string(k.hi));
+    const auto* d = view_as<disk::Dirent>(v, p);
+    size_t n = d->name_len;
+    if (n == 0 || v.size() - p - sizeof(disk::Dirent) < n || d->seq >= 128)
+      return Error::corrupt(Error::kNoBlock, "bad directory entry in inode " +
+                                                 std::to_string(k.hi));
+    out.push_back({d->ino.get(), d->type, d->seq,
+                   std::string(reinterpret_cast<const char*>(v.data() + p + sizeof(disk::Dirent)), n)});
+    p += sizeof(disk::Dirent) + n;
+  }
+  return out;
+}
+
+inline std::vector<std::byte> encode_dirents(const std::vector<DirentRec>& es) {
+  std::vector<std::byte> v;
+  for (const auto& e : es) {
+    size_t p = v.size();
+    v.resize(p + sizeof(disk::Dirent) + e.name.size());
+    auto* d = view_as<disk::Dirent>(std::span(v), p);
+    d->ino.set(e.ino);
+    d->type = e.type;
+    d->seq = e.seq;
+    d->name_len = uint8_t(e.name.size());
+    d->reserved = 0;
+    std::memcpy(v.data() + p + sizeof(disk::Dirent), e.name.data(), e.name.size());
+  }
+  return v;
+}
+
+struct XattrRec {
+  std::string name;
+  std::vector<std::byte> value;
+};
+
+inline Result<std::vector<XattrRec>> decode_xattrs(Key k, std::span<const std::byte> v) {
+  std::vector<XattrRec> out;
+  size_t p = 0;
+  while (p < v.size()) {
+    if (v.size() - p < sizeof(disk::XattrEntry))
+      return Error::corrupt(Error::kNoBlock, "truncated xattr in inode " + std::to_string(k.hi));
+    const auto* d = view_as<disk::XattrEntry>(v, p);
+    size_t n = d->name_len, m = d->value_len.get();
+    if (n == 0 || v.size() - p - sizeof(disk::XattrEntry) < n + m)
+      return Error::corrupt(Error::kNoBlock, "bad xattr in inode " + std::to_string(k.hi));
+    const std::byte* base = v.data() + p + sizeof(disk::XattrEntry);
+    out.push_back({std::string(reinterpret_cast<const char*>(base), n),
+                   std::vector<std::byte>(base + n, base + n + m)});
+    p += sizeof(disk::XattrEntry) + n + m;
+  }
+  return out;
+}
+
+inline std::vector<std::byte> encode_xattrs(const std::vector<XattrRec>& xs) {
+  std::vector<std::byte> v;
+  for (const auto& x : xs) {
+    size_t p = v.size();
+    v.resize(p + sizeof(disk::XattrEntry) + x.name.size() + x.value.size());
+    auto* d = view_as<disk::XattrEntry>(std::span(v), p);
+    d->name_len = uint8_t(x.name.size());
+    d->reserved = 0;
+    d->value_len.set(uint16_t(x.value.size()));
+    std::memcpy(v.data() + p + sizeof(disk::XattrEntry), x.name.data(), x.name.size());
+    if (!x.value.empty())
+      std::memcpy(v.data() + p + sizeof(disk::XattrEntry) + x.name.size(), x.value.data(),
+                  x.value.size());
+  }
+  return v;
+}
+
+
+}  // namespace plyfs::fsitems
