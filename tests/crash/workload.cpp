@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include "fs/disk_fs.h"
+#include "fs/fs.h"
+
 namespace plyfs::crash {
 
 namespace {
@@ -128,7 +131,11 @@ struct Executor {
 
 }  // namespace
 
-std::map<uint8_t, ValueRefs> kinds() { return {{kKindExtents, extent_refs}}; }
+// The engine workloads' extents kind, and the filesystem trees of the
+// filesystem workloads (fs_workload.h).
+std::map<uint8_t, ValueRefs> kinds() {
+  return {{kKindExtents, extent_refs}, {disk::kKindFs, fs_value_refs()}};
+}
 
 std::string Op::str() const {
   static const char* names[] = {"put", "put-extent", "erase", "create", "clone", "drop", "commit", "fill"};

@@ -1,0 +1,706 @@
+#include "fs_workload.h"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include "fs/check.h"
+#include "fs/fs.h"
+#include "fsck/fsck.h"
+#include "snap/snap.h"
+#include "union/union.h"
+#include "union/view.h"
+
+namespace plyfs::crash {
+
+namespace {
+
+const Caller kRoot{0, 0, 0};
+
+std::vector<std::byte> pattern(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = static_cast<std::byte>((seed * 131 + i * 7 + (i >> 9)) & 0xff);
+  return v;
+}
+std::vector<std::byte> text(std::string_view s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size()};
+}
+
+std::string parent_of(const std::string& p) {
+  auto s = p.rfind('/');
+  return s == std::string::npos ? "" : p.substr(0, s);
+}
+std::string base_of(const std::string& p) {
+  auto s = p.rfind('/');
+  return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+// An open image as a mount sees it: the default view's stack as a union.
+struct Mount {
+  explicit Mount(Volume& v) : vol(v) {}
+  Volume& vol;
+  std::vector<ViewLayer> stack;
+  std::vector<std::unique_ptr<Filesystem>> fs;
+  std::unique_ptr<Union> u;
+
+  Result<void> open() {
+    stack = PLY_TRY(default_stack(vol));
+    std::vector<UnionBranch> br;
+    for (const auto& l : stack) {
+      fs.push_back(PLY_TRY(Filesystem::open(vol, l.tree)));
+      br.push_back(UnionBranch{fs.back().get(), l.writable});
+    }
+    u = std::make_unique<Union>(br);
+    return ok();
+  }
+  Result<void> close() {
+    u.reset();
+    for (auto& f : fs) PLY_CHECK(f->release_all());
+    fs.clear();
+    return ok();
+  }
+  Result<void> reopen() {
+    PLY_CHECK(close());
+    return open();
+  }
+  int writable() const {
+    for (size_t i = 0; i < stack.size(); i++)
+      if (stack[i].writable) return int(i);
+    return -1;
+  }
+
+  Result<uint64_t> resolve(const std::string& path) {
+    uint64_t ino = u->root();
+    size_t pos = 0;
+    while (pos < path.size()) {
+      size_t next = path.find('/', pos);
+      if (next == std::string::npos) next = path.size();
+      ino = PLY_TRY(u->lookup(ino, std::string_view(path).substr(pos, next - pos))).ino;
+      pos = next + 1;
+    }
+    return ino;
+  }
+
+  // One operation; index seeds its data.
+  Result<void> run(size_t index, const FsOp& op) {
+    const std::string& p = op.path;
+    switch (op.kind) {
+      case FsOpKind::Create: {
+        const uint64_t d = PLY_TRY(resolve(parent_of(p)));
+        (void)PLY_TRY(u->mknod(d, base_of(p), S_IFREG | 0644, 0, kRoot));
+        return ok();
+      }
+      case FsOpKind::Write: {
+        const uint64_t ino = PLY_TRY(resolve(p));
+        (void)PLY_TRY(u->write(ino, op.off, pattern(op.arg, index), kRoot));
+        return ok();
+      }
+      case FsOpKind::Truncate: {
+        SetAttr s;
+        s.size = op.arg;
+        (void)PLY_TRY(u->setattr(PLY_TRY(resolve(p)), s, kRoot));
+        return ok();
+      }
+      case FsOpKind::Rename:
+        return u->rename(PLY_TRY(resolve(parent_of(p))), base_of(p), PLY_TRY(resolve(parent_of(op.path2))),
+                         base_of(op.path2), 0, kRoot);
+      case FsOpKind::Link: {
+        const uint64_t ino = PLY_TRY(resolve(p));
+        (void)PLY_TRY(u->link(ino, PLY_TRY(resolve(parent_of(op.path2))), base_of(op.path2), kRoot));
+        return ok();
+      }
+      case FsOpKind::Unlink:
+        return u->unlink(PLY_TRY(resolve(parent_of(p))), base_of(p));
+      case FsOpKind::Mkdir:
+        (void)PLY_TRY(u->mkdir(PLY_TRY(resolve(parent_of(p))), base_of(p), 0755, kRoot));
+        return ok();
+      case FsOpKind::Rmdir:
+        return u->rmdir(PLY_TRY(resolve(parent_of(p))), base_of(p));
+      case FsOpKind::Setxattr:
+        return u->setxattr(PLY_TRY(resolve(p)), "user.crash", pattern(op.arg, index), 0, kRoot);
+      case FsOpKind::Fallocate:
+        return u->fallocate(PLY_TRY(resolve(p)), 0, op.off, op.arg, kRoot);
+      case FsOpKind::CopyUp:
+        return u->open(PLY_TRY(resolve(p)), true, kRoot);
+      case FsOpKind::Snapshot: {
+        PLY_CHECK(close());
+        auto s = snapshot(vol, stack, p);
+        PLY_CHECK(open());
+        if (!s) return s.error();
+        return ok();
+      }
+      case FsOpKind::Clone: {
+        const int w = writable();
+        if (w < 0) return Error::io(EROFS, "no writable branch");
+        (void)PLY_TRY(clone_branch(vol, stack[w].tree, p, false));
+        return ok();
+      }
+      case FsOpKind::Merge: {
+        const int w = writable();
+        if (w < 0) return Error::io(EROFS, "no writable branch");
+        u.reset();  // the union holds the branches' instances; the merge takes the upper one
+        auto m = merge(vol, stack[w].tree, fs[w].get());
+        PLY_CHECK(close());
+        if (m) PLY_CHECK(drop_doomed(vol));
+        PLY_CHECK(open());
+        if (!m) return m.error();
+        return ok();
+      }
+      case FsOpKind::Rollback: {
+        const int w = writable();
+        if (w < 0) return Error::io(EROFS, "no writable branch");
+        PLY_CHECK(close());
+        auto r = rollback(vol, stack[w].tree);
+        if (r) PLY_CHECK(drop_doomed(vol));
+        PLY_CHECK(open());
+        if (!r) return r.error();
+        return ok();
+      }
+      case FsOpKind::AddBranch: {
+        // As plyctl branch create: Filesystem::create leaves names to its caller.
+        if (find_branch(vol, p)) return Error::io(EEXIST, "a branch named " + p + " exists");
+        FsCreateOptions o;
+        o.name = p;
+        (void)PLY_TRY(Filesystem::create(vol, o));
+        return ok();
+      }
+      case FsOpKind::DelBranch: {
+        const BranchMeta b = PLY_TRY(find_branch(vol, p));
+        PLY_CHECK(delete_branch(vol, b.tree));
+        (void)PLY_TRY(drop_doomed(vol));
+        return ok();
+      }
+      case FsOpKind::Fill: {
+        uint64_t ino;
+        if (auto r = resolve(p)) ino = *r;
+        else ino = PLY_TRY(u->mknod(PLY_TRY(resolve(parent_of(p))), base_of(p), S_IFREG | 0644, 0, kRoot)).ino;
+        for (uint64_t off = 0;; off += 65536) {
+          auto r = u->write(ino, off, pattern(65536, index + off), kRoot);
+          if (!r) return r.error();
+        }
+      }
+      case FsOpKind::SplitRename: {
+        // The planted bug: a rename that is two operations with a commit
+        // between them, so a crash can show both names.
+        const uint64_t ino = PLY_TRY(resolve(p));
+        (void)PLY_TRY(u->link(ino, PLY_TRY(resolve(parent_of(op.path2))), base_of(op.path2), kRoot));
+        (void)PLY_TRY(vol.commit());
+        return u->unlink(PLY_TRY(resolve(parent_of(p))), base_of(p));
+      }
+      case FsOpKind::Commit:
+        return ok();
+    }
+    return ok();
+  }
+};
+
+std::map<uint8_t, ValueRefs> all_kinds() { return kinds(); }
+
+VolumeOptions rw_options(PlantedBug bug = PlantedBug::None) {
+  VolumeOptions vo;
+  vo.cache_bytes = 4 << 20;
+  vo.kinds = all_kinds();
+  vo.planted_bug = bug;
+  return vo;
+}
+
+#define SETUP(expr)                                                                  \
+  do {                                                                               \
+    auto&& r_ = (expr);                                                              \
+    if (!r_) {                                                                       \
+      std::fprintf(stderr, "crash_tests: fs image setup: %s: %s\n", #expr,           \
+                   r_.error().message().c_str());                                   \
+      std::abort();                                                                  \
+    }                                                                                \
+  } while (0)
+
+// The starting images, built once. "base": branch "s" (read-only, the lower
+// branch) holds files a, big (three blocks), dir/x, dir/y, the empty
+// directory empty, and gone; branch "main", a layer on it (writable), holds
+// up, the whiteout of gone, and odir, an opaque directory over the lower
+// odir; the default view shows main over s. A third branch "spare" is in no
+// view. "full": the same on a small device whose free space a file in main
+// took up to ENOSPC.
+std::unique_ptr<MemDevice> build_image(const std::string& name) {
+  const bool full = name == "full";
+  auto dev = std::make_unique<MemDevice>(full ? (5ull << 20) : (12ull << 20));
+  FormatOptions fo;
+  fo.uuid = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  fo.time_ns = 1;
+  SETUP(format_filesystem(*dev, fo, FsCreateOptions{}));
+  auto vol = Volume::open(*dev, rw_options());
+  SETUP(vol);
+  Volume& v = **vol;
+  {
+    auto tree = Filesystem::default_tree(v);
+    SETUP(tree);
+    auto fs = Filesystem::open(v, *tree);
+    SETUP(fs);
+    Filesystem& f = **fs;
+    const uint64_t root = f.root();
+    auto file = [&](uint64_t dir, const char* n, std::vector<std::byte> data) {
+      auto a = f.mknod(dir, n, S_IFREG | 0644, 0, 0, 0);
+      SETUP(a);
+      SETUP(f.write(a->ino, 0, data));
+    };
+    file(root, "a", text("lower a"));
+    file(root, "big", pattern(3 * 4096, 1));
+    auto d = f.mkdir(root, "dir", 0755, 0, 0);
+    SETUP(d);
+    file(d->ino, "x", text("lower x"));
+    file(d->ino, "y", pattern(5000, 2));
+    SETUP(f.mkdir(root, "empty", 0755, 0, 0));
+    auto od = f.mkdir(root, "odir", 0755, 0, 0);
+    SETUP(od);
+    file(od->ino, "z", text("hidden by the opaque odir"));
+    file(root, "gone", text("whited out"));
+    SETUP(f.release_all());
+  }
+  FsCreateOptions spare;
+  spare.name = "spare";
+  SETUP(Filesystem::create(v, spare));
+  auto main_tree = Filesystem::default_tree(v);
+  SETUP(main_tree);
+  SETUP(snapshot(v, {ViewLayer{*main_tree, true}}, "s"));
+  {
+    Mount m(v);
+    SETUP(m.open());
+    const uint64_t root = m.u->root();
+    SETUP(m.u->unlink(root, "gone"));
+    auto od = m.resolve("odir");
+    SETUP(od);
+    SETUP(m.u->unlink(*od, "z"));
+    SETUP(m.u->rmdir(root, "odir"));
+    SETUP(m.u->mkdir(root, "odir", 0755, kRoot));
+    auto up = m.u->mknod(root, "up", S_IFREG | 0644, 0, kRoot);
+    SETUP(up);
+    SETUP(m.u->write(up->ino, 0, text("upper data"), kRoot));
+    if (full) {
+      auto fill = m.u->mknod(root, "fill", S_IFREG | 0644, 0, kRoot);
+      SETUP(fill);
+      for (uint64_t off = 0;; off += 65536)
+        if (auto r = m.u->write(fill->ino, off, pattern(65536, off), kRoot); !r) {
+          if (r.error().code != ENOSPC) SETUP(r);
+          break;
+        }
+    }
+    SETUP(m.close());
+  }
+  SETUP(v.close());
+  return dev;
+}
+
+const MemDevice& image(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<MemDevice>> cache;
+  std::lock_guard lk(mu);
+  auto& d = cache[name];
+  if (!d) d = build_image(name);
+  return *d;
+}
+
+bool clean_error(int code) { return code != EIO && code != EROFS && code != EUCLEAN && code != EFAULT; }
+
+uint64_t fnv(std::span<const std::byte> b, uint64_t h = 1469598103934665603ull) {
+  for (std::byte x : b) h = (h ^ uint64_t(x)) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+std::string FsOp::str() const {
+  static const char* names[] = {"create",   "write",    "truncate", "rename",  "link",
+                                "unlink",   "mkdir",    "rmdir",    "setxattr", "fallocate",
+                                "copy-up",  "snapshot", "clone",    "merge",   "rollback",
+                                "add-branch", "delete-branch", "fill", "commit", "split-rename"};
+  std::string s = names[int(kind)];
+  if (!path.empty()) s += " " + path;
+  if (!path2.empty()) s += " " + path2;
+  if (off || arg) s += " " + std::to_string(off) + "+" + std::to_string(arg);
+  return s;
+}
+
+Result<std::string> list_view(Volume& v) {
+  auto stack = PLY_TRY(default_stack(v));
+  std::vector<std::unique_ptr<Filesystem>> fss;
+  std::vector<UnionBranch> br;
+  for (const auto& l : stack) {
+    fss.push_back(PLY_TRY(Filesystem::open(v, l.tree, true)));
+    br.push_back(UnionBranch{fss.back().get(), l.writable});
+  }
+  Union u(br);
+  std::string out;
+  std::function<Result<void>(uint64_t, const std::string&)> walk =
+      [&](uint64_t dir, const std::string& prefix) -> Result<void> {
+    std::vector<std::string> names;
+    PLY_CHECK(u.readdir(dir, 0, [&](const DirEntry& e) {
+      if (e.name != "." && e.name != "..") names.emplace_back(e.name);
+      return true;
+    }));
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) {
+      const Attr a = PLY_TRY(u.lookup(dir, n));
+      const std::string path = prefix + "/" + n;
+      char line[160];
+      std::snprintf(line, sizeof line, " %o %llu %u", a.mode, (unsigned long long)a.size, a.nlink);
+      out += path + line;
+      if (S_ISREG(a.mode)) {
+        std::vector<std::byte> buf(a.size);
+        const size_t got = PLY_TRY(u.read(a.ino, 0, buf));
+        if (got != a.size) return Error::io(EIO, path + ": short read");
+        out += " data " + std::to_string(fnv(buf));
+      } else if (S_ISLNK(a.mode)) {
+        out += " -> " + PLY_TRY(u.readlink(a.ino));
+      }
+      for (const auto& x : PLY_TRY(u.listxattr(a.ino)))
+        out += " " + x + "=" + std::to_string(fnv(PLY_TRY(u.getxattr(a.ino, x))));
+      out += "\n";
+      if (S_ISDIR(a.mode)) PLY_CHECK(walk(a.ino, path));
+    }
+    return ok();
+  };
+  PLY_CHECK(walk(u.root(), ""));
+  return out;
+}
+
+FsRun record_fs(const FsWorkload& w) {
+  FsRun fr;
+  Run& run = fr.run;
+  auto dev = image(w.image.empty() ? "base" : w.image).clone();
+  run.log.base = dev->clone();
+  run.log.sector = dev->logical_sector_size();
+  run.log.block_size = 4096;
+  if (auto ch = read_superblocks(*dev)) run.base_gen = ch->info.generation.v;
+  RecordingDevice rec(*dev);
+  auto vol = Volume::open(rec, rw_options(w.bug));
+  auto finish = [&] {
+    run.log.entries = rec.log();
+    run.log.index();
+  };
+  if (!vol) {
+    run.error = "open: " + vol.error().message();
+    finish();
+    return fr;
+  }
+  Volume& v = **vol;
+  run.base_gen = v.durable_generation().v;
+  {
+    auto m0 = dump(v);
+    if (!m0) run.error = "dump: " + m0.error().message();
+    else run.model_at[run.base_gen] = *m0;
+  }
+  Mount m(v);
+  if (auto r = m.open(); !r) run.error = "mount: " + r.error().message();
+  for (size_t i = 0; i < w.ops.size() && run.error.empty(); i++) {
+    const FsOp& op = w.ops[i];
+    const uint64_t durable = v.durable_generation().v;
+    auto before = list_view(v);
+    if (!before) {
+      run.error = "list before " + op.str() + ": " + before.error().message();
+      break;
+    }
+    fr.view_before.push_back(*before);
+    rec.mark("op-begin", i);
+    auto r = m.run(i, op);
+    rec.mark("op-end", i);
+    fr.results.push_back(r ? "ok" : r.error().message());
+    if (!r) {
+      if (!clean_error(r.error().code) || v.failure()) {
+        run.error = op.str() + ": " + r.error().message();
+        run.error_code = r.error().code;
+      }
+      fr.failed_ops++;
+    }
+    if (op.kind == FsOpKind::Commit && run.error.empty()) {
+      auto g = v.commit();
+      if (!g) {
+        run.error = "commit: " + g.error().message();
+        break;
+      }
+      auto d = dump(v);
+      if (!d) {
+        run.error = "dump: " + d.error().message();
+        break;
+      }
+      run.model_at[g->v] = std::move(*d);
+      run.acked.push_back(g->v);
+      rec.mark("ack", g->v);
+    }
+    auto after = list_view(v);
+    if (!after && run.error.empty()) run.error = "list after " + op.str() + ": " + after.error().message();
+    fr.view_after.push_back(after ? *after : "");
+    // Generations the volume wrote inside the operation (not the one the
+    // driver's commit acknowledged).
+    for (uint64_t g = durable + 1; g <= v.durable_generation().v; g++)
+      if (!run.model_at.count(g)) fr.inner_gen[g] = i;
+  }
+  (void)m.close();
+  vol->reset();  // the power goes out
+  finish();
+  // Inner generations: their content is what the log holds when they
+  // became durable (the flush after their superblock).
+  for (const auto& [g, i] : fr.inner_gen) {
+    for (const auto& s : run.log.supers) {
+      if (s.gen != g) continue;
+      auto f = std::upper_bound(run.log.flushes.begin(), run.log.flushes.end(), s.pos);
+      if (f == run.log.flushes.end()) break;
+      Spec spec{*f + 1, {}, std::nullopt, Lost::Old, "ref"};
+      StateDevice sd(run.log, spec, 0);
+      VolumeOptions ro;
+      ro.read_only = true;
+      ro.kinds = all_kinds();
+      auto rv = Volume::open(sd, ro);
+      auto d = rv ? dump(**rv) : Result<Model>(rv.error());
+      if (!d) {
+        if (run.error.empty()) run.error = "generation " + std::to_string(g) + " unreadable: " + d.error().message();
+      } else {
+        run.model_at[g] = std::move(*d);
+      }
+      break;
+    }
+  }
+  return fr;
+}
+
+std::string check_fs_state(const FsWorkload& w, const FsRun& r, const Spec& spec, bool write_check,
+                           FsOracleCache& cache) {
+  // Opens, generation bounds, exact content, recovery writes nothing, fsck -n.
+  if (auto err = check_state(r.run, spec, false, w.bug); !err.empty()) return err;
+  StateDevice dev(r.run.log, spec, std::hash<std::string>{}(spec.id()));
+  VolumeOptions ro;
+  ro.read_only = true;
+  ro.kinds = all_kinds();
+  ro.cache_bytes = 2 << 20;
+  uint64_t gen;
+  {
+    auto vol = Volume::open(dev, ro);
+    if (!vol) return "UNMOUNTABLE: " + vol.error().message();
+    gen = (*vol)->durable_generation().v;
+    auto hit = cache.by_gen.find(gen);
+    if (hit == cache.by_gen.end()) {
+      std::string err;
+      for (const auto& p : check_filesystems(**vol)) {
+        err = "FS_CHECK at generation " + std::to_string(gen) + ": " + p.code + ": " + p.message;
+        break;
+      }
+      if (err.empty())
+        for (const auto& p : check_views(**vol)) {
+          err = "VIEW_CHECK at generation " + std::to_string(gen) + ": " + p.code + ": " + p.message;
+          break;
+        }
+      if (err.empty()) {
+        auto l = list_view(**vol);
+        if (!l) {
+          err = "VIEW_UNLISTABLE at generation " + std::to_string(gen) + ": " + l.error().message();
+        } else if (auto in = r.inner_gen.find(gen); in != r.inner_gen.end()) {
+          // A generation written inside operation i shows the view from
+          // before it or after it, never a mixture.
+          const size_t i = in->second;
+          if (*l != r.view_before[i] && *l != r.view_after[i])
+            err = "NOT_ATOMIC: generation " + std::to_string(gen) + ", written inside " +
+                  w.ops[i].str() + ", shows a view that is neither before nor after it:\n" + *l +
+                  "before:\n" + r.view_before[i] + "after:\n" + r.view_after[i];
+        }
+      }
+      hit = cache.by_gen.emplace(gen, err).first;
+    }
+    if (!hit->second.empty()) return hit->second;
+  }
+  if (dev.overlay_writes()) return "RECOVERY_WROTE: the filesystem checks wrote to the image (C6)";
+  if (!write_check) return "";
+
+  // The write checks: a read-write open (which drops what an unfinished
+  // merge left), new files, a directory, a rename and a commit through the
+  // union; fsck and the object checks are clean after it.
+  // A superblock copy torn into unreadable sectors needs fsck -y first (as
+  // fsck_after_crash did on its own device).
+  if (spec.tear && spec.lost == Lost::Unreadable)
+    if (auto err = fsck_after_crash(dev); !err.empty()) return err;
+  {
+    auto vol = Volume::open(dev, rw_options());
+    if (!vol) return "WRITE_CHECK: reopen read-write: " + vol.error().message();
+    if (auto d = drop_doomed(**vol); !d) return "WRITE_CHECK: drop_doomed: " + d.error().message();
+    Mount m(**vol);
+    if (auto o = m.open(); !o) return "WRITE_CHECK: mount: " + o.error().message();
+    const FsOp ops[] = {
+        {FsOpKind::Mkdir, "wc-dir"},
+        {FsOpKind::Create, "wc-dir/f"},
+        {FsOpKind::Write, "wc-dir/f", "", 0, 9000},
+        {FsOpKind::Create, "wc-small"},
+        {FsOpKind::Write, "wc-small", "", 0, 30},
+        {FsOpKind::Rename, "wc-small", "wc-dir/g"},
+    };
+    // Near a full device, ENOSPC is a clean answer; the volume stays writable.
+    for (const auto& op : ops)
+      if (auto x = m.run(99, op); !x) {
+        if (x.error().code != ENOSPC || (*vol)->failure())
+          return "WRITE_CHECK: " + op.str() + ": " + x.error().message();
+        break;
+      }
+    if (auto c = m.close(); !c) return "WRITE_CHECK: release: " + c.error().message();
+    if (auto c = (*vol)->close(); !c) return "WRITE_CHECK: commit: " + c.error().message();
+  }
+  FsckOptions fo;
+  fo.kinds = all_kinds();
+  auto f2 = fsck_run(dev, fo);
+  if (!f2 || f2->errors()) return "WRITE_CHECK: fsck after new work reports errors";
+  for (const auto& p : check_filesystems(dev))
+    return "WRITE_CHECK: object check after new work: " + p.code + ": " + p.message;
+  return "";
+}
+
+// The instances: each operation once per argument class, on the base image.
+std::vector<FsOp> fs_instances() {
+  using K = FsOpKind;
+  return {
+      {K::Create, "new"},                      //  0 a new file in the upper branch
+      {K::Write, "up", "", 0, 40},             //  1 inline-small write of an upper file
+      {K::Write, "up", "", 4096, 9000},        //  2 extent-sized write (blocks allocated)
+      {K::Write, "dir/x", "", 2, 6000},        //  3 write of a lower file: copy-up, then write
+      {K::Truncate, "big", "", 0, 5000},       //  4 truncate a lower file (copy-up, shorter)
+      {K::Rename, "up", "up2"},                //  5 rename inside the upper branch
+      {K::Rename, "up", "gone"},               //  6 rename over a whiteout
+      {K::Rename, "dir/y", "y2"},              //  7 rename a lower file: copy-up + whiteout
+      {K::Link, "up", "dir/l"},                //  8 link into a lower directory
+      {K::Unlink, "a"},                        //  9 unlink a lower file: a whiteout
+      {K::Unlink, "up"},                       // 10 unlink an upper file
+      {K::Mkdir, "nd"},                        // 11 a new directory
+      {K::Mkdir, "gone"},                      // 12 mkdir over a whiteout: opaque
+      {K::Rmdir, "empty"},                     // 13 rmdir of a lower directory: a whiteout
+      {K::Rmdir, "odir"},                      // 14 rmdir of an opaque directory
+      {K::Setxattr, "dir/x", "", 0, 100},      // 15 setxattr on a lower file (copy-up)
+      {K::Fallocate, "up", "", 0, 20000},      // 16 fallocate
+      {K::CopyUp, "big"},                      // 17 copy-up alone (open for writing)
+      {K::Snapshot, "snap1"},                  // 18 snapshot of the stack
+      {K::Clone, "c1"},                        // 19 clone of the writable branch
+      {K::Merge},                              // 20 merge main into s
+      {K::Rollback},                           // 21 rollback main
+      {K::AddBranch, "b2"},                    // 22 a new branch
+      {K::DelBranch, "spare"},                 // 23 delete a branch
+  };
+}
+
+std::vector<FsWorkload> fs_ace(size_t length, uint64_t seed, size_t sample) {
+  const auto inst = fs_instances();
+  const size_t n = inst.size();
+  std::vector<FsWorkload> out;
+  auto make = [&](const std::vector<size_t>& ops, const std::vector<bool>& persist) {
+    FsWorkload w;
+    w.id = "fs-ace" + std::to_string(length) + "/";
+    w.image = "base";
+    for (size_t i = 0; i < ops.size(); i++) {
+      if (i) w.id += '.';
+      w.id += std::to_string(ops[i]);
+      if (persist[i]) w.id += 'c';
+      w.ops.push_back(inst[ops[i]]);
+      if (persist[i]) w.ops.push_back(FsOp{FsOpKind::Commit});
+    }
+    out.push_back(std::move(w));
+  };
+  if (length == 1) {
+    for (size_t a = 0; a < n; a++) make({a}, {true});
+    return out;
+  }
+  std::mt19937_64 rng(seed);
+  std::set<std::string> seen;
+  for (size_t tries = 0; out.size() < sample && tries < sample * 20; tries++) {
+    std::vector<size_t> ops(length);
+    std::vector<bool> persist(length);
+    for (size_t i = 0; i < length; i++) ops[i] = rng() % n, persist[i] = rng() & 1;
+    persist.back() = true;
+    std::string key;
+    for (size_t i = 0; i < length; i++) key += std::to_string(ops[i]) + (persist[i] ? "c." : ".");
+    if (seen.insert(key).second) make(ops, persist);
+  }
+  return out;
+}
+
+std::vector<FsWorkload> fs_scenarios() {
+  using K = FsOpKind;
+  std::vector<FsWorkload> out;
+  {  // A full device: a write fails with ENOSPC, cleanly; freeing makes room.
+    FsWorkload w;
+    w.id = "fs-scenario/enospc-write";
+    w.image = "full";
+    w.ops = {{K::Create, "more"},   {K::Write, "more", "", 0, 256 << 10}, {K::Commit},
+             {K::Unlink, "fill"},   {K::Commit},
+             {K::Write, "more", "", 0, 64 << 10}, {K::Commit}};
+    out.push_back(w);
+  }
+  {  // Branch operations on a full device: refused cleanly or done.
+    FsWorkload w;
+    w.id = "fs-scenario/enospc-branches";
+    w.image = "full";
+    w.ops = {{K::Fill, "fill2"}, {K::Snapshot, "snap1"}, {K::Commit},
+             {K::Merge}, {K::Commit},
+             {K::Clone, "c1"}, {K::Write, "dir/y", "", 0, 64 << 10}, {K::Commit},
+             {K::DelBranch, "c1"}, {K::Unlink, "fill"}, {K::Commit},
+             {K::Write, "dir/y", "", 0, 64 << 10}, {K::Commit}};
+    out.push_back(w);
+  }
+  {  // Enough changes in one generation that begin() commits on its own
+     // (the change budget): generations written inside operations.
+    FsWorkload w;
+    w.id = "fs-scenario/change-budget";
+    w.image = "base";
+    for (int i = 0; i < 300; i++) {
+      const std::string n = "dir/m" + std::to_string(i);
+      w.ops.push_back({K::Create, n});
+      w.ops.push_back({K::Write, n, "", 0, uint64_t(4000 + i % 7)});
+    }
+    for (int i = 0; i < 300; i += 2) {
+      w.ops.push_back({K::Unlink, "dir/m" + std::to_string(i)});
+      if (i % 10 == 0) w.ops.push_back({K::Rename, "dir/m" + std::to_string(i + 1), "r" + std::to_string(i)});
+    }
+    w.ops.push_back({K::Commit});
+    out.push_back(w);
+  }
+  return out;
+}
+
+FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
+  using K = FsOpKind;
+  std::mt19937_64 rng(seed);
+  FsWorkload w;
+  w.id = "fs-random/" + std::to_string(seed);
+  w.image = "base";
+  const char* names[] = {"a", "big", "up", "gone", "dir/x", "dir/y", "dir/n", "odir/w", "empty/e", "n1", "n2", "dir"};
+  auto name = [&] { return std::string(names[rng() % std::size(names)]); };
+  size_t since = 0, every = 1 + rng() % 8, branches = 0;
+  for (size_t i = 0; i < nops; i++) {
+    const uint32_t r = rng() % 100;
+    if (r < 14) w.ops.push_back({K::Create, name()});
+    else if (r < 34) w.ops.push_back({K::Write, name(), "", rng() % 3 ? rng() % 200 : rng() % 20000,
+                                      rng() % 2 ? 1 + rng() % 100 : 1 + rng() % 12000});
+    else if (r < 40) w.ops.push_back({K::Truncate, name(), "", 0, rng() % 9000});
+    else if (r < 50) w.ops.push_back({K::Rename, name(), name()});
+    else if (r < 54) w.ops.push_back({K::Link, name(), name()});
+    else if (r < 64) w.ops.push_back({K::Unlink, name()});
+    else if (r < 68) w.ops.push_back({K::Mkdir, name()});
+    else if (r < 72) w.ops.push_back({K::Rmdir, name()});
+    else if (r < 76) w.ops.push_back({K::Setxattr, name(), "", 0, 1 + rng() % 300});
+    else if (r < 80) w.ops.push_back({K::Fallocate, name(), "", rng() % 8192, 1 + rng() % 16384});
+    else if (r < 83) w.ops.push_back({K::CopyUp, name()});
+    else if (r < 86) w.ops.push_back({K::Snapshot, "rs" + std::to_string(branches++)});
+    else if (r < 88) w.ops.push_back({K::Clone, "rc" + std::to_string(branches++)});
+    else if (r < 91) w.ops.push_back({K::Merge});
+    else if (r < 93) w.ops.push_back({K::Rollback});
+    else if (r < 95) w.ops.push_back({K::AddBranch, "rb" + std::to_string(branches++)});
+    else if (r < 97 && branches) w.ops.push_back({K::DelBranch, "rc" + std::to_string(rng() % branches)});
+    if (++since >= every) {
+      w.ops.push_back({K::Commit});
+      since = 0;
+      every = 1 + rng() % 8;
+    }
+  }
+  w.ops.push_back({K::Commit});
+  return w;
+}
+
+}  // namespace plyfs::crash

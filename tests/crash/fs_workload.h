@@ -1,0 +1,98 @@
+// Filesystem-, union- and snapshot-level workloads for the crash harness
+// (docs/testing.md#workloads): operations through lib/fs, lib/union and
+// lib/snap on a small two-branch image, recorded at the device like the
+// engine workloads, and the oracle for their crash states.
+//
+// The model of generation g is what the volume held (every tree's items)
+// when commit g returned. Generations the volume wrote inside an operation
+// (a commit begin() made on its own, at its change budget) take their
+// content from the log itself, and must show the view from before or after
+// the operation. Whether the operations do what POSIX and the union rules
+// say is the job of the model tests (fs-model, union-model, snap-model):
+// this harness proves that they are atomic and durable.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "workload.h"
+
+namespace plyfs::crash {
+
+enum class FsOpKind : uint8_t {
+  Create,      // mknod path (regular file)
+  Write,       // write arg bytes at off to path (inline when small)
+  Truncate,    // size arg
+  Rename,      // path -> path2
+  Link,        // path -> path2
+  Unlink,      // path
+  Mkdir,       // path
+  Rmdir,       // path
+  Setxattr,    // user.crash = arg bytes
+  Fallocate,   // [off, off+arg)
+  CopyUp,      // open path for writing (copies a lower file up)
+  Snapshot,    // snapshot of the default stack, name path
+  Clone,       // clone of the writable branch, name path
+  Merge,       // merge the writable layer into the branch below
+  Rollback,    // discard the writable layer's changes
+  AddBranch,   // a new empty branch named path (not in a view)
+  DelBranch,   // delete_branch of the branch named path
+  Fill,        // write path in 64 KiB pieces until ENOSPC
+  Commit,
+  SplitRename, // test-only planted bug: a rename made of link, commit, unlink
+};
+
+struct FsOp {
+  FsOp(FsOpKind k, std::string p = "", std::string p2 = "", uint64_t o = 0, uint64_t a = 0)
+      : kind(k), path(std::move(p)), path2(std::move(p2)), off(o), arg(a) {}
+  FsOpKind kind;
+  std::string path, path2;
+  uint64_t off = 0, arg = 0;
+  std::string str() const;
+};
+
+struct FsWorkload {
+  std::string id;
+  std::string image;  // the name of the starting image ("base", "full")
+  std::vector<FsOp> ops;
+  PlantedBug bug = PlantedBug::None;
+};
+
+struct FsRun {
+  Run run;
+  // Views (a listing of the default view) before and after each operation,
+  // and the operation each generation written inside one belongs to.
+  std::vector<std::string> view_before, view_after;
+  std::map<uint64_t, size_t> inner_gen;  // generation -> operation index
+  size_t failed_ops = 0;                 // operations refused with a clean error
+  std::vector<std::string> results;      // per operation: "ok" or the error
+};
+
+// Runs the workload from its starting image (built once and cached),
+// recording every device call.
+FsRun record_fs(const FsWorkload& w);
+
+// A listing of the default view (every path with type, mode, size, data
+// checksum, xattrs, link target): what a mount shows. Error text on failure.
+Result<std::string> list_view(Volume& v);
+
+// The oracle for one crash state of a filesystem workload. `cache` keeps, by
+// recovered generation, the result of the expensive checks (filesystem
+// objects, views, listing) for the states that recover it.
+struct FsOracleCache {
+  std::map<uint64_t, std::string> by_gen;
+};
+std::string check_fs_state(const FsWorkload& w, const FsRun& r, const Spec& spec, bool write_check,
+                           FsOracleCache& cache);
+
+// Workloads.
+std::vector<FsOp> fs_instances();
+// seq-1 whole; seq-2 and seq-3 sampled (`sample` workloads) with `seed`.
+std::vector<FsWorkload> fs_ace(size_t length, uint64_t seed, size_t sample);
+std::vector<FsWorkload> fs_scenarios();  // near-full devices
+FsWorkload fs_random_workload(uint64_t seed, size_t nops);
+
+}  // namespace plyfs::crash
