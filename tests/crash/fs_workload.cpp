@@ -305,6 +305,13 @@ const MemDevice& image(const std::string& name) {
   return *d;
 }
 
+// "prefix" + n (GCC 12 warns wrongly about "literal" + std::to_string at -O2).
+std::string numbered(const char* prefix, uint64_t n) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%s%llu", prefix, (unsigned long long)n);
+  return b;
+}
+
 bool clean_error(int code) { return code != EIO && code != EROFS && code != EUCLEAN && code != EFAULT; }
 
 uint64_t fnv(std::span<const std::byte> b, uint64_t h = 1469598103934665603ull) {
@@ -650,13 +657,13 @@ std::vector<FsWorkload> fs_scenarios() {
     w.id = "fs-scenario/change-budget";
     w.image = "base";
     for (int i = 0; i < 300; i++) {
-      const std::string n = "dir/m" + std::to_string(i);
+      const std::string n = numbered("dir/m", i);
       w.ops.push_back({K::Create, n});
       w.ops.push_back({K::Write, n, "", 0, uint64_t(4000 + i % 7)});
     }
     for (int i = 0; i < 300; i += 2) {
-      w.ops.push_back({K::Unlink, "dir/m" + std::to_string(i)});
-      if (i % 10 == 0) w.ops.push_back({K::Rename, "dir/m" + std::to_string(i + 1), "r" + std::to_string(i)});
+      w.ops.push_back({K::Unlink, numbered("dir/m", i)});
+      if (i % 10 == 0) w.ops.push_back({K::Rename, numbered("dir/m", i + 1), numbered("r", i)});
     }
     w.ops.push_back({K::Commit});
     out.push_back(w);
@@ -687,12 +694,12 @@ FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
     else if (r < 76) w.ops.push_back({K::Setxattr, name(), "", 0, 1 + rng() % 300});
     else if (r < 80) w.ops.push_back({K::Fallocate, name(), "", rng() % 8192, 1 + rng() % 16384});
     else if (r < 83) w.ops.push_back({K::CopyUp, name()});
-    else if (r < 86) w.ops.push_back({K::Snapshot, "rs" + std::to_string(branches++)});
-    else if (r < 88) w.ops.push_back({K::Clone, "rc" + std::to_string(branches++)});
+    else if (r < 86) w.ops.push_back({K::Snapshot, numbered("rs", branches++)});
+    else if (r < 88) w.ops.push_back({K::Clone, numbered("rc", branches++)});
     else if (r < 91) w.ops.push_back({K::Merge});
     else if (r < 93) w.ops.push_back({K::Rollback});
-    else if (r < 95) w.ops.push_back({K::AddBranch, "rb" + std::to_string(branches++)});
-    else if (r < 97 && branches) w.ops.push_back({K::DelBranch, "rc" + std::to_string(rng() % branches)});
+    else if (r < 95) w.ops.push_back({K::AddBranch, numbered("rb", branches++)});
+    else if (r < 97 && branches) w.ops.push_back({K::DelBranch, numbered("rc", rng() % branches)});
     if (++since >= every) {
       w.ops.push_back({K::Commit});
       since = 0;
