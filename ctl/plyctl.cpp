@@ -31,6 +31,7 @@
 #include "commit/volume.h"
 #include "fs/fs.h"
 #include "fsck/corrupt.h"
+#include "fs/corrupt_fs.h"
 #include "snap/snap.h"
 #include "union/view.h"
 #include "control.h"
@@ -89,6 +90,8 @@ void usage(FILE* out) {
                "  debug tree IMAGE TREE        every node of a tree (TREE: an id, root or space)\n"
                "  debug fields STRUCT          the fields debug corrupt can damage\n"
                "  debug corrupt IMAGE STRUCT [LOCATOR] FIELD ACTION [--keep-checksum]\n"
+               "  debug corrupt IMAGE fsinfo|inode|dirent|whiteout|xattr|extent|inline|orphan\n"
+               "                BRANCH [INO [NAME|OFFSET]] FIELD ACTION\n"
                "      STRUCT: superblock [SLOT], node BLOCK, space-item START, root-record TREE\n"
                "      ACTION: --set VALUE, --flip BIT, --zero or --add N\n"
                "      The checksum is recomputed unless --keep-checksum, so that the\n"
@@ -217,11 +220,17 @@ Result<CorruptStruct> struct_named(const std::string& s) {
 
 int cmd_fields(const std::vector<std::string>& args) {
   if (args.size() != 1) return usage_error("usage: plyctl debug fields STRUCT");
+  if (auto f = fs_struct_named(args[0])) {
+    for (const auto& x : fs_corrupt_fields(*f)) std::printf("%s\n", x.c_str());
+    return 0;
+  }
   auto s = struct_named(args[0]);
   if (!s) return usage_error(s.error().reason);
   for (const auto& f : corrupt_fields(*s)) std::printf("%s\n", f.c_str());
   return 0;
 }
+
+int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptAction& act);
 
 int cmd_corrupt(std::vector<std::string> args) {
   CorruptAction act;
@@ -250,6 +259,7 @@ int cmd_corrupt(std::vector<std::string> args) {
   }
   if (!have_action) return usage_error("give one of --set, --flip, --zero, --add");
   if (pos.size() < 3) return usage_error("usage: plyctl debug corrupt IMAGE STRUCT [LOCATOR] FIELD ACTION");
+  if (auto f = fs_struct_named(pos[1])) return corrupt_item(*f, pos, act);
   auto s = struct_named(pos[1]);
   if (!s) return usage_error(s.error().reason);
   CorruptTarget t;
@@ -319,6 +329,47 @@ Result<Opened> open_volume(const std::string& image, bool write) {
   // What an interrupted merge or rollback left goes first (format.md#snapshots).
   if (write) (void)PLY_TRY(drop_doomed(*o.vol));
   return o;
+}
+
+// plyctl debug corrupt IMAGE STRUCT BRANCH LOCATOR... FIELD ACTION for the
+// items of filesystem trees (lib/fs/corrupt_fs.h). BRANCH is a name or a
+// tree id (a damaged info item may have no name left).
+int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptAction& act) {
+  // What follows BRANCH: fsinfo nothing; inode and orphan INO; dirent,
+  // whiteout and xattr INO NAME; extent and inline INO OFFSET.
+  const size_t locators = f == FsStruct::FsInfo ? 0
+                          : f == FsStruct::Inode || f == FsStruct::Orphan ? 1 : 2;
+  static const char* what[] = {"", " INO", " INO NAME|OFFSET"};
+  if (pos.size() != 4 + locators)
+    return usage_error(std::string("usage: plyctl debug corrupt IMAGE ") + fs_struct_name(f) + " BRANCH" +
+                       what[locators] + " FIELD ACTION");
+  if (act.fix_checksum == false) return usage_error("--keep-checksum is for the engine's structures");
+  auto o = open_volume(pos[0], true);
+  if (!o) return fail(pos[0] + ": " + o.error().message());
+  FsTarget t;
+  t.what = f;
+  if (auto b = find_branch(*o->vol, pos[2])) t.tree = b->tree;
+  else if (auto id = number(pos[2], "branch")) t.tree = TreeId{*id};
+  else return usage_error("no branch \"" + pos[2] + "\"");
+  if (locators >= 1) {
+    auto ino = number(pos[3], "inode number");
+    if (!ino) return usage_error(ino.error().reason);
+    t.ino = *ino;
+  }
+  if (locators == 2) {
+    if (f == FsStruct::Extent || f == FsStruct::Inline) {
+      auto off = number(pos[4], "offset");
+      if (!off) return usage_error(off.error().reason);
+      t.offset = *off;
+    } else {
+      t.name = pos[4];
+    }
+  }
+  t.field = pos.back();
+  auto r = corrupt_fs(*o->vol, t, act);
+  if (!r) return fail(pos[0] + ": " + r.error().message());
+  std::printf("%s: %s\n", pos[0].c_str(), r->c_str());
+  return 0;
 }
 
 // Splits options (--x [value]) from positional arguments.

@@ -7,10 +7,12 @@
 // with the layer's own codecs (items.h), so that a repaired tree holds only
 // what the layer itself could have written. Repairs go in rounds, each
 // after a new scan, because each round's counts depend on the one before:
-//   1 items: malformed or misplaced records and items, dangling entries,
-//     names given twice, items of objects that do not exist;
-//   2 objects no entry names go to the branch's /lost+found as "#INO";
-//   3 counts and back-pointers: nlink, size, blocks, a directory's parent.
+//   1 the tree's FsInfo item and its root directory;
+//   2 items: malformed or misplaced records and items, dangling entries,
+//     names given twice, items of objects that do not exist, numbers out of
+//     range;
+//   3 objects no entry names go to the branch's /lost+found as "#INO";
+//   4 counts and back-pointers: nlink, size, blocks, a directory's parent.
 #include "fs/check.h"
 
 #include <sys/stat.h>
@@ -54,6 +56,8 @@ struct InodeInfo {
   uint32_t subdirs = 0;  // ... of which name directories
   std::vector<size_t> names;                            // records naming it (NameRec index)
   std::vector<std::pair<Key, uint64_t>> extent_items;   // key, referenced space extent
+  uint64_t data_end = 0;                                // end of the last data (not prealloc) extent
+  std::vector<std::pair<Key, uint64_t>> past_end;       // data extents ending past data_end's limit
 };
 
 // What a repair step writes, in a transaction of its own.
@@ -67,7 +71,7 @@ using FixFn = std::function<Result<void>(RepairCtx&)>;
 
 struct Finding {
   Problem p;
-  int round = 0;     // 1-3 (above); 0: no repair
+  int round = 0;     // 1-4 (above); 0: no repair
   std::string done;  // the repair, as the report says it (aggregated)
   FixFn fix;
 };
@@ -79,7 +83,8 @@ bool valid_name(std::string_view n) {
 
 // The records of a Dirent item up to the first malformed one; a repeated
 // seq is dropped. `bad` says whether anything was left out.
-std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v, bool* bad = nullptr) {
+std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v, bool* bad = nullptr,
+                                       bool* reserved = nullptr) {
   std::vector<DirentRec> out;
   std::set<uint8_t> seqs;
   size_t p = 0;
@@ -95,6 +100,7 @@ std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v, bool* bad =
       b = true;
       break;
     }
+    if (reserved && d->reserved) *reserved = true;
     if (seqs.insert(d->seq).second)
       out.push_back({d->ino.get(), d->type, d->seq,
                      std::string(reinterpret_cast<const char*>(v.data() + p + sizeof(disk::Dirent)), n)});
@@ -225,6 +231,56 @@ Result<void> reconnect(RepairCtx& c, uint64_t ino, uint32_t mode) {
   });
 }
 
+Result<void> patch_info(RepairCtx& c, const std::function<void(disk::FsInfo&)>& fn) {
+  auto v = PLY_TRY(c.t.get(c.tree, ikey(0, ItemType::FsInfo)));
+  if (!v || v->size() != sizeof(disk::FsInfo)) return Error::io(ENOENT, "no info item");
+  fn(*view_as<disk::FsInfo>(std::span(*v)));
+  return c.t.put(c.tree, ikey(0, ItemType::FsInfo), *v);
+}
+
+// A directory inode for entries whose own inode is gone (mode 0700; the
+// counts and parent follow in round 4). `parent` 0: found in round 4 too.
+Result<void> remake_dir(RepairCtx& c, uint64_t ino, uint64_t parent) {
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  Rec r;
+  r.a.ino = ino;
+  r.a.mode = S_IFDIR | 0700;
+  r.a.nlink = 2;
+  r.a.generation = c.t.gen().v;
+  r.a.atime = r.a.mtime = r.a.ctime = r.a.btime = now;
+  r.parent = parent;
+  return c.t.put(c.tree, ikey(ino, ItemType::Inode), encode_inode(r));
+}
+
+// Moves every item of object `ino` to a new number; the records naming it
+// (and an Orphan item) follow.
+Result<void> renumber(RepairCtx& c, uint64_t ino, const std::vector<NameRec>& names) {
+  const uint64_t to = c.t.take_inode_number();
+  std::vector<std::pair<Key, std::vector<std::byte>>> items;
+  PLY_CHECK(c.t.scan(c.tree, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+    items.emplace_back(k, std::vector<std::byte>(v.begin(), v.end()));
+    return true;
+  }));
+  for (auto& [k, v] : items) {
+    (void)PLY_TRY(c.t.erase(c.tree, k));
+    PLY_CHECK(c.t.put(c.tree, Key{to, k.lo}, v));  // extent references move with the item
+  }
+  if (PLY_TRY(c.t.erase(c.tree, ikey(0, ItemType::Orphan, ino))))
+    PLY_CHECK(c.t.put(c.tree, ikey(0, ItemType::Orphan, to), {}));
+  for (const NameRec& n : names)
+    PLY_CHECK(edit_bucket(c, n.dir, n.hash, [&](std::vector<DirentRec>& r) {
+      for (auto& e : r)
+        if (e.seq == n.seq && e.ino == ino) e.ino = to;
+      return ok();
+    }));
+  return ok();
+}
+
+// How far past the counter a number may lie and still be repaired by
+// advancing the counter (2^32 numbers; about 2^64 remain).
+constexpr uint64_t kMaxAdvance = 1ull << 32;
+
 class Checker {
  public:
   Checker(TreeId t, uint32_t bs, Volume* data, uint64_t next_inode)
@@ -238,14 +294,22 @@ class Checker {
     const auto type = type_of(k);
     if (ino == 0) {
       if (type == ItemType::FsInfo && off == 0) return info(v);
+      if (type == ItemType::FsInfo) {
+        stray_info_ = true;
+        return problem("F1-info", 0, "the info item is filed at offset " + std::to_string(off), Repair::Lossy, 1,
+                       "moved misplaced items back", move_back(k, v, ikey(0, ItemType::FsInfo)));
+      }
       if (type == ItemType::Orphan) return (void)orphans_.insert(off);
       return problem("F-item", 0, "unexpected item of type " + std::to_string(int(type)) + " in object 0",
-                     Repair::Lossy, 1, "removed unexpected items", erase(k, v));
+                     Repair::Lossy, 2, "removed unexpected items", erase(k, v));
     }
     if (ino < kFirstInode || ino >= next_inode_) bad_inos_.insert(ino);
     if (type == ItemType::Inode) {
+      if (off != 0)
+        return problem("F-item", ino, "inode item filed at offset " + std::to_string(off), Repair::Lossy, 2,
+                       "moved misplaced items back", move_back(k, v, ikey(ino, ItemType::Inode)));
       if (v.size() != sizeof(disk::Inode))
-        return problem("F-item", ino, "inode item of wrong size", Repair::Lossy, 1,
+        return problem("F-item", ino, "inode item of wrong size", Repair::Lossy, 2,
                        "removed undecodable inodes", erase(k, v));
       const auto* d = view_as<disk::Inode>(v);
       InodeInfo& i = inodes_[ino];
@@ -256,6 +320,7 @@ class Checker {
       i.size = d->size.get();
       i.blocks = d->blocks.get();
       i.parent = d->parent.get();
+      inode_fields(ino, *d);
       return;
     }
     objects_.insert(ino);
@@ -266,18 +331,22 @@ class Checker {
       case ItemType::Extent: return extent(k, v);
       default:
         return problem("F-item", ino, "item of unknown type " + std::to_string(int(type)),
-                       Repair::Lossy, 1, "removed items of unknown types", erase(k, v));
+                       Repair::Lossy, 2, "removed items of unknown types", erase(k, v));
     }
   }
 
   void finish() {
-    if (!root_) problem("F1-info", 0, "the filesystem info item is missing");
-    else if (!inodes_[root_].present || !S_ISDIR(inodes_[root_].mode))
-      problem("F1-info", root_, "the root directory is missing or not a directory");
+    info_and_root();
     inode_numbers();
     for (uint64_t o : objects_)
-      if (!inodes_[o].present)
-        problem("F6-orphan-item", o, "items of an inode that does not exist", Repair::Lossy, 1,
+      if (!inodes_[o].present && o != root_ && inodes_[o].entries + dirent_items_.count(o))
+        // A directory's entries outlived its inode: make the directory
+        // again (mode 0700) rather than give up the subtree.
+        problem("F6-orphan-item", o, "a directory's entries without its inode", Repair::Lossy, 2,
+                "made directories whose inode was gone again",
+                [o](RepairCtx& c) { return remake_dir(c, o, 0); });
+      else if (!inodes_[o].present && o != root_)
+        problem("F6-orphan-item", o, "items of an inode that does not exist", Repair::Lossy, 2,
                 "removed the items of inodes that do not exist",
                 [o](RepairCtx& c) -> Result<void> {
                   std::vector<std::pair<Key, uint64_t>> items;
@@ -291,21 +360,21 @@ class Checker {
     for (uint64_t o : orphans_) {
       const Key k = ikey(0, ItemType::Orphan, o);
       if (!inodes_[o].present)
-        problem("F6-orphan-item", o, "orphan entry for a missing inode", Repair::Safe, 1,
+        problem("F6-orphan-item", o, "orphan entry for a missing inode", Repair::Safe, 2,
                 "removed orphan entries of missing inodes", erase(k, {}));
       else if (!inodes_[o].names.empty())
         problem("F6-orphan-named", o,
                 "orphan entry for an inode that still has names (the next mount would free it)",
-                Repair::Safe, 1, "removed orphan entries of named inodes", erase(k, {}));
+                Repair::Safe, 2, "removed orphan entries of named inodes", erase(k, {}));
     }
     for (const NameRec& n : names_)
       if (!inodes_[n.ino].present)
         problem("F2-dirent", n.dir, "entry \"" + n.name + "\" names missing inode " + std::to_string(n.ino),
-                Repair::Lossy, 1, "removed entries of missing inodes", drop(n));
+                Repair::Lossy, 2, "removed entries of missing inodes", drop(n));
       else if (IFTODT(inodes_[n.ino].mode) != n.type)
         problem("F2-dirent", n.dir, "entry \"" + n.name + "\" has a type that disagrees with inode " +
                                         std::to_string(n.ino),
-                Repair::Safe, 1, "corrected the type of entries",
+                Repair::Safe, 2, "corrected the type of entries",
                 [n, t = uint8_t(IFTODT(inodes_[n.ino].mode))](RepairCtx& c) {
                   return edit_bucket(c, n.dir, n.hash, [&](std::vector<DirentRec>& r) {
                     for (auto& e : r)
@@ -319,11 +388,16 @@ class Checker {
       if (auto it = inodes_.find(ino); it != inodes_.end() && it->second.present) {
         const InodeInfo& i = it->second;
         if (!(S_ISLNK(i.mode) || (S_ISREG(i.mode) && (i.flags & kInodeInline))))
-          problem("F5-inline", ino, "inline data on an object that keeps none", Repair::Lossy, 1,
+          problem("F5-inline", ino, "inline data on an object that keeps none", Repair::Lossy, 2,
                   "removed misplaced inline data", erase(k, {}));
         else if (off >= i.size)
           problem("F5-inline", ino, "inline chunk at " + std::to_string(off) + " past the size",
-                  Repair::Lossy, 1, "removed inline data past the end of files", erase(k, {}));
+                  Repair::Lossy, 2, "removed inline data past the end of files", erase(k, {}));
+        else if (inline_end_[ino] > i.size || (S_ISLNK(i.mode) && inline_end_[ino] != i.size))
+          problem("F5-inline", ino, "inline data ends at " + std::to_string(inline_end_[ino]) + ", the size is " +
+                                        std::to_string(i.size),
+                  Repair::Lossy, 4, "cut inline files to the data they hold",
+                  set_inode(ino, [n = inline_end_[ino]](Rec& r) { r.a.size = n; }));
       }
   }
 
@@ -339,6 +413,40 @@ class Checker {
     out_.push_back(std::move(f));
   }
 
+  // An item back at the key it belongs to, unless one is there already.
+  FixFn move_back(Key k, std::span<const std::byte> v, Key home) {
+    return [k, home, val = std::vector<std::byte>(v.begin(), v.end())](RepairCtx& c) -> Result<void> {
+      (void)PLY_TRY(c.t.erase(c.tree, k));
+      if (!PLY_TRY(c.t.get(c.tree, home))) PLY_CHECK(c.t.put(c.tree, home, val));
+      return ok();
+    };
+  }
+  FixFn set_inode(uint64_t ino, std::function<void(Rec&)> fn) {
+    return [ino, fn](RepairCtx& c) { return patch_inode(c, ino, fn); };
+  }
+
+  // Fields of an inode item on their own: reserved bits, times, flags and
+  // the file type.
+  void inode_fields(uint64_t ino, const disk::Inode& d) {
+    bool reserved = d.reserved0.get() != 0;
+    for (const disk::Timespec* t : {&d.atime, &d.mtime, &d.ctime, &d.btime})
+      reserved |= t->reserved.get() != 0 || t->nsec.get() >= 1000000000u;
+    if (reserved)  // the encoder writes them right
+      problem("F-reserved", ino, "reserved fields set, or nanoseconds of a second out of range", Repair::Safe, 4,
+              "cleared reserved fields", set_inode(ino, [](Rec&) {}));
+    const uint32_t known = kInodeInline | kInodeOpaque;
+    if ((d.flags.get() & kInodeInline) && !S_ISREG(d.mode.get()))
+      problem("F-flags", ino, "the inline flag on a file that is not regular", Repair::Safe, 4,
+              "cleared unknown inode flags", set_inode(ino, [](Rec& r) { r.flags &= ~kInodeInline; }));
+    if (d.flags.get() & ~known)
+      problem("F-flags", ino, "unknown inode flags " + std::to_string(d.flags.get() & ~known), Repair::Safe, 4,
+              "cleared unknown inode flags", set_inode(ino, [known](Rec& r) { r.flags &= known; }));
+    switch (d.mode.get() & S_IFMT) {
+      case S_IFREG: case S_IFDIR: case S_IFLNK: case S_IFCHR: case S_IFBLK: case S_IFIFO: case S_IFSOCK: break;
+      default: problem("F-mode", ino, "mode " + std::to_string(d.mode.get()) + " names no file type");
+    }
+  }
+
   FixFn erase(Key k, std::span<const std::byte> v) {
     return [k, ref = extent_ref(k, v)](RepairCtx& c) { return erase_item(c, k, ref); };
   }
@@ -347,12 +455,88 @@ class Checker {
   }
 
   void info(std::span<const std::byte> v) {
+    info_seen_ = true;
     if (v.size() != sizeof(disk::FsInfo)) return problem("F1-info", 0, "info item of wrong size");
+    info_.assign(v.begin(), v.end());
     const auto* d = view_as<disk::FsInfo>(v);
+    root_ = d->root_ino.get();
     if (d->magic.get() != disk::kFsMagic || d->version.get() < disk::kFsVersionMin ||
         d->version.get() > disk::kFsVersion)
       return problem("F1-info", 0, "bad magic or version in the info item");
-    root_ = d->root_ino.get();
+    info_ok_ = true;
+    if (d->reserved.get() || (d->branch_flags.get() & ~(disk::kBranchReadOnly | disk::kBranchDoomed)))
+      problem("F1-info", 0, "reserved fields or unknown branch flags set in the info item", Repair::Safe, 4,
+              "cleared reserved fields", [](RepairCtx& c) {
+                return patch_info(c, [](disk::FsInfo& i) {
+                  i.reserved.set(0);
+                  i.branch_flags.set(i.branch_flags.get() & (disk::kBranchReadOnly | disk::kBranchDoomed));
+                });
+              });
+    if (d->name[0] == 0)
+      problem("U3-branch", 0, "the branch has no name", Repair::Lossy, 2, "named branches that had no name",
+              [tree = tree_](RepairCtx& c) {
+                return patch_info(c, [&](disk::FsInfo& i) {
+                  const std::string n = "branch~" + std::to_string(tree.v);
+                  std::memcpy(i.name, n.data(), n.size());
+                });
+              });
+  }
+
+  // F1: the tree's FsInfo item and its root. A damaged item is written
+  // again with what it still says (name, parent, flags) and a root that is
+  // one: the one it names if that is a directory, else a directory whose
+  // parent field is itself and that no entry names. A root directory whose
+  // inode is gone is made again (its entries are kept).
+  void info_and_root() {
+    auto is_root = [&](uint64_t ino) {
+      auto it = inodes_.find(ino);
+      return it != inodes_.end() && it->second.present && S_ISDIR(it->second.mode);
+    };
+    uint64_t root = is_root(root_) ? root_ : 0;
+    if (!root)
+      for (const auto& [ino, i] : inodes_)
+        if (i.present && S_ISDIR(i.mode) && i.parent == ino && i.names.empty()) {
+          root = ino;
+          break;
+        }
+    if (!root && root_ && !inodes_[root_].present && !inodes_[root_].names.size()) root = root_;
+    const bool info_bad = !info_ok_ || root != root_;
+    if (!info_seen_) problem("F1-info", 0, "the filesystem info item is missing");
+    else if (root_ != root && info_ok_) problem("F1-info", 0, "the info item names no root directory");
+    if (info_bad && root && !stray_info_)  // else moving the stray item back mends it
+      findings_fix_info(root);
+    if (root_ && root == root_ && !inodes_[root_].present) {
+      problem("F1-info", root_, "the root directory's inode is missing", Repair::Lossy, 1,
+              "made root directories again", [root](RepairCtx& c) { return remake_dir(c, root, root); });
+      return;
+    }
+    if (!root) {
+      problem("F1-info", root_, "no root directory");
+      return;
+    }
+    root_ = root;
+  }
+  void findings_fix_info(uint64_t root) {
+    // Attach the repair to the problems just reported.
+    for (auto& f : out_)
+      if (f.p.code == "F1-info" && !f.fix) {
+        f.p.repair = Repair::Lossy;
+        f.round = 1;
+        f.done = "rewrote damaged filesystem info items";
+        f.fix = [root, old = info_, tree = tree_](RepairCtx& c) -> Result<void> {
+          std::vector<std::byte> v(sizeof(disk::FsInfo));
+          if (old.size() == v.size()) v = old;
+          auto* d = view_as<disk::FsInfo>(std::span(v));
+          d->magic.set(disk::kFsMagic);
+          d->version.set(disk::kFsVersion);
+          d->root_ino.set(root);
+          if (old.size() != v.size()) {
+            const std::string name = "recovered~" + std::to_string(tree.v);
+            std::memcpy(d->name, name.data(), name.size());
+          }
+          return c.t.put(c.tree, ikey(0, ItemType::FsInfo), v);
+        };
+      }
   }
 
   // F8: numbers come from the image's counter and are never reused
@@ -360,25 +544,35 @@ class Checker {
   void inode_numbers() {
     uint64_t high = 0;
     for (uint64_t ino : bad_inos_) {
-      if (ino < kFirstInode)
-        problem("F8-ino", ino, "inode number below " + std::to_string(kFirstInode));
-      else
+      if (ino < kFirstInode || ino - next_inode_ > kMaxAdvance) {
+        // Advancing the counter that far would waste the number space: the
+        // object takes a new number, and its names follow it.
+        std::vector<NameRec> names;
+        for (size_t n : inodes_[ino].names) names.push_back(names_[n]);
+        problem("F8-ino", ino, "inode number out of range", Repair::Lossy, 2, "gave objects with numbers out of range new ones",
+                [ino, names](RepairCtx& c) { return renumber(c, ino, names); });
+      } else {
         high = std::max(high, ino);
+      }
     }
     if (high)
       problem("F8-ino", high,
               "inode number not yet handed out (the counter is at " + std::to_string(next_inode_) +
                   "): a new file would reuse it",
-              Repair::Safe, 1, "advanced the inode number counter",
+              Repair::Safe, 2, "advanced the inode number counter",
               [high](RepairCtx& c) { return c.t.advance_inode_numbers(high + 1), ok(); });
   }
 
   void dirents(Key k, std::span<const std::byte> v) {
     const uint64_t dir = k.hi, h = off_of(k);
-    bool bad = false;
-    auto recs = lenient_dirents(v, &bad);
+    dirent_items_.insert(dir);
+    bool bad = false, reserved = false;
+    auto recs = lenient_dirents(v, &bad, &reserved);
+    if (reserved && !bad)
+      problem("F-reserved", dir, "reserved field set in a directory entry", Repair::Safe, 2, "cleared reserved fields",
+              [dir, h](RepairCtx& c) { return edit_bucket(c, dir, h, [](auto&) { return ok(); }); });
     if (bad)
-      problem("F-item", dir, "malformed directory entry", Repair::Lossy, 1,
+      problem("F-item", dir, "malformed directory entry", Repair::Lossy, 2,
               "rewrote malformed directory items with their readable entries",
               [dir, h](RepairCtx& c) { return edit_bucket(c, dir, h, [](auto&) { return ok(); }); });
     std::map<std::string, size_t> seen;  // name -> index in recs of the record kept
@@ -387,7 +581,7 @@ class Checker {
       const std::string at = "entry \"" + e.name + "\"";
       NameRec n{dir, h, e.seq, e.type, e.name, e.ino};
       if (!valid_name(e.name)) {
-        problem("F2-name", dir, at + " is not a valid name", Repair::Lossy, 1, "removed entries with invalid names",
+        problem("F2-name", dir, at + " is not a valid name", Repair::Lossy, 2, "removed entries with invalid names",
                 drop(n));
         continue;
       }
@@ -399,11 +593,11 @@ class Checker {
         if (wh || !kept_wh) {
           problem(wh != kept_wh ? "U1-conflict" : "F2-dup", dir,
                   at + (wh != kept_wh ? " is both an entry and a whiteout" : " is given twice"),
-                  Repair::Lossy, 1, "removed second records of names", drop(n));
+                  Repair::Lossy, 2, "removed second records of names", drop(n));
           continue;
         }
         NameRec w{dir, h, kept.seq, kept.type, kept.name, 0};
-        problem("U1-conflict", dir, at + " is both an entry and a whiteout", Repair::Lossy, 1,
+        problem("U1-conflict", dir, at + " is both an entry and a whiteout", Repair::Lossy, 2,
                 "removed second records of names", drop(w));
         it->second = i;
       } else {
@@ -415,7 +609,7 @@ class Checker {
       NameRec n{dir, h, e.seq, e.type, e.name, e.ino};
       if (name_hash(e.name) != h) {
         // Lookup would never find it; move it to its item.
-        problem("F2-hash", dir, "entry \"" + e.name + "\" is filed under the wrong hash", Repair::Safe, 1,
+        problem("F2-hash", dir, "entry \"" + e.name + "\" is filed under the wrong hash", Repair::Safe, 2,
                 "moved entries filed under the wrong hash", [n](RepairCtx& c) -> Result<void> {
                   PLY_CHECK(drop_record(c, n.dir, n.hash, n.seq));
                   auto r = add_record(c, n.dir, n.name, n.ino, n.type);
@@ -426,7 +620,7 @@ class Checker {
       if (e.type == kDtWhiteout) {  // names no inode (format.md#fs-union)
         if (e.ino != 0)
           problem("U1-whiteout", dir, "whiteout \"" + e.name + "\" names inode " + std::to_string(e.ino),
-                  Repair::Safe, 1, "cleared the inode of whiteouts", [n](RepairCtx& c) {
+                  Repair::Safe, 2, "cleared the inode of whiteouts", [n](RepairCtx& c) {
                     return edit_bucket(c, n.dir, n.hash, [&](std::vector<DirentRec>& r) {
                       for (auto& x : r)
                         if (x.seq == n.seq) x.ino = 0;
@@ -436,7 +630,7 @@ class Checker {
         continue;
       }
       if (e.ino == 0) {
-        problem("F2-dirent", dir, "entry \"" + e.name + "\" names inode 0", Repair::Lossy, 1,
+        problem("F2-dirent", dir, "entry \"" + e.name + "\" names inode 0", Repair::Lossy, 2,
                 "removed entries of missing inodes", drop(n));
         continue;
       }
@@ -451,8 +645,40 @@ class Checker {
   void xattrs(Key k, std::span<const std::byte> v) {
     bool bad = false;
     auto good = lenient_xattrs(v, &bad);
+    if (auto xs = decode_xattrs(k, good)) {
+      bool reserved = false;
+      for (size_t p = 0; p < good.size();) {
+        const auto* d = view_as<disk::XattrEntry>(std::span<const std::byte>(good), p);
+        reserved |= d->reserved != 0;
+        p += sizeof(disk::XattrEntry) + d->name_len + d->value_len.get();
+      }
+      if (reserved)
+        problem("F-reserved", k.hi, "reserved field set in an xattr", Repair::Safe, 2, "cleared reserved fields",
+                [k, xs = *xs](RepairCtx& c) { return c.t.put(c.tree, k, encode_xattrs(xs)); });
+      for (const auto& x : *xs)
+        if (name_hash(x.name) != off_of(k))
+          problem("F-xattr-hash", k.hi, "xattr \"" + x.name + "\" is filed under the wrong hash", Repair::Safe, 2,
+                  "moved xattrs filed under the wrong hash", [k, x](RepairCtx& c) -> Result<void> {
+                    auto xs = [&](Key at) -> Result<std::vector<XattrRec>> {
+                      auto v = PLY_TRY(c.t.get(c.tree, at));
+                      if (!v) return std::vector<XattrRec>{};
+                      bool b = false;
+                      return decode_xattrs(at, lenient_xattrs(*v, &b));
+                    };
+                    auto from = PLY_TRY(xs(k));
+                    std::erase_if(from, [&](const XattrRec& r) { return r.name == x.name; });
+                    if (from.empty()) (void)PLY_TRY(c.t.erase(c.tree, k));
+                    else PLY_CHECK(c.t.put(c.tree, k, encode_xattrs(from)));
+                    const Key home = ikey(k.hi, ItemType::Xattr, name_hash(x.name));
+                    auto to = PLY_TRY(xs(home));
+                    for (const auto& r : to)
+                      if (r.name == x.name) return ok();  // the one where it belongs stays
+                    to.push_back(x);
+                    return c.t.put(c.tree, home, encode_xattrs(to));
+                  });
+    }
     if (!bad) return;
-    problem("F-item", k.hi, "malformed xattr", Repair::Lossy, 1, "dropped malformed extended attributes",
+    problem("F-item", k.hi, "malformed xattr", Repair::Lossy, 2, "dropped malformed extended attributes",
             [k, good](RepairCtx& c) -> Result<void> {
               if (good.empty()) return (void)PLY_TRY(c.t.erase(c.tree, k)), ok();
               return c.t.put(c.tree, k, good);
@@ -462,9 +688,10 @@ class Checker {
   void inline_item(Key k, std::span<const std::byte> v) {
     const uint64_t off = off_of(k);
     if (off % disk::kInlineChunk || v.size() > disk::kInlineChunk || v.empty())
-      return problem("F5-inline", k.hi, "malformed inline chunk", Repair::Lossy, 1,
+      return problem("F5-inline", k.hi, "malformed inline chunk", Repair::Lossy, 2,
                      "removed malformed inline data", erase(k, v));
     inline_.emplace_back(k.hi, off, k);
+    inline_end_[k.hi] = std::max(inline_end_[k.hi], off + v.size());
   }
 
   void extent(Key k, std::span<const std::byte> v) {
@@ -472,15 +699,25 @@ class Checker {
     auto e = decode_extent(k, v);
     if (!e)
       return problem("F4-extent", ino, "malformed extent item at block " + std::to_string(blk),
-                     Repair::Lossy, 1, "removed malformed extent items (their ranges read as holes)",
+                     Repair::Lossy, 2, "removed malformed extent items (their ranges read as holes)",
                      erase(k, v));
     InodeInfo& i = inodes_[ino];
     if (blk < i.ext_end)
       return problem("F4-extent", ino, "extent items overlap at block " + std::to_string(blk), Repair::Lossy,
-                     1, "removed overlapping extent items", erase(k, v));
+                     2, "removed overlapping extent items", erase(k, v));
     i.ext_end = e->end();
     i.mapped += e->nblocks;
     i.extent_items.emplace_back(k, extent_ref(k, v));
+    if (view_as<disk::Extent>(v)->reserved.get())
+      problem("F-reserved", ino, "reserved field set in the extent item at block " + std::to_string(blk),
+              Repair::Safe, 2, "cleared reserved fields",
+              [k, x = *e](RepairCtx& c) { return c.t.put(c.tree, k, encode_extent(x)); });
+    // Data lies within the size (only preallocated extents reach past it:
+    // fallocate with KEEP_SIZE); inode items come first in key order.
+    if (!e->prealloc() && i.present && e->end() > (i.size + bs_ - 1) / bs_)
+      problem("F4-extent", ino, "data extent at block " + std::to_string(blk) + " lies past the size " +
+                                    std::to_string(i.size),
+              Repair::Lossy, 2, "removed data extents past the end of files", erase(k, v));
     if (data_ && !e->prealloc()) {
       // -c: every block against its checksum (format.md#fs-extent).
       std::vector<std::byte> buf(uint64_t(e->nblocks) * bs_);
@@ -504,14 +741,14 @@ class Checker {
     if (S_ISDIR(i.mode)) {
       if (ino == root_) {
         for (size_t n : i.names)
-          problem("F3-parent", ino, "the root directory has a name", Repair::Lossy, 1,
+          problem("F3-parent", ino, "the root directory has a name", Repair::Lossy, 2,
                   "removed entries naming the root directory", drop(names_[n]));
         if (i.parent != ino)
-          problem("F3-parent", ino, "the root directory's parent field is not itself", Repair::Safe, 3,
+          problem("F3-parent", ino, "the root directory's parent field is not itself", Repair::Safe, 4,
                   "corrected directories' parent fields", set([ino](Rec& r) { r.parent = ino; }));
       } else if (!orphan) {
         if (i.names.empty()) {
-          problem("F3-unattached", ino, "directory that no entry names", Repair::Lossy, 2,
+          problem("F3-unattached", ino, "directory that no entry names", Repair::Lossy, 3,
                   "connected unnamed objects to /lost+found",
                   [ino, m = i.mode](RepairCtx& c) { return reconnect(c, ino, m); });
         } else if (i.names.size() > 1) {
@@ -523,33 +760,33 @@ class Checker {
             if (n != keep)
               problem("F3-parent", ino, "directory also named \"" + names_[n].name + "\" in " +
                                             std::to_string(names_[n].dir),
-                      Repair::Lossy, 1, "removed second names of directories", drop(names_[n]));
+                      Repair::Lossy, 2, "removed second names of directories", drop(names_[n]));
         } else if (names_[i.names[0]].dir != i.parent) {
           problem("F3-parent", ino, "directory's parent field does not name the directory holding it",
-                  Repair::Safe, 3, "corrected directories' parent fields",
+                  Repair::Safe, 4, "corrected directories' parent fields",
                   set([p = names_[i.names[0]].dir](Rec& r) { r.parent = p; }));
         }
       }
       if (!orphan && i.nlink != 2 + i.subdirs)
         problem("F2-nlink", ino, "directory nlink " + std::to_string(i.nlink) + ", expected " +
                                      std::to_string(2 + i.subdirs),
-                Repair::Safe, 3, "corrected link counts", set([n = 2 + i.subdirs](Rec& r) { r.a.nlink = n; }));
+                Repair::Safe, 4, "corrected link counts", set([n = 2 + i.subdirs](Rec& r) { r.a.nlink = n; }));
       if (!orphan && i.size != i.entries)
         problem("F2-dirsize", ino, "directory size " + std::to_string(i.size) + ", but " +
                                        std::to_string(i.entries) + " entries",
-                Repair::Safe, 3, "corrected directory sizes", set([n = i.entries](Rec& r) { r.a.size = n; }));
+                Repair::Safe, 4, "corrected directory sizes", set([n = i.entries](Rec& r) { r.a.size = n; }));
     } else if (i.names.empty() && !orphan) {
       problem("F2-unattached", ino, "nlink " + std::to_string(i.nlink) + " but no entry names it",
-              Repair::Lossy, 2, "connected unnamed objects to /lost+found",
+              Repair::Lossy, 3, "connected unnamed objects to /lost+found",
               [ino, m = i.mode](RepairCtx& c) { return reconnect(c, ino, m); });
     } else if (i.nlink != i.names.size() && !(i.nlink == 0 && orphan && i.names.empty())) {
       problem("F2-nlink", ino, "nlink " + std::to_string(i.nlink) + " but " + std::to_string(i.names.size()) +
                                    " names",
-              Repair::Safe, 3, "corrected link counts",
+              Repair::Safe, 4, "corrected link counts",
               set([n = uint32_t(i.names.size())](Rec& r) { r.a.nlink = n; }));
     }
     if (!i.extent_items.empty() && !S_ISREG(i.mode)) {
-      problem("F4-extent", ino, "extent items on a non-regular file", Repair::Lossy, 1,
+      problem("F4-extent", ino, "extent items on a non-regular file", Repair::Lossy, 2,
               "removed extent items of non-regular files", [items = i.extent_items](RepairCtx& c) -> Result<void> {
                 for (auto& [k, ref] : items) PLY_CHECK(erase_item(c, k, ref));
                 return ok();
@@ -557,14 +794,21 @@ class Checker {
     } else if (i.blocks != i.mapped * (bs_ / 512)) {
       problem("F4-blocks", ino, "blocks " + std::to_string(i.blocks) + ", extents map " +
                                     std::to_string(i.mapped * (bs_ / 512)),
-              Repair::Safe, 3, "corrected block counts",
+              Repair::Safe, 4, "corrected block counts",
               set([b = i.mapped * (bs_ / 512)](Rec& r) { r.a.blocks = b; }));
     }
     if ((i.flags & disk::kInodeOpaque) && !S_ISDIR(i.mode))
-      problem("U2-opaque", ino, "the opaque flag on a non-directory", Repair::Safe, 1,
+      problem("U2-opaque", ino, "the opaque flag on a non-directory", Repair::Safe, 2,
               "cleared the opaque flag of non-directories", set([](Rec&) {}));
     if (S_ISREG(i.mode) && (i.flags & kInodeInline) && i.mapped)
       problem("F5-inline", ino, "inline file with extent items");
+    const uint64_t limit = S_ISLNK(i.mode) ? disk::kSymlinkMax
+                           : S_ISREG(i.mode) && (i.flags & kInodeInline) ? disk::kInlineMax
+                                                                          : ~0ull;
+    if (i.size > limit)
+      problem("F5-inline", ino, "size " + std::to_string(i.size) + " is more than inline data may hold",
+              Repair::Lossy, 4, "cut inline files to the data they hold",
+              set([n = std::min(limit, inline_end_[ino])](Rec& r) { r.a.size = n; }));
   }
 
   TreeId tree_;
@@ -572,11 +816,15 @@ class Checker {
   Volume* data_;  // -c: read and verify data blocks
   uint64_t next_inode_;
   uint64_t root_ = 0;
+  bool info_seen_ = false, info_ok_ = false, stray_info_ = false;
+  std::vector<std::byte> info_;
+  std::set<uint64_t> dirent_items_;  // objects with Dirent items
   std::vector<Finding> out_;
   std::map<uint64_t, InodeInfo> inodes_;
   std::set<uint64_t> objects_, orphans_, bad_inos_;
   std::vector<NameRec> names_;
   std::vector<std::tuple<uint64_t, uint64_t, Key>> inline_;  // ino, offset, key
+  std::map<uint64_t, uint64_t> inline_end_;                   // ino -> end of its inline data
 };
 
 // One scan of one filesystem tree.
@@ -609,7 +857,7 @@ std::vector<Finding> check_branches(Volume& vol) {
   auto problem = [&](const BranchMeta& b, const std::string& what, std::string done, BranchMeta fixed) {
     Finding f;
     f.p = Problem{"U3-branch", Error::kNoBlock, what, b.tree.v, Repair::Lossy};
-    f.round = 1;
+    f.round = 2;
     f.done = std::move(done);
     f.fix = [fixed](RepairCtx& c) { return Filesystem::set_branch(c.t, fixed); };
     out.push_back(std::move(f));
@@ -708,10 +956,11 @@ Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy) {
     }
     for (const auto& [what, n] : done) actions.push_back(what + " (" + std::to_string(n) + ")");
   }
-  const auto metas = PLY_TRY(Filesystem::branches(vol));
+  auto metas = Filesystem::branches(vol);  // names for the report; a damaged info item has none
+  if (!metas) metas = std::vector<BranchMeta>{};
   for (TreeId id : PLY_TRY(fs_trees(vol))) {
     std::string name = "tree " + std::to_string(id.v);
-    for (const auto& m : metas)
+    for (const auto& m : *metas)
       if (m.tree == id) name = "branch \"" + m.name + "\"";
     std::map<std::string, uint64_t> done;
     for (int i = 0; i < kMaxRounds; i++) {

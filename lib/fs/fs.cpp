@@ -279,6 +279,11 @@ struct Filesystem::Ctx {
   }
 
   Result<std::vector<std::byte>> inline_data(uint64_t ino, uint64_t size) {
+    // Inline data is small by construction (format.md#fs-inline): a larger
+    // size is damage, not a reason to allocate it.
+    if (size > std::max(disk::kInlineMax, disk::kSymlinkMax))
+      return Error::corrupt(Error::kNoBlock, "inode " + std::to_string(ino) + " keeps " +
+                                                 std::to_string(size) + " bytes inline");
     std::vector<std::byte> out(size);
     std::optional<Error> err;
     PLY_CHECK(t.scan(fs.tree_, ikey(ino, ItemType::Inline, 0), ikey(ino, ItemType::Inline, kOffMask),

@@ -58,6 +58,7 @@ FsckProblem classify(const Problem& p) {
   // An unreadable node loses what is under it; a wrong owner loses nothing.
   const bool lossy = starts(c, "B-node") || starts(c, "T5") || starts(c, "T1") || starts(c, "T3");
   if (c == "A-double-use" || c == "R-kind") f.fix = FixClass::None;
+  else if (c == "A3-ref-range") f.fix = FixClass::Yes;  // the value goes with its tree's rebuild
   else if (starts(c, "A")) f.fix = FixClass::Preen;
   else if (c == "R-id") f.fix = FixClass::Preen;
   else if (starts(c, "R-")) f.fix = FixClass::Yes;  // the record goes, and its tree with it
@@ -131,7 +132,7 @@ bool cancelled(const FsckOptions& o) { return o.cancel && o.cancel->load(); }
 RebuildPlan plan_for(const std::vector<FsckProblem>& ps) {
   RebuildPlan plan;
   for (const auto& p : ps)
-    if (p.tree >= kFirstTreeId && (starts(p.code, "B-") || starts(p.code, "T")))
+    if (p.tree >= kFirstTreeId && (starts(p.code, "B-") || starts(p.code, "T") || p.code == "A3-ref-range"))
       plan.rebuild.insert(p.tree);
   return plan;
 }
@@ -289,7 +290,8 @@ Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
     rep.actions.push_back("wrote generation " + std::to_string(r->written.v) +
                           ": root and space trees rebuilt, " + std::to_string(r->trees_kept) +
                           " trees kept, " + std::to_string(r->trees_rebuilt) + " rebuilt (" +
-                          std::to_string(r->items_kept) + " items carried over), " +
+                          std::to_string(r->items_kept) + " items carried over, " +
+                          std::to_string(r->items_dropped) + " referencing blocks outside dropped), " +
                           std::to_string(r->records_dropped) + " damaged root records dropped");
   }
 

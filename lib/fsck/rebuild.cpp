@@ -1,5 +1,7 @@
 #include "fsck/rebuild.h"
 
+#include <algorithm>
+
 #include <ctime>
 #include <unordered_map>
 #include <unordered_set>
@@ -110,9 +112,23 @@ Result<RebuildResult> rebuild_generation(BlockDevice& dev, const SuperInfo& base
   for (auto& [id, items] : salvaged) {
     const TreeInfo* t = nullptr;
     for (const auto& r : records) if (r.id.v == id) t = &r;
-    for (const auto& [k, v] : items) {
-      count_values(refs_of(t->kind), k, v, c.data);
+    for (auto it = items.begin(); it != items.end();) {
+      // A value that references blocks outside the filesystem cannot be
+      // kept (verify's A3-ref-range): it leaves the rebuilt tree.
+      std::vector<ExtentRef> ext;
+      if (const ValueRefs vr = refs_of(t->kind)) vr(it->first, it->second, ext);
+      const bool outside = std::any_of(ext.begin(), ext.end(), [&](const ExtentRef& e) {
+        return e.start.v < base.first_block || e.nblocks == 0 || e.start.v >= base.total_blocks ||
+               e.nblocks > base.total_blocks - e.start.v;
+      });
+      if (outside) {
+        it = items.erase(it);
+        res.items_dropped++;
+        continue;
+      }
+      count_values(refs_of(t->kind), it->first, it->second, c.data);
       res.items_kept++;
+      ++it;
     }
   }
 

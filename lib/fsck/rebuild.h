@@ -14,6 +14,7 @@ struct RebuildPlan {
 struct RebuildResult {
   Generation written;
   uint64_t items_kept = 0;   // items of rebuilt trees carried over
+  uint64_t items_dropped = 0;  // values referencing blocks outside the filesystem
   uint64_t trees_kept = 0, trees_rebuilt = 0, records_dropped = 0;
 };
 

@@ -1,0 +1,40 @@
+// Deliberate damage to named fields of the items of filesystem trees
+// (format.md#fs-tree), for fsck's tests and `plyctl debug corrupt` (the
+// engine's structures are in lib/fsck/corrupt.h). An item is found by what
+// it is (an inode by number, an entry by directory and name, an extent by
+// file block) and a field by its name in format.md, never by a byte
+// offset. The damage is written as a normal change of the tree and
+// committed, so every checksum is right: only fsck's object passes and the
+// layer's own decoding can find it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "commit/volume.h"
+#include "fsck/corrupt.h"
+
+namespace plyfs {
+
+enum class FsStruct { FsInfo, Inode, Dirent, Whiteout, Xattr, Extent, Inline, Orphan };
+
+struct FsTarget {
+  FsStruct what = FsStruct::Inode;
+  TreeId tree;
+  uint64_t ino = 0;   // the object: the inode, the directory of an entry, the file of an extent
+  std::string name;   // an entry's, a whiteout's or an xattr's name
+  uint64_t offset = 0;  // an extent's file block, an inline chunk's byte offset
+  std::string field;    // a name from fs_corrupt_fields()
+};
+
+// Every struct also offers "key.hi" and "key.off": the item moves to
+// another key (an object number or offset out of range, a cycle).
+std::vector<std::string> fs_corrupt_fields(FsStruct s);
+const char* fs_struct_name(FsStruct s);
+Result<FsStruct> fs_struct_named(std::string_view s);
+
+// Damages the field in the open generation and commits; returns one
+// sentence saying what changed.
+Result<std::string> corrupt_fs(Volume& vol, const FsTarget& t, const CorruptAction& a);
+
+}  // namespace plyfs
