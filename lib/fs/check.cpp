@@ -19,6 +19,8 @@
 
 #include <dirent.h>
 
+#include <algorithm>
+#include <bitset>
 #include <map>
 #include <set>
 
@@ -54,10 +56,37 @@ struct InodeInfo {
   uint64_t ext_end = 0;  // end of the last extent item seen
   uint64_t entries = 0;  // a directory's records that name objects
   uint32_t subdirs = 0;  // ... of which name directories
-  std::vector<size_t> names;                            // records naming it (NameRec index)
-  std::vector<std::pair<Key, uint64_t>> extent_items;   // key, referenced space extent
+  uint32_t nnames = 0;   // records naming it: names_[first_name, +nnames) once finish() sorted them
+  size_t first_name = 0;
+  uint64_t inline_end = 0;  // end of its inline data
+  std::vector<std::pair<Key, uint64_t>> extent_items;   // of a file that is not regular: key, extent
   uint64_t data_end = 0;                                // end of the last data (not prealloc) extent
   std::vector<std::pair<Key, uint64_t>> past_end;       // data extents ending past data_end's limit
+};
+
+// The objects of one tree in scan order, which is inode-number order: an
+// object's entry is made by its first item, so the table stays sorted and
+// costs no allocation per object beyond its slot (a million-file tree is
+// checked in one pass of appends, then binary searches).
+class InodeTable {
+ public:
+  InodeInfo& at_scan(uint64_t ino) {  // numbers never decrease between calls
+    if (v_.empty() || v_.back().first != ino) v_.emplace_back(ino, InodeInfo{});
+    return v_.back().second;
+  }
+  InodeInfo* find(uint64_t ino) {
+    auto it = std::lower_bound(v_.begin(), v_.end(), ino, [](const auto& e, uint64_t x) { return e.first < x; });
+    return it != v_.end() && it->first == ino ? &it->second : nullptr;
+  }
+  bool present(uint64_t ino) {
+    const InodeInfo* i = find(ino);
+    return i && i->present;
+  }
+  auto begin() { return v_.begin(); }
+  auto end() { return v_.end(); }
+
+ private:
+  std::vector<std::pair<uint64_t, InodeInfo>> v_;
 };
 
 // What a repair step writes, in a transaction of its own.
@@ -86,7 +115,7 @@ bool valid_name(std::string_view n) {
 std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v, bool* bad = nullptr,
                                        bool* reserved = nullptr) {
   std::vector<DirentRec> out;
-  std::set<uint8_t> seqs;
+  std::bitset<128> seqs;
   size_t p = 0;
   bool b = false;
   while (p < v.size()) {
@@ -101,7 +130,7 @@ std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v, bool* bad =
       break;
     }
     if (reserved && d->reserved) *reserved = true;
-    if (seqs.insert(d->seq).second)
+    if (!seqs.test(d->seq) && (seqs.set(d->seq), true))
       out.push_back({d->ino.get(), d->type, d->seq,
                      std::string(reinterpret_cast<const char*>(v.data() + p + sizeof(disk::Dirent)), n)});
     else
@@ -312,7 +341,7 @@ class Checker {
         return problem("F-item", ino, "inode item of wrong size", Repair::Lossy, 2,
                        "removed undecodable inodes", erase(k, v));
       const auto* d = view_as<disk::Inode>(v);
-      InodeInfo& i = inodes_[ino];
+      InodeInfo& i = inodes_.at_scan(ino);
       i.present = true;
       i.mode = d->mode.get();
       i.nlink = d->nlink.get();
@@ -323,7 +352,7 @@ class Checker {
       inode_fields(ino, *d);
       return;
     }
-    objects_.insert(ino);
+    if (!inodes_.at_scan(ino).present) objects_.insert(ino);  // items without an inode
     switch (type) {
       case ItemType::Dirent: return dirents(k, v);
       case ItemType::Xattr: return xattrs(k, v);
@@ -336,16 +365,25 @@ class Checker {
   }
 
   void finish() {
+    // Each object's names: one sort of every record by target.
+    std::sort(names_.begin(), names_.end(), [](const NameRec& a, const NameRec& b) { return a.ino < b.ino; });
+    size_t j = 0;
+    for (auto& [ino, i] : inodes_) {
+      while (j < names_.size() && names_[j].ino < ino) j++;
+      i.first_name = j;
+      while (j < names_.size() && names_[j].ino == ino) j++;
+      i.nnames = uint32_t(j - i.first_name);
+    }
     info_and_root();
     inode_numbers();
     for (uint64_t o : objects_)
-      if (!inodes_[o].present && o != root_ && inodes_[o].entries + dirent_items_.count(o))
+      if (o != root_ && inodes_.find(o)->entries + dirent_items_.count(o))
         // A directory's entries outlived its inode: make the directory
         // again (mode 0700) rather than give up the subtree.
         problem("F6-orphan-item", o, "a directory's entries without its inode", Repair::Lossy, 2,
                 "made directories whose inode was gone again",
                 [o](RepairCtx& c) { return remake_dir(c, o, 0); });
-      else if (!inodes_[o].present && o != root_)
+      else if (o != root_)
         problem("F6-orphan-item", o, "items of an inode that does not exist", Repair::Lossy, 2,
                 "removed the items of inodes that do not exist",
                 [o](RepairCtx& c) -> Result<void> {
@@ -359,23 +397,23 @@ class Checker {
                 });
     for (uint64_t o : orphans_) {
       const Key k = ikey(0, ItemType::Orphan, o);
-      if (!inodes_[o].present)
+      if (!inodes_.present(o))
         problem("F6-orphan-item", o, "orphan entry for a missing inode", Repair::Safe, 2,
                 "removed orphan entries of missing inodes", erase(k, {}));
-      else if (!inodes_[o].names.empty())
+      else if (inodes_.find(o)->nnames)
         problem("F6-orphan-named", o,
                 "orphan entry for an inode that still has names (the next mount would free it)",
                 Repair::Safe, 2, "removed orphan entries of named inodes", erase(k, {}));
     }
     for (const NameRec& n : names_)
-      if (!inodes_[n.ino].present)
+      if (!inodes_.present(n.ino))
         problem("F2-dirent", n.dir, "entry \"" + n.name + "\" names missing inode " + std::to_string(n.ino),
                 Repair::Lossy, 2, "removed entries of missing inodes", drop(n));
-      else if (IFTODT(inodes_[n.ino].mode) != n.type)
+      else if (IFTODT(inodes_.find(n.ino)->mode) != n.type)
         problem("F2-dirent", n.dir, "entry \"" + n.name + "\" has a type that disagrees with inode " +
                                         std::to_string(n.ino),
                 Repair::Safe, 2, "corrected the type of entries",
-                [n, t = uint8_t(IFTODT(inodes_[n.ino].mode))](RepairCtx& c) {
+                [n, t = uint8_t(IFTODT(inodes_.find(n.ino)->mode))](RepairCtx& c) {
                   return edit_bucket(c, n.dir, n.hash, [&](std::vector<DirentRec>& r) {
                     for (auto& e : r)
                       if (e.seq == n.seq) e.type = t;
@@ -385,19 +423,19 @@ class Checker {
     for (auto& [ino, i] : inodes_)
       if (i.present) object(ino, i);
     for (const auto& [ino, off, k] : inline_)
-      if (auto it = inodes_.find(ino); it != inodes_.end() && it->second.present) {
-        const InodeInfo& i = it->second;
+      if (const InodeInfo* ip = inodes_.find(ino); ip && ip->present) {
+        const InodeInfo& i = *ip;
         if (!(S_ISLNK(i.mode) || (S_ISREG(i.mode) && (i.flags & kInodeInline))))
           problem("F5-inline", ino, "inline data on an object that keeps none", Repair::Lossy, 2,
                   "removed misplaced inline data", erase(k, {}));
         else if (off >= i.size)
           problem("F5-inline", ino, "inline chunk at " + std::to_string(off) + " past the size",
                   Repair::Lossy, 2, "removed inline data past the end of files", erase(k, {}));
-        else if (inline_end_[ino] > i.size || (S_ISLNK(i.mode) && inline_end_[ino] != i.size))
-          problem("F5-inline", ino, "inline data ends at " + std::to_string(inline_end_[ino]) + ", the size is " +
+        else if (i.inline_end > i.size || (S_ISLNK(i.mode) && i.inline_end != i.size))
+          problem("F5-inline", ino, "inline data ends at " + std::to_string(i.inline_end) + ", the size is " +
                                         std::to_string(i.size),
                   Repair::Lossy, 4, "cut inline files to the data they hold",
-                  set_inode(ino, [n = inline_end_[ino]](Rec& r) { r.a.size = n; }));
+                  set_inode(ino, [n = i.inline_end](Rec& r) { r.a.size = n; }));
       }
   }
 
@@ -420,6 +458,9 @@ class Checker {
       if (!PLY_TRY(c.t.get(c.tree, home))) PLY_CHECK(c.t.put(c.tree, home, val));
       return ok();
     };
+  }
+  std::span<const NameRec> names_of(const InodeInfo& i) const {
+    return std::span<const NameRec>(names_).subspan(i.first_name, i.nnames);
   }
   FixFn set_inode(uint64_t ino, std::function<void(Rec&)> fn) {
     return [ino, fn](RepairCtx& c) { return patch_inode(c, ino, fn); };
@@ -489,23 +530,24 @@ class Checker {
   // inode is gone is made again (its entries are kept).
   void info_and_root() {
     auto is_root = [&](uint64_t ino) {
-      auto it = inodes_.find(ino);
-      return it != inodes_.end() && it->second.present && S_ISDIR(it->second.mode);
+      const InodeInfo* i = inodes_.find(ino);
+      return i && i->present && S_ISDIR(i->mode);
     };
     uint64_t root = is_root(root_) ? root_ : 0;
     if (!root)
       for (const auto& [ino, i] : inodes_)
-        if (i.present && S_ISDIR(i.mode) && i.parent == ino && i.names.empty()) {
+        if (i.present && S_ISDIR(i.mode) && i.parent == ino && !i.nnames) {
           root = ino;
           break;
         }
-    if (!root && root_ && !inodes_[root_].present && !inodes_[root_].names.size()) root = root_;
+    if (!root && root_ && !inodes_.present(root_) && !(inodes_.find(root_) && inodes_.find(root_)->nnames))
+      root = root_;
     const bool info_bad = !info_ok_ || root != root_;
     if (!info_seen_) problem("F1-info", 0, "the filesystem info item is missing");
     else if (root_ != root && info_ok_) problem("F1-info", 0, "the info item names no root directory");
     if (info_bad && root && !stray_info_)  // else moving the stray item back mends it
       findings_fix_info(root);
-    if (root_ && root == root_ && !inodes_[root_].present) {
+    if (root_ && root == root_ && !inodes_.present(root_)) {
       problem("F1-info", root_, "the root directory's inode is missing", Repair::Lossy, 1,
               "made root directories again", [root](RepairCtx& c) { return remake_dir(c, root, root); });
       return;
@@ -548,7 +590,8 @@ class Checker {
         // Advancing the counter that far would waste the number space: the
         // object takes a new number, and its names follow it.
         std::vector<NameRec> names;
-        for (size_t n : inodes_[ino].names) names.push_back(names_[n]);
+        if (const InodeInfo* i = inodes_.find(ino))
+          for (const NameRec& n : names_of(*i)) names.push_back(n);
         problem("F8-ino", ino, "inode number out of range", Repair::Lossy, 2, "gave objects with numbers out of range new ones",
                 [ino, names](RepairCtx& c) { return renumber(c, ino, names); });
       } else {
@@ -565,7 +608,7 @@ class Checker {
 
   void dirents(Key k, std::span<const std::byte> v) {
     const uint64_t dir = k.hi, h = off_of(k);
-    dirent_items_.insert(dir);
+    if (!inodes_.at_scan(dir).present) dirent_items_.insert(dir);
     bool bad = false, reserved = false;
     auto recs = lenient_dirents(v, &bad, &reserved);
     if (reserved && !bad)
@@ -575,7 +618,9 @@ class Checker {
       problem("F-item", dir, "malformed directory entry", Repair::Lossy, 2,
               "rewrote malformed directory items with their readable entries",
               [dir, h](RepairCtx& c) { return edit_bucket(c, dir, h, [](auto&) { return ok(); }); });
-    std::map<std::string, size_t> seen;  // name -> index in recs of the record kept
+    // name -> index in recs of the record kept (an item holds one record
+    // but for hash collisions: a linear search)
+    std::vector<std::pair<std::string_view, size_t>> seen;
     for (size_t i = 0; i < recs.size(); i++) {
       const DirentRec& e = recs[i];
       const std::string at = "entry \"" + e.name + "\"";
@@ -585,7 +630,8 @@ class Checker {
                 drop(n));
         continue;
       }
-      if (auto it = seen.find(e.name); it != seen.end()) {
+      auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& x) { return x.first == e.name; });
+      if (it != seen.end()) {
         // One record per name (format.md#fs-dirent). An entry wins over a
         // whiteout in its own branch (Unionfs): the whiteout goes.
         const DirentRec& kept = recs[it->second];
@@ -601,7 +647,7 @@ class Checker {
                 "removed second records of names", drop(w));
         it->second = i;
       } else {
-        seen.emplace(e.name, i);
+        seen.emplace_back(e.name, i);
       }
     }
     for (const auto& [name, i] : seen) {
@@ -634,11 +680,10 @@ class Checker {
                 "removed entries of missing inodes", drop(n));
         continue;
       }
-      InodeInfo& d = inodes_[dir];
+      InodeInfo& d = inodes_.at_scan(dir);
       d.entries++;
       if (e.type == DT_DIR) d.subdirs++;
-      inodes_[e.ino].names.push_back(names_.size());  // may come before its inode item
-      names_.push_back(n);
+      names_.push_back(std::move(n));
     }
   }
 
@@ -691,7 +736,8 @@ class Checker {
       return problem("F5-inline", k.hi, "malformed inline chunk", Repair::Lossy, 2,
                      "removed malformed inline data", erase(k, v));
     inline_.emplace_back(k.hi, off, k);
-    inline_end_[k.hi] = std::max(inline_end_[k.hi], off + v.size());
+    InodeInfo& i = inodes_.at_scan(k.hi);
+    i.inline_end = std::max(i.inline_end, off + v.size());
   }
 
   void extent(Key k, std::span<const std::byte> v) {
@@ -701,13 +747,13 @@ class Checker {
       return problem("F4-extent", ino, "malformed extent item at block " + std::to_string(blk),
                      Repair::Lossy, 2, "removed malformed extent items (their ranges read as holes)",
                      erase(k, v));
-    InodeInfo& i = inodes_[ino];
+    InodeInfo& i = inodes_.at_scan(ino);
     if (blk < i.ext_end)
       return problem("F4-extent", ino, "extent items overlap at block " + std::to_string(blk), Repair::Lossy,
                      2, "removed overlapping extent items", erase(k, v));
     i.ext_end = e->end();
     i.mapped += e->nblocks;
-    i.extent_items.emplace_back(k, extent_ref(k, v));
+    if (!S_ISREG(i.mode)) i.extent_items.emplace_back(k, extent_ref(k, v));
     if (view_as<disk::Extent>(v)->reserved.get())
       problem("F-reserved", ino, "reserved field set in the extent item at block " + std::to_string(blk),
               Repair::Safe, 2, "cleared reserved fields",
@@ -740,31 +786,32 @@ class Checker {
     };
     if (S_ISDIR(i.mode)) {
       if (ino == root_) {
-        for (size_t n : i.names)
+        for (const NameRec& n : names_of(i))
           problem("F3-parent", ino, "the root directory has a name", Repair::Lossy, 2,
-                  "removed entries naming the root directory", drop(names_[n]));
+                  "removed entries naming the root directory", drop(n));
         if (i.parent != ino)
           problem("F3-parent", ino, "the root directory's parent field is not itself", Repair::Safe, 4,
                   "corrected directories' parent fields", set([ino](Rec& r) { r.parent = ino; }));
       } else if (!orphan) {
-        if (i.names.empty()) {
+        const auto ns = names_of(i);
+        if (ns.empty()) {
           problem("F3-unattached", ino, "directory that no entry names", Repair::Lossy, 3,
                   "connected unnamed objects to /lost+found",
                   [ino, m = i.mode](RepairCtx& c) { return reconnect(c, ino, m); });
-        } else if (i.names.size() > 1) {
+        } else if (ns.size() > 1) {
           // Keep the name in the directory its parent field gives, else the first.
-          size_t keep = i.names[0];
-          for (size_t n : i.names)
-            if (names_[n].dir == i.parent) keep = n;
-          for (size_t n : i.names)
+          size_t keep = 0;
+          for (size_t n = 0; n < ns.size(); n++)
+            if (ns[n].dir == i.parent) keep = n;
+          for (size_t n = 0; n < ns.size(); n++)
             if (n != keep)
-              problem("F3-parent", ino, "directory also named \"" + names_[n].name + "\" in " +
-                                            std::to_string(names_[n].dir),
-                      Repair::Lossy, 2, "removed second names of directories", drop(names_[n]));
-        } else if (names_[i.names[0]].dir != i.parent) {
+              problem("F3-parent", ino, "directory also named \"" + ns[n].name + "\" in " +
+                                            std::to_string(ns[n].dir),
+                      Repair::Lossy, 2, "removed second names of directories", drop(ns[n]));
+        } else if (ns[0].dir != i.parent) {
           problem("F3-parent", ino, "directory's parent field does not name the directory holding it",
                   Repair::Safe, 4, "corrected directories' parent fields",
-                  set([p = names_[i.names[0]].dir](Rec& r) { r.parent = p; }));
+                  set([p = ns[0].dir](Rec& r) { r.parent = p; }));
         }
       }
       if (!orphan && i.nlink != 2 + i.subdirs)
@@ -775,15 +822,15 @@ class Checker {
         problem("F2-dirsize", ino, "directory size " + std::to_string(i.size) + ", but " +
                                        std::to_string(i.entries) + " entries",
                 Repair::Safe, 4, "corrected directory sizes", set([n = i.entries](Rec& r) { r.a.size = n; }));
-    } else if (i.names.empty() && !orphan) {
+    } else if (!i.nnames && !orphan) {
       problem("F2-unattached", ino, "nlink " + std::to_string(i.nlink) + " but no entry names it",
               Repair::Lossy, 3, "connected unnamed objects to /lost+found",
               [ino, m = i.mode](RepairCtx& c) { return reconnect(c, ino, m); });
-    } else if (i.nlink != i.names.size() && !(i.nlink == 0 && orphan && i.names.empty())) {
-      problem("F2-nlink", ino, "nlink " + std::to_string(i.nlink) + " but " + std::to_string(i.names.size()) +
+    } else if (i.nlink != i.nnames && !(i.nlink == 0 && orphan && !i.nnames)) {
+      problem("F2-nlink", ino, "nlink " + std::to_string(i.nlink) + " but " + std::to_string(i.nnames) +
                                    " names",
               Repair::Safe, 4, "corrected link counts",
-              set([n = uint32_t(i.names.size())](Rec& r) { r.a.nlink = n; }));
+              set([n = i.nnames](Rec& r) { r.a.nlink = n; }));
     }
     if (!i.extent_items.empty() && !S_ISREG(i.mode)) {
       problem("F4-extent", ino, "extent items on a non-regular file", Repair::Lossy, 2,
@@ -808,7 +855,7 @@ class Checker {
     if (i.size > limit)
       problem("F5-inline", ino, "size " + std::to_string(i.size) + " is more than inline data may hold",
               Repair::Lossy, 4, "cut inline files to the data they hold",
-              set([n = std::min(limit, inline_end_[ino])](Rec& r) { r.a.size = n; }));
+              set([n = std::min(limit, i.inline_end)](Rec& r) { r.a.size = n; }));
   }
 
   TreeId tree_;
@@ -820,11 +867,10 @@ class Checker {
   std::vector<std::byte> info_;
   std::set<uint64_t> dirent_items_;  // objects with Dirent items
   std::vector<Finding> out_;
-  std::map<uint64_t, InodeInfo> inodes_;
+  InodeTable inodes_;
   std::set<uint64_t> objects_, orphans_, bad_inos_;
   std::vector<NameRec> names_;
   std::vector<std::tuple<uint64_t, uint64_t, Key>> inline_;  // ino, offset, key
-  std::map<uint64_t, uint64_t> inline_end_;                   // ino -> end of its inline data
 };
 
 // One scan of one filesystem tree.
