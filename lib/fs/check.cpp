@@ -242,12 +242,14 @@ Result<uint64_t> lost_found(RepairCtx& c) {
 // Names object `ino` "#INO" in /lost+found (e2fsck's convention).
 Result<void> reconnect(RepairCtx& c, uint64_t ino, uint32_t mode) {
   const uint64_t lf = PLY_TRY(lost_found(c));
-  std::string name = "#" + std::to_string(ino);
+  // (Built with append: GCC 12 at -O2 warns falsely on "literal" + string.)
+  std::string name("#");
+  name.append(std::to_string(ino));
   for (int i = 1;; i++) {
     auto r = add_record(c, lf, name, ino, uint8_t(IFTODT(mode)));
     if (r) break;
     if (r.error().code != EEXIST || i > 100) return r.error();
-    name = "#" + std::to_string(ino) + "." + std::to_string(i);
+    name.assign("#").append(std::to_string(ino)).append(".").append(std::to_string(i));
   }
   const bool dir = S_ISDIR(mode);
   PLY_CHECK(patch_inode(c, lf, [&](Rec& l) {
@@ -364,6 +366,33 @@ class Checker {
     }
   }
 
+  // A mode that names no file type takes the type the entries naming the
+  // object give it, if they agree; the permission bits stay.
+  void modes() {
+    for (uint64_t ino : bad_modes_) {
+      InodeInfo& i = *inodes_.find(ino);
+      if (ino == root_) {  // the info item's root is a directory, named by nothing
+        const uint32_t m = (i.mode & 07777) | S_IFDIR;
+        problem("F-mode", ino, "mode " + std::to_string(i.mode) + " names no file type", Repair::Lossy, 2,
+                "gave objects the file type their entries name", set_inode(ino, [m](Rec& r) { r.a.mode = m; }));
+        i.mode = m;
+        continue;
+      }
+      const auto ns = names_of(i);
+      const bool agree = !ns.empty() && std::all_of(ns.begin(), ns.end(), [&](const NameRec& n) {
+        return n.type == ns[0].type && DTTOIF(n.type) != 0 && n.type != kDtWhiteout;
+      });
+      if (!agree) {
+        problem("F-mode", ino, "mode " + std::to_string(i.mode) + " names no file type");
+        continue;
+      }
+      const uint32_t m = (i.mode & 07777) | DTTOIF(ns[0].type);
+      problem("F-mode", ino, "mode " + std::to_string(i.mode) + " names no file type", Repair::Lossy, 2,
+              "gave objects the file type their entries name", set_inode(ino, [m](Rec& r) { r.a.mode = m; }));
+      i.mode = m;  // the checks below take the type it will have
+    }
+  }
+
   void finish() {
     // Each object's names: one sort of every record by target.
     std::sort(names_.begin(), names_.end(), [](const NameRec& a, const NameRec& b) { return a.ino < b.ino; });
@@ -374,6 +403,7 @@ class Checker {
       while (j < names_.size() && names_[j].ino == ino) j++;
       i.nnames = uint32_t(j - i.first_name);
     }
+    modes();
     info_and_root();
     inode_numbers();
     for (uint64_t o : objects_)
@@ -484,7 +514,7 @@ class Checker {
               "cleared unknown inode flags", set_inode(ino, [known](Rec& r) { r.flags &= known; }));
     switch (d.mode.get() & S_IFMT) {
       case S_IFREG: case S_IFDIR: case S_IFLNK: case S_IFCHR: case S_IFBLK: case S_IFIFO: case S_IFSOCK: break;
-      default: problem("F-mode", ino, "mode " + std::to_string(d.mode.get()) + " names no file type");
+      default: bad_modes_.push_back(ino);  // the entries naming it may say (finish)
     }
   }
 
@@ -822,7 +852,7 @@ class Checker {
         problem("F2-dirsize", ino, "directory size " + std::to_string(i.size) + ", but " +
                                        std::to_string(i.entries) + " entries",
                 Repair::Safe, 4, "corrected directory sizes", set([n = i.entries](Rec& r) { r.a.size = n; }));
-    } else if (!i.nnames && !orphan) {
+    } else if (!i.nnames && !orphan && ino != root_) {
       problem("F2-unattached", ino, "nlink " + std::to_string(i.nlink) + " but no entry names it",
               Repair::Lossy, 3, "connected unnamed objects to /lost+found",
               [ino, m = i.mode](RepairCtx& c) { return reconnect(c, ino, m); });
@@ -866,6 +896,7 @@ class Checker {
   bool info_seen_ = false, info_ok_ = false, stray_info_ = false;
   std::vector<std::byte> info_;
   std::set<uint64_t> dirent_items_;  // objects with Dirent items
+  std::vector<uint64_t> bad_modes_;  // inodes whose mode names no file type
   std::vector<Finding> out_;
   InodeTable inodes_;
   std::set<uint64_t> objects_, orphans_, bad_inos_;
