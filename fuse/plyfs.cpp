@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "blockdev/blockdev.h"
+#include "blockdev/log_device.h"
 #include "fs/fs.h"
 #include "union/union.h"
 #include "union/view.h"
@@ -59,6 +60,7 @@ struct Config {
   const char* layer = nullptr;
   const char* copyup = nullptr;
   const char* del = nullptr;
+  const char* crashlog = nullptr;  // testing: log every device write and flush
   unsigned snapshot_interval = 0, snapshot_keep = 0;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
 };
@@ -75,6 +77,7 @@ const struct fuse_opt kOpts[] = {
     {"layer=%s", offsetof(Config, layer), 0},
     {"copyup=%s", offsetof(Config, copyup), 0},
     {"delete=%s", offsetof(Config, del), 0},
+    {"crashlog=%s", offsetof(Config, crashlog), 0},
     {"snapshot_interval=%u", offsetof(Config, snapshot_interval), 0},
     {"snapshot_keep=%u", offsetof(Config, snapshot_keep), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
@@ -133,6 +136,7 @@ void usage() {
       "                     the oldest into the next\n"
       "  -o delete=MODE     whiteout (default: hide lower names) or all (also delete\n"
       "                     them from the writable branches that hold them)\n"
+      "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
       "  and the other options of mount.fuse3(8).\n"
       "\n"
@@ -160,7 +164,7 @@ bool parse_size(const char* s, uint64_t& out) {
 // --- the daemon's state -------------------------------------------------------
 
 struct Daemon {
-  std::unique_ptr<FileDevice> dev;
+  std::unique_ptr<BlockDevice> dev;
   std::unique_ptr<Volume> vol;
   // Every branch opened since the mount, by tree id: kept until unmount,
   // because an operation that began before a restack may still use one.
@@ -952,6 +956,15 @@ int main(int argc, char** argv) {
   g = &d;
   d.acl = acl;
   d.dev = std::move(*dev);
+  if (cfg.crashlog) {  // the test suite's crash harness (docs/testing.md)
+    auto ld = LogDevice::create(std::move(d.dev), cfg.crashlog);
+    if (!ld) {
+      std::fprintf(stderr, "plyfs: %s\n", ld.error().message().c_str());
+      report(status_fd, 1);
+      return 1;
+    }
+    d.dev = std::move(*ld);
+  }
   VolumeOptions vo;
   vo.read_only = cfg.ro;
   vo.kinds = fs_kinds();

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <cstdio>
 #include <random>
 
+#include "blockdev/log_device.h"
 #include "commit/disk_superblock.h"
 
 namespace plyfs::crash {
@@ -50,6 +52,49 @@ uint64_t Log::gen_hi(size_t crash_at, uint64_t base_gen) const {
   for (const auto& s : supers)
     if (s.pos < crash_at && s.gen > g) g = s.gen;
   return g;
+}
+
+std::string load_log(const std::string& path, Log& log, std::vector<uint64_t>* ends) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return "cannot open " + path;
+  std::vector<unsigned char> b;
+  unsigned char chunk[1 << 16];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) b.insert(b.end(), chunk, chunk + n);
+  std::fclose(f);
+  auto get64 = [&](size_t at) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | b[at + size_t(i)];
+    return v;
+  };
+  if (b.size() < 24 || std::memcmp(b.data(), kLogMagic, 8) != 0) return path + ": not a crash log";
+  log.sector = static_cast<uint32_t>(get64(8));
+  log.entries.clear();
+  if (ends) ends->clear();
+  for (size_t at = 24; at + 24 <= b.size();) {
+    Entry e;
+    const uint64_t len = get64(at + 16);
+    switch (static_cast<LogRecord>(b[at])) {
+      case LogRecord::Write: e.kind = Kind::Write; break;
+      case LogRecord::WriteFailed: e.kind = Kind::WriteFailed; break;
+      case LogRecord::Flush: e.kind = Kind::Flush; break;
+      case LogRecord::FlushFailed: e.kind = Kind::FlushFailed; break;
+      case LogRecord::Discard: e.kind = Kind::Discard; break;
+      default: return path + ": unknown record at byte " + std::to_string(at);
+    }
+    e.offset = get64(at + 8);
+    e.length = len;
+    at += 24;
+    if (e.kind == Kind::Write || e.kind == Kind::WriteFailed) {
+      if (b.size() - at < len) break;  // cut short
+      auto* p = reinterpret_cast<const std::byte*>(b.data() + at);
+      e.data = std::make_shared<const std::vector<std::byte>>(p, p + len);
+      at += len;
+    }
+    log.entries.push_back(std::move(e));
+    if (ends) ends->push_back(at);
+  }
+  log.index();
+  return "";
 }
 
 std::string Spec::id() const {

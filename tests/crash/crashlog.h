@@ -55,6 +55,13 @@ struct Log {
   uint64_t gen_hi(size_t crash_at, uint64_t base_gen) const;
 };
 
+// Reads a log that LogDevice (lib/blockdev/log_device.h, the daemon's
+// `-o crashlog=PATH`) wrote into log.entries and log.sector, then indexes it;
+// log.base is the caller's. A record cut short at the end of the file (a
+// daemon killed while writing) is dropped. `ends`, when given, gets the file
+// offset at which each entry ends. Empty on success, else what is wrong.
+std::string load_log(const std::string& path, Log& log, std::vector<uint64_t>* ends = nullptr);
+
 enum class Lost : uint8_t { Old, Garbage, Unreadable };
 
 struct Spec {
