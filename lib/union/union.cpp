@@ -36,6 +36,8 @@ Union::Union(std::vector<UnionBranch> branches, CopyUpMode copyup, DeleteMode de
     if (a && a->opaque) break;
   }
   nodes_.emplace(root_, std::move(r));
+  for (const auto& b : br_)
+    if (b.writable) holders_.push_back(b.fs);
   compute_origins();
 }
 
@@ -102,8 +104,7 @@ void Union::remember(uint64_t ino, uint64_t parent, std::string_view name, const
     }
   }
   if (count)
-    for (auto& b : br_)
-      if (b.writable) b.fs->pin(ino);
+    for (Filesystem* f : holders_) f->pin(ino);
 }
 
 int Union::branch_of(uint64_t ino) {
@@ -889,11 +890,6 @@ Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>
   if (!nbr) return nbr.error();
   std::vector<UnionBranch> nb = std::move(*nbr);
   if (nb.empty()) return Error::invalid("a union needs at least one branch");
-  auto writable_in = [](const std::vector<UnionBranch>& v, Filesystem* f) {
-    for (const auto& b : v)
-      if (b.fs == f && b.writable) return true;
-    return false;
-  };
   // A snapshot's restack: one branch with an empty root (no entry, no
   // whiteout, not opaque) inserted, the others in their order. Nothing can
   // be found in it, so every resolution stays, its branch indices shifted,
@@ -915,19 +911,25 @@ Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>
       inserted = -1;
     }
   }
-  // The writable branches hold the kernel's references, so that a file
-  // unlinked while open lives on: hand them over to the new writable set.
-  // After a snapshot the frozen branch keeps its own (it still serves the
-  // files unlinked while open before the snapshot).
+  // The kernel's references, so that a file unlinked while open lives on:
+  // the new writable branches take them; a branch that held them keeps
+  // them while it stays in the stack (it still serves the files unlinked
+  // while open there, read-only or frozen by a snapshot); only a branch
+  // that leaves gives them up.
   std::vector<std::pair<uint64_t, uint64_t>> refs;
   for (const auto& [ino, n] : nodes_)
     if (ino != root_ && n.refs) refs.emplace_back(ino, n.refs);
+  auto in = [](const auto& v, Filesystem* f) { return std::find(v.begin(), v.end(), f) != v.end(); };
+  std::vector<Filesystem*> holders;
   for (const auto& b : nb)
-    if (b.writable && !writable_in(br_, b.fs))
-      for (auto [ino, n] : refs) b.fs->pin(ino, n);
-  for (const auto& b : br_)
-    if (b.writable && !writable_in(nb, b.fs) && inserted < 0)
-      for (auto [ino, n] : refs) (void)b.fs->unpin(ino, n);  // an error fails that branch alone
+    if ((b.writable || in(holders_, b.fs)) && !in(holders, b.fs)) holders.push_back(b.fs);
+  for (Filesystem* f : holders)
+    if (!in(holders_, f))
+      for (auto [ino, n] : refs) f->pin(ino, n);
+  for (Filesystem* f : holders_)
+    if (!in(holders, f))
+      for (auto [ino, n] : refs) (void)f->unpin(ino, n);  // an error fails that branch alone
+  holders_ = std::move(holders);
   for (const auto& b : nb) b.fs->set_kernel_times(kernel_times_);
 
   std::lock_guard nl(nodes_mu_);
@@ -1015,18 +1017,16 @@ Result<void> Union::unpin(uint64_t ino, uint64_t n) {
     }
   }
   Result<void> r = ok();
-  for (auto& b : br_)
-    if (b.writable)
-      if (auto e = b.fs->unpin(ino, n); !e && r) r = e;
+  for (Filesystem* f : holders_)
+    if (auto e = f->unpin(ino, n); !e && r) r = e;
   return r;
 }
 
 Result<void> Union::release_all() {
   std::shared_lock lk(mu_);
   Result<void> r = ok();
-  for (auto& b : br_)
-    if (b.writable)
-      if (auto e = b.fs->release_all(); !e && r) r = e;
+  for (Filesystem* f : holders_)
+    if (auto e = f->release_all(); !e && r) r = e;
   return r;
 }
 

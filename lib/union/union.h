@@ -228,6 +228,11 @@ class Union {
 
   // Read under mu_ (or nodes_mu_); replaced by restack under both, exclusive.
   std::vector<UnionBranch> br_;
+  // The branches that hold the kernel's references (pins): the writable
+  // ones, and any branch that held them and is still in the stack (a
+  // branch turned read-only or frozen by a snapshot still serves the files
+  // unlinked while open there). Changed only by restack, under mu_.
+  std::vector<Filesystem*> holders_;
   bool kernel_times_ = false;
   // Per branch: the tree its clone chain starts from (format.md#root-record,
   // cloned_from), 0 if unknown. Only branches of one lineage hold the same

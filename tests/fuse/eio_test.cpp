@@ -142,7 +142,7 @@ int walk(const std::string& dir, std::set<int>& errs, int depth = 0) {
         failed++;
         continue;
       }
-      while (true) {
+      for (int n = 0; n < 16; n++) {  // the first MiB: a damaged size may be a terabyte
         ssize_t r = ::read(fd, buf, sizeof buf);
         if (r < 0) errs.insert(errno), failed++;
         if (r <= 0) break;

@@ -1431,5 +1431,37 @@ TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recov
   CHECK(struck > runs / 2);
 }
 
+TEST_CASE("union: a branch that turns read-only keeps serving a file unlinked while open", "[union]") {
+  // The kernel's references stay with every branch that held them while it
+  // stays in the stack: the file lives until the last reference goes.
+  Image im = make_image(2);
+  Attr f = must(im.fs[0]->mknod(im.fs[0]->root(), "f", S_IFREG | 0644, 0, 0, 0));
+  must(im.fs[0]->write(f.ino, 0, bytes("still here")));
+  Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}});
+  Attr a = must(u.lookup(u.root(), "f"));  // the kernel's reference
+  REQUIRE(a.ino == f.ino);
+  must(u.unlink(u.root(), "f"));
+  REQUIRE(im.fs[0]->orphan_count() == 1);
+  // The top branch turns read-only; the other one takes the writes.
+  must(u.restack({{im.fs[0].get(), false}, {im.fs[1].get(), true}}));
+  CHECK(im.fs[0]->orphan_count() == 1);
+  std::vector<std::byte> buf(10);
+  REQUIRE(must(u.read(a.ino, 0, buf)) == 10);
+  CHECK(buf == bytes("still here"));
+  // A new write branch holds it too; the last forget frees it in both.
+  must(u.unpin(a.ino));
+  CHECK(im.fs[0]->orphan_count() == 0);
+  // A branch that leaves the stack gives its references up at once.
+  Attr g = must(u.mknod(u.root(), "g", S_IFREG | 0644, 0, kRoot));
+  must(u.unlink(u.root(), "g"));
+  REQUIRE(im.fs[1]->orphan_count() == 1);
+  must(u.restack({{im.fs[0].get(), true}}));
+  CHECK(im.fs[1]->orphan_count() == 0);
+  must(u.unpin(g.ino));
+  must(u.release_all());
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
+}
+
 }  // namespace
 }  // namespace plyfs::test
