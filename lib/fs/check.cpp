@@ -19,6 +19,8 @@
 
 #include <dirent.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <algorithm>
 #include <bitset>
 #include <map>
@@ -40,12 +42,12 @@ using Repair = Problem::Repair;
 constexpr uint64_t kFixBlocks = 64;
 constexpr int kMaxRounds = 12;  // scans of one tree during a repair
 
-// A record that names an object (whiteouts are kept apart).
+// A record that names an object (whiteouts are kept apart). Its name is
+// in the checker's arena: a million-file tree costs no allocation per name.
 struct NameRec {
-  uint64_t dir, hash;
-  uint8_t seq, type;
-  std::string name;
-  uint64_t ino;
+  uint64_t dir, hash, ino;
+  uint32_t name_off = 0;
+  uint8_t name_len = 0, seq = 0, type = 0;
 };
 
 struct InodeInfo {
@@ -112,9 +114,9 @@ bool valid_name(std::string_view n) {
 
 // The records of a Dirent item up to the first malformed one; a repeated
 // seq is dropped. `bad` says whether anything was left out.
-std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v, bool* bad = nullptr,
-                                       bool* reserved = nullptr) {
-  std::vector<DirentRec> out;
+void lenient_dirents(std::span<const std::byte> v, std::vector<DirentRec>& out, bool* bad = nullptr,
+                     bool* reserved = nullptr) {
+  out.clear();
   std::bitset<128> seqs;
   size_t p = 0;
   bool b = false;
@@ -138,6 +140,10 @@ std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v, bool* bad =
     p += sizeof(disk::Dirent) + n;
   }
   if (bad) *bad = b;
+}
+std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v) {
+  std::vector<DirentRec> out;
+  lenient_dirents(v, out);
   return out;
 }
 
@@ -242,14 +248,14 @@ Result<uint64_t> lost_found(RepairCtx& c) {
 // Names object `ino` "#INO" in /lost+found (e2fsck's convention).
 Result<void> reconnect(RepairCtx& c, uint64_t ino, uint32_t mode) {
   const uint64_t lf = PLY_TRY(lost_found(c));
-  // (Built with append: GCC 12 at -O2 warns falsely on "literal" + string.)
-  std::string name("#");
-  name.append(std::to_string(ino));
-  for (int i = 1;; i++) {
-    auto r = add_record(c, lf, name, ino, uint8_t(IFTODT(mode)));
+  // (snprintf: GCC 12 at -O2 warns falsely on building it from std::string.)
+  for (int i = 0;; i++) {
+    char buf[48];
+    if (i == 0) std::snprintf(buf, sizeof buf, "#%" PRIu64, ino);
+    else std::snprintf(buf, sizeof buf, "#%" PRIu64 ".%d", ino, i);
+    auto r = add_record(c, lf, buf, ino, uint8_t(IFTODT(mode)));
     if (r) break;
     if (r.error().code != EEXIST || i > 100) return r.error();
-    name.assign("#").append(std::to_string(ino)).append(".").append(std::to_string(i));
   }
   const bool dir = S_ISDIR(mode);
   PLY_CHECK(patch_inode(c, lf, [&](Rec& l) {
@@ -437,10 +443,10 @@ class Checker {
     }
     for (const NameRec& n : names_)
       if (!inodes_.present(n.ino))
-        problem("F2-dirent", n.dir, "entry \"" + n.name + "\" names missing inode " + std::to_string(n.ino),
+        problem("F2-dirent", n.dir, "entry \"" + name(n) + "\" names missing inode " + std::to_string(n.ino),
                 Repair::Lossy, 2, "removed entries of missing inodes", drop(n));
       else if (IFTODT(inodes_.find(n.ino)->mode) != n.type)
-        problem("F2-dirent", n.dir, "entry \"" + n.name + "\" has a type that disagrees with inode " +
+        problem("F2-dirent", n.dir, "entry \"" + name(n) + "\" has a type that disagrees with inode " +
                                         std::to_string(n.ino),
                 Repair::Safe, 2, "corrected the type of entries",
                 [n, t = uint8_t(IFTODT(inodes_.find(n.ino)->mode))](RepairCtx& c) {
@@ -489,6 +495,11 @@ class Checker {
       return ok();
     };
   }
+  // A record's NameRec; its name goes to the arena only if it is kept.
+  NameRec rec(uint64_t dir, uint64_t h, const DirentRec& e) const {
+    return NameRec{dir, h, e.ino, uint32_t(arena_.size()), uint8_t(e.name.size()), e.seq, e.type};
+  }
+  std::string name(const NameRec& n) const { return arena_.substr(n.name_off, n.name_len); }
   std::span<const NameRec> names_of(const InodeInfo& i) const {
     return std::span<const NameRec>(names_).subspan(i.first_name, i.nnames);
   }
@@ -640,7 +651,8 @@ class Checker {
     const uint64_t dir = k.hi, h = off_of(k);
     if (!inodes_.at_scan(dir).present) dirent_items_.insert(dir);
     bool bad = false, reserved = false;
-    auto recs = lenient_dirents(v, &bad, &reserved);
+    std::vector<DirentRec>& recs = recs_;
+    lenient_dirents(v, recs, &bad, &reserved);
     if (reserved && !bad)
       problem("F-reserved", dir, "reserved field set in a directory entry", Repair::Safe, 2, "cleared reserved fields",
               [dir, h](RepairCtx& c) { return edit_bucket(c, dir, h, [](auto&) { return ok(); }); });
@@ -650,13 +662,14 @@ class Checker {
               [dir, h](RepairCtx& c) { return edit_bucket(c, dir, h, [](auto&) { return ok(); }); });
     // name -> index in recs of the record kept (an item holds one record
     // but for hash collisions: a linear search)
-    std::vector<std::pair<std::string_view, size_t>> seen;
+    auto& seen = seen_;
+    seen.clear();
     for (size_t i = 0; i < recs.size(); i++) {
       const DirentRec& e = recs[i];
-      const std::string at = "entry \"" + e.name + "\"";
-      NameRec n{dir, h, e.seq, e.type, e.name, e.ino};
+      auto at = [&] { return "entry \"" + e.name + "\""; };
+      NameRec n = rec(dir, h, e);
       if (!valid_name(e.name)) {
-        problem("F2-name", dir, at + " is not a valid name", Repair::Lossy, 2, "removed entries with invalid names",
+        problem("F2-name", dir, at() + " is not a valid name", Repair::Lossy, 2, "removed entries with invalid names",
                 drop(n));
         continue;
       }
@@ -668,12 +681,13 @@ class Checker {
         const bool wh = e.type == kDtWhiteout, kept_wh = kept.type == kDtWhiteout;
         if (wh || !kept_wh) {
           problem(wh != kept_wh ? "U1-conflict" : "F2-dup", dir,
-                  at + (wh != kept_wh ? " is both an entry and a whiteout" : " is given twice"),
+                  at() + (wh != kept_wh ? " is both an entry and a whiteout" : " is given twice"),
                   Repair::Lossy, 2, "removed second records of names", drop(n));
           continue;
         }
-        NameRec w{dir, h, kept.seq, kept.type, kept.name, 0};
-        problem("U1-conflict", dir, at + " is both an entry and a whiteout", Repair::Lossy, 2,
+        NameRec w = rec(dir, h, kept);
+        w.ino = 0;
+        problem("U1-conflict", dir, at() + " is both an entry and a whiteout", Repair::Lossy, 2,
                 "removed second records of names", drop(w));
         it->second = i;
       } else {
@@ -682,13 +696,13 @@ class Checker {
     }
     for (const auto& [name, i] : seen) {
       const DirentRec& e = recs[i];
-      NameRec n{dir, h, e.seq, e.type, e.name, e.ino};
+      NameRec n = rec(dir, h, e);
       if (name_hash(e.name) != h) {
         // Lookup would never find it; move it to its item.
         problem("F2-hash", dir, "entry \"" + e.name + "\" is filed under the wrong hash", Repair::Safe, 2,
-                "moved entries filed under the wrong hash", [n](RepairCtx& c) -> Result<void> {
+                "moved entries filed under the wrong hash", [n, name = e.name](RepairCtx& c) -> Result<void> {
                   PLY_CHECK(drop_record(c, n.dir, n.hash, n.seq));
-                  auto r = add_record(c, n.dir, n.name, n.ino, n.type);
+                  auto r = add_record(c, n.dir, name, n.ino, n.type);
                   if (!r && r.error().code != EEXIST) return r.error();
                   return ok();  // the name exists where it belongs: this copy goes
                 });
@@ -713,7 +727,8 @@ class Checker {
       InodeInfo& d = inodes_.at_scan(dir);
       d.entries++;
       if (e.type == DT_DIR) d.subdirs++;
-      names_.push_back(std::move(n));
+      arena_.append(e.name);  // kept: rec() pointed at the arena's end
+      names_.push_back(n);
     }
   }
 
@@ -835,7 +850,7 @@ class Checker {
             if (ns[n].dir == i.parent) keep = n;
           for (size_t n = 0; n < ns.size(); n++)
             if (n != keep)
-              problem("F3-parent", ino, "directory also named \"" + ns[n].name + "\" in " +
+              problem("F3-parent", ino, "directory also named \"" + name(ns[n]) + "\" in " +
                                             std::to_string(ns[n].dir),
                       Repair::Lossy, 2, "removed second names of directories", drop(ns[n]));
         } else if (ns[0].dir != i.parent) {
@@ -901,6 +916,9 @@ class Checker {
   InodeTable inodes_;
   std::set<uint64_t> objects_, orphans_, bad_inos_;
   std::vector<NameRec> names_;
+  std::string arena_;                       // the names of names_
+  std::vector<DirentRec> recs_;             // scratch of dirents()
+  std::vector<std::pair<std::string_view, size_t>> seen_;
   std::vector<std::tuple<uint64_t, uint64_t, Key>> inline_;  // ino, offset, key
 };
 
