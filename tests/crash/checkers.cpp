@@ -32,10 +32,17 @@ long next_call(const Log& log, size_t pos) {
 // Reach(G): every extent generation G reaches, from the image as it was when
 // G was durable (a crash state right after the flush that followed its
 // superblock, or the base image).
-std::vector<std::pair<uint64_t, uint64_t>> reach_of(const Run& run, size_t crash_at) {
+// With `all_landed`, every write since the last flush landed too (data_of).
+std::vector<std::pair<uint64_t, uint64_t>> reach_of(const Run& run, size_t crash_at,
+                                                    bool all_landed = false) {
   Spec spec;
   spec.crash_at = crash_at;
   spec.tier = "P3";
+  if (all_landed) {
+    const long last = run.log.last_flush_before(crash_at);
+    for (size_t p : run.log.writes)
+      if (long(p) > last && p < crash_at) spec.kept.push_back(p);
+  }
   StateDevice dev(run.log, spec, 0);
   VerifyOptions vo;
   vo.kinds = kinds();
@@ -48,10 +55,19 @@ std::vector<std::pair<uint64_t, uint64_t>> reach_of(const Run& run, size_t crash
 // Data blocks: every extent the values of some generation's trees reference
 // (a filesystem's file data), as the image was when it was durable. Data is
 // not a node, so P4 leaves these blocks alone.
-void data_of(const Run& run, size_t crash_at, std::vector<std::pair<uint64_t, uint64_t>>& out) {
+// With `all_landed`, every write since the last flush before crash_at
+// landed too (a generation whose flush after the superblock failed: it may
+// be durable anyway, D4).
+void data_of(const Run& run, size_t crash_at, std::vector<std::pair<uint64_t, uint64_t>>& out,
+             bool all_landed = false) {
   Spec spec;
   spec.crash_at = crash_at;
   spec.tier = "P4";
+  if (all_landed) {
+    const long last = run.log.last_flush_before(crash_at);
+    for (size_t p : run.log.writes)
+      if (long(p) > last && p < crash_at) spec.kept.push_back(p);
+  }
   StateDevice dev(run.log, spec, 0);
   VolumeOptions vo;
   vo.read_only = true;
@@ -167,6 +183,7 @@ std::vector<Violation> check_protocol(const Run& run) {
   for (const auto& s : log.supers) {
     auto f = std::upper_bound(log.flushes.begin(), log.flushes.end(), s.pos);
     if (f != log.flushes.end()) data_of(run, *f + 1, data);
+    else data_of(run, log.entries.size(), data, true);  // its flush failed (fault runs)
   }
   std::sort(data.begin(), data.end());
   auto is_data = [&](uint64_t b) {
@@ -178,12 +195,19 @@ std::vector<Violation> check_protocol(const Run& run) {
     }
     return false;
   };
+  // A generation whose flush after the superblock failed (fault runs) may be
+  // durable anyway (D4): what it reaches, with everything written landed.
+  std::vector<Protected> unflushed;
+  for (const auto& s : log.supers)
+    if (std::upper_bound(log.flushes.begin(), log.flushes.end(), s.pos) == log.flushes.end())
+      unflushed.push_back(Protected{s.pos, log.entries.size(), reach_of(run, log.entries.size(), true), s.gen});
   auto reached = [&](uint64_t gen, uint64_t b) {
-    for (const auto& p : prot) {
-      if (p.gen != gen) continue;
-      auto it = std::upper_bound(p.reach.begin(), p.reach.end(), std::pair<uint64_t, uint64_t>(b, ~0ull));
-      return it != p.reach.begin() && std::prev(it)->first + std::prev(it)->second > b;
-    }
+    for (const auto* ps : {&prot, &unflushed})
+      for (const auto& p : *ps) {
+        if (p.gen != gen) continue;
+        auto it = std::upper_bound(p.reach.begin(), p.reach.end(), std::pair<uint64_t, uint64_t>(b, ~0ull));
+        return it != p.reach.begin() && std::prev(it)->first + std::prev(it)->second > b;
+      }
     return true;  // not durable in this log: judge it as a node
   };
   const auto ch = read_superblocks(*log.base);

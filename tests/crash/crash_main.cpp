@@ -93,14 +93,16 @@ struct Driver {
   }
 
   // The same for a filesystem workload (fs_workload.h).
-  void run_fs(const FsWorkload& w, const Sampling& s, const std::string& suite) {
+  // With a fault rule, returns whether the injected fault fired.
+  bool run_fs(const FsWorkload& w, const Sampling& s, const std::string& suite,
+              const FaultDevice::Rule* fault = nullptr) {
     std::string only_state;
     if (!args.only.empty()) {
       const auto slash = args.only.rfind('/', args.only.find(':'));
-      if (args.only.substr(0, slash) != w.id) return;
+      if (args.only.substr(0, slash) != w.id) return fault != nullptr;
       only_state = args.only.substr(slash + 1);
     }
-    const FsRun fr = record_fs(w);
+    const FsRun fr = record_fs(w, fault);
     const uint64_t before = t.states;
     if (args.verbose) {
       std::printf("%s: %zu writes, generations", w.id.c_str(), fr.run.log.writes.size());
@@ -110,7 +112,14 @@ struct Driver {
       for (size_t i = 0; i < w.ops.size() && i < fr.results.size(); i++)
         std::printf("  %s: %s\n", w.ops[i].str().c_str(), fr.results[i].c_str());
     }
-    if (!fr.run.error.empty()) t.add_failure("WORKLOAD", w.id + ": " + fr.run.error);
+    // Under a fault, every failing operation or commit must have returned
+    // EIO, ENOSPC or EROFS (record_fs puts anything else in run.error).
+    if (!fr.run.error.empty())
+      t.add_failure(fault && fr.run.fault_fired ? "FAULT_ERROR" : "WORKLOAD", w.id + ": " + fr.run.error);
+    if (fr.run.failed_writable)
+      t.add_failure("C5", w.id + ": a commit failed and the volume stayed writable");
+    if (fault && args.verbose && !fr.fault_error.empty())
+      std::printf("%s: the fault surfaced as %s\n", w.id.c_str(), fr.fault_error.c_str());
     Workload shell;
     shell.id = w.id;
     shell.bug = w.bug;
@@ -121,7 +130,10 @@ struct Driver {
     per_suite[suite] += t.states - before;
     fs_states += t.states - before;
     refused_ops += fr.failed_ops;
+    fault_refusals += fr.fault_ops;
+    return fr.run.fault_fired;
   }
+  uint64_t fault_refusals = 0;
   uint64_t fs_states = 0, refused_ops = 0;
 
   // Records and checks one workload; with --only, just the named state.
@@ -294,6 +306,36 @@ void fault_suite(Driver& d, const std::vector<Workload>& ws, Sampling s) {
       }
 }
 
+// The same fault loops over filesystem workloads (fs_fault_workloads): the
+// k-th read, write or flush of the workload's operations and commits fails,
+// k = 1..16, then sampled (k grows by an eighth) until the workload no longer
+// reaches the k-th call or `deadline` (seconds from the start) passes.
+void fs_fault_suite(Driver& d, Sampling s, double deadline) {
+  s.faults = true;
+  using F = FaultDevice;
+  const F::Rule modes[] = {
+      {F::Op::Write, 1, false, F::Kind::Eio, 1},   {F::Op::Write, 1, true, F::Kind::Eio, 1},
+      {F::Op::Write, 1, false, F::Kind::Torn, 7},  {F::Op::Write, 1, false, F::Kind::Short, 0},
+      {F::Op::Write, 1, false, F::Kind::Enospc, 0}, {F::Op::Flush, 1, false, F::Kind::Eio, 0},
+      {F::Op::Flush, 1, true, F::Kind::Eio, 0},    {F::Op::Read, 1, false, F::Kind::Eio, 0},
+  };
+  const auto over = [&] { return d.spent() || d.elapsed() > deadline; };
+  for (const FsWorkload& w : fs_fault_workloads())
+    for (F::Rule m : modes)
+      for (uint64_t k = 1; k < 100000 && !over(); k += k < 16 ? 1 : k / 8) {
+        m.nth = k;
+        FsWorkload fw = w;
+        char tag[96];
+        std::snprintf(tag, sizeof tag, "/fault-%d-%d%s-%llu", int(m.op), int(m.kind), m.sticky ? "s" : "",
+                      (unsigned long long)k);
+        fw.id += tag;
+        const uint64_t failed = d.t.failed;
+        const bool fired = d.run_fs(fw, s, "fs-faults", &m);
+        if (d.t.failed != failed) break;
+        if (!fired) break;
+      }
+}
+
 int self_test(Driver& d) {
   // Each planted bug must be caught by something: a protocol checker or the
   // oracle on some crash state.
@@ -415,8 +457,11 @@ int main(int argc, char** argv) {
     if (i % 4 == 3 && !d.engine_spent())
       for (const Workload& w : ace(3, seed, 8)) d.run(w, full, "ace3");
   }
-  // The filesystem suites' share: sampled seq-2 and seq-3, long random
-  // workloads. Under --only, the workload is regenerated from its id.
+  // The filesystem suites' share: fault loops (up to a third of what is
+  // left), sampled seq-2 and seq-3, long random workloads. Under --only, the
+  // workload is regenerated from its id.
+  if (d.args.only.empty() || d.args.only.rfind("fs-fault/", 0) == 0)
+    fs_fault_suite(d, light, d.elapsed() + (d.args.budget_s - d.elapsed()) / 3);
   const bool fs_only = !d.args.only.empty();
   if (!fs_only || d.args.only.rfind("fs-ace2/", 0) == 0)
     for (const FsWorkload& w : fs_ace(2, d.args.seed, 150)) {
@@ -447,9 +492,10 @@ int main(int argc, char** argv) {
               (unsigned long long)d.t.logs_checked, (unsigned long long)d.t.failed, d.elapsed());
   for (const auto& [suite, n] : d.per_suite)
     std::printf("  %-12s %llu states\n", suite.c_str(), (unsigned long long)n);
-  std::printf("  engine %llu states, filesystem %llu states (%llu operations refused cleanly)\n",
+  std::printf("  engine %llu states, filesystem %llu states (%llu operations refused cleanly, %llu of "
+              "them after an injected fault)\n",
               (unsigned long long)(d.t.states - d.fs_states), (unsigned long long)d.fs_states,
-              (unsigned long long)d.refused_ops);
+              (unsigned long long)d.refused_ops, (unsigned long long)d.fault_refusals);
   for (const auto& r : d.t.reproducers) std::printf("FAIL %s\n", r.c_str());
   if (!d.args.only.empty() && d.t.states == 0) {
     std::printf("FAIL: no crash state matches --only '%s'\n", d.args.only.c_str());

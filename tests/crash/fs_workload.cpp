@@ -376,7 +376,42 @@ Result<std::string> list_view(Volume& v) {
   return out;
 }
 
-FsRun record_fs(const FsWorkload& w) {
+namespace {
+
+// The device a fault run's volume sees: the recorder through the fault
+// device while armed (the workload's operations and commits), the recorder
+// alone otherwise (the open, the harness's listings and dumps), so that the
+// k-th call counts only the workload's own.
+class GateDevice final : public BlockDevice {
+ public:
+  GateDevice(BlockDevice& plain, BlockDevice* faulty) : plain_(plain), faulty_(faulty) {}
+  bool armed = false;
+  Result<void> read(uint64_t o, std::span<std::byte> out) override { return dev().read(o, out); }
+  Result<void> write(uint64_t o, std::span<const std::byte> in) override { return dev().write(o, in); }
+  Result<void> flush() override { return dev().flush(); }
+  Result<void> discard(uint64_t o, uint64_t n) override { return dev().discard(o, n); }
+  uint64_t size_bytes() const override { return plain_.size_bytes(); }
+  uint32_t logical_sector_size() const override { return plain_.logical_sector_size(); }
+  uint32_t physical_sector_size() const override { return plain_.physical_sector_size(); }
+
+ private:
+  BlockDevice& dev() { return armed && faulty_ ? *faulty_ : plain_; }
+  BlockDevice& plain_;
+  BlockDevice* faulty_;
+};
+
+// Arms the gate for one scope.
+struct Armed {
+  explicit Armed(GateDevice& g) : gate(g) { gate.armed = true; }
+  ~Armed() { gate.armed = false; }
+  GateDevice& gate;
+};
+
+bool fault_code(int code) { return code == EIO || code == ENOSPC || code == EROFS; }
+
+}  // namespace
+
+FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
   FsRun fr;
   Run& run = fr.run;
   auto dev = image(w.image.empty() ? "base" : w.image).clone();
@@ -385,7 +420,15 @@ FsRun record_fs(const FsWorkload& w) {
   run.log.block_size = 4096;
   if (auto ch = read_superblocks(*dev)) run.base_gen = ch->info.generation.v;
   RecordingDevice rec(*dev);
-  auto vol = Volume::open(rec, rw_options(w.bug));
+  std::unique_ptr<FaultDevice> faulty;
+  if (fault) {
+    faulty = std::make_unique<FaultDevice>(rec);
+    faulty->add(*fault);
+  }
+  GateDevice gate(rec, faulty.get());
+  // An error the injected fault explains: it fired, and the error is clean.
+  auto from_fault = [&](int code) { return faulty && faulty->fired() && fault_code(code); };
+  auto vol = Volume::open(gate, rw_options(w.bug));
   auto finish = [&] {
     run.log.entries = rec.log();
     run.log.index();
@@ -414,50 +457,99 @@ FsRun record_fs(const FsWorkload& w) {
     }
     fr.view_before.push_back(*before);
     rec.mark("op-begin", i);
-    auto r = m.run(i, op);
+    auto r = [&] {
+      Armed a(gate);
+      return m.run(i, op);
+    }();
     rec.mark("op-end", i);
     fr.results.push_back(r ? "ok" : r.error().message());
+    bool stop = false;
+    uint64_t acked = 0;
     if (!r) {
-      if (!clean_error(r.error().code) || v.failure()) {
+      if (from_fault(r.error().code)) {
+        if (fr.fault_error.empty()) fr.fault_error = op.str() + ": " + r.error().message();
+        fr.fault_ops++;
+      } else if (!clean_error(r.error().code) || v.failure()) {
         run.error = op.str() + ": " + r.error().message();
         run.error_code = r.error().code;
       }
       fr.failed_ops++;
     }
-    if (op.kind == FsOpKind::Commit && run.error.empty()) {
-      auto g = v.commit();
-      if (!g) {
-        run.error = "commit: " + g.error().message();
-        break;
+    if (op.kind == FsOpKind::Commit && run.error.empty() && !v.failure()) {
+      if (faulty) {
+        // The model of the generation this commit tries to write: after a
+        // failed flush it may be durable anyway (D4).
+        auto d = dump(v);
+        if (!d) {
+          run.error = "dump: " + d.error().message();
+          break;
+        }
+        run.model_at[v.open_generation().v] = std::move(*d);
       }
+      auto g = [&] {
+        Armed a(gate);
+        return v.commit();
+      }();
+      if (!g && from_fault(g.error().code)) {
+        // A failed commit: the volume must be read-only now (C5).
+        if (fr.fault_error.empty()) fr.fault_error = "commit: " + g.error().message();
+        fr.fault_ops++;
+        if (!v.failure()) run.failed_writable = true;
+        stop = true;
+      } else if (!g) {
+        run.error = "commit: " + g.error().message();
+        run.error_code = g.error().code;
+        break;
+      } else {
+        acked = g->v;
+      }
+    }
+    if (acked) {
       auto d = dump(v);
       if (!d) {
         run.error = "dump: " + d.error().message();
         break;
       }
-      run.model_at[g->v] = std::move(*d);
-      run.acked.push_back(g->v);
-      rec.mark("ack", g->v);
+      run.model_at[acked] = std::move(*d);
+      run.acked.push_back(acked);
+      rec.mark("ack", acked);
     }
     auto after = list_view(v);
-    if (!after && run.error.empty()) run.error = "list after " + op.str() + ": " + after.error().message();
+    if (!after && run.error.empty() && !(faulty && faulty->fired() && v.failure()))
+      run.error = "list after " + op.str() + ": " + after.error().message();
     fr.view_after.push_back(after ? *after : "");
     // Generations the volume wrote inside the operation (not the one the
     // driver's commit acknowledged).
     for (uint64_t g = durable + 1; g <= v.durable_generation().v; g++)
       if (!run.model_at.count(g)) fr.inner_gen[g] = i;
+    // A failed commit or a failed volume ends a fault run: the power goes out.
+    if (stop || v.failure()) break;
   }
   (void)m.close();
+  if (faulty) run.fault_fired = faulty->fired() > 0;
   vol->reset();  // the power goes out
   finish();
+  // A commit inside an operation that the fault made fail may have written
+  // its superblock (and, after a failed flush, be durable anyway: D4): it
+  // belongs to the last operation, and its content comes from the log.
+  if (faulty && !fr.view_after.empty())
+    for (const auto& s : run.log.supers)
+      if (s.gen > run.base_gen && !run.model_at.count(s.gen) && !fr.inner_gen.count(s.gen))
+        fr.inner_gen[s.gen] = fr.view_after.size() - 1;
   // Inner generations: their content is what the log holds when they
   // became durable (the flush after their superblock).
   for (const auto& [g, i] : fr.inner_gen) {
     for (const auto& s : run.log.supers) {
       if (s.gen != g) continue;
       auto f = std::upper_bound(run.log.flushes.begin(), run.log.flushes.end(), s.pos);
-      if (f == run.log.flushes.end()) break;
-      Spec spec{*f + 1, {}, std::nullopt, Lost::Old, "ref"};
+      if (f == run.log.flushes.end() && !faulty) break;
+      Spec spec{f == run.log.flushes.end() ? 0 : *f + 1, {}, std::nullopt, Lost::Old, "ref"};
+      if (f == run.log.flushes.end()) {  // no flush after it: every write since the last one landed
+        spec.crash_at = run.log.entries.size();
+        const long last = run.log.last_flush_before(spec.crash_at);
+        for (size_t p : run.log.writes)
+          if (long(p) > last) spec.kept.push_back(p);
+      }
       StateDevice sd(run.log, spec, 0);
       VolumeOptions ro;
       ro.read_only = true;
@@ -708,6 +800,34 @@ FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
   }
   w.ops.push_back({K::Commit});
   return w;
+}
+
+}  // namespace plyfs::crash
+
+namespace plyfs::crash {
+
+std::vector<FsWorkload> fs_fault_workloads() {
+  using K = FsOpKind;
+  const auto inst = fs_instances();
+  // A copy-up write, a rename over a whiteout, an unlink (whiteout), a
+  // snapshot, a merge, a delete_branch; each committed, then more work (a
+  // new file written, a rename) and a second commit, so that a fault the
+  // first part survived (a failed read, a refused operation) is followed by
+  // commits that must not carry half an operation.
+  std::vector<FsWorkload> out;
+  for (size_t i : {3, 6, 9, 18, 20, 23}) {
+    FsWorkload w;
+    w.id = numbered("fs-fault/", i);
+    w.image = "base";
+    w.ops = {inst[i],
+             {K::Commit},
+             {K::Create, "after"},
+             {K::Write, "after", "", 0, 6000},
+             {K::Rename, "dir/x", "x-moved"},
+             {K::Commit}};
+    out.push_back(std::move(w));
+  }
+  return out;
 }
 
 }  // namespace plyfs::crash

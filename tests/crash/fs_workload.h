@@ -69,11 +69,21 @@ struct FsRun {
   std::map<uint64_t, size_t> inner_gen;  // generation -> operation index
   size_t failed_ops = 0;                 // operations refused with a clean error
   std::vector<std::string> results;      // per operation: "ok" or the error
+  // Fault runs (record_fs with a rule): the first operation or commit the
+  // injected failure made fail, with its error (EIO, ENOSPC or EROFS: a
+  // clean one; anything else is in run.error).
+  std::string fault_error;
+  size_t fault_ops = 0;  // operations and commits refused because of the fault
 };
 
 // Runs the workload from its starting image (built once and cached),
-// recording every device call.
-FsRun record_fs(const FsWorkload& w);
+// recording every device call. With a fault rule, the workload's operations
+// and commits (not the open, and not the harness's own listings and dumps)
+// go through a FaultDevice: an operation may then fail with EIO, ENOSPC or
+// EROFS, the run goes on while the volume is writable, stops at a failed
+// commit (which must leave the volume read-only: run.failed_writable) and
+// at a failed volume; any other outcome of the fault is in run.error.
+FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault = nullptr);
 
 // A listing of the default view (every path with type, mode, size, data
 // checksum, xattrs, link target): what a mount shows. Error text on failure.
@@ -94,5 +104,9 @@ std::vector<FsOp> fs_instances();
 std::vector<FsWorkload> fs_ace(size_t length, uint64_t seed, size_t sample);
 std::vector<FsWorkload> fs_scenarios();  // near-full devices
 FsWorkload fs_random_workload(uint64_t seed, size_t nops);
+// For the fault suite: a handful of representative operations (a copy-up
+// write, a rename over a whiteout, a snapshot, a merge, a delete_branch...),
+// each committed and followed by more work and a second commit.
+std::vector<FsWorkload> fs_fault_workloads();
 
 }  // namespace plyfs::crash
