@@ -256,7 +256,7 @@ TEST_CASE("fsck: every field of every structure, damaged in turn", "[fsck]") {
       continue;
     }
     read_everything(*dev);
-    auto check = fsck_run(*dev, FsckOptions{FsckMode::Check, kinds(), nullptr, nullptr});
+    auto check = fsck_run(*dev, FsckOptions{FsckMode::Check, kinds(), nullptr, nullptr, nullptr, nullptr});
     if (!check) {
       // Only a superblock so damaged that the image no longer looks like
       // plyfs (magic in both is not touched here) or a newer version.
@@ -278,7 +278,7 @@ TEST_CASE("fsck: every field of every structure, damaged in turn", "[fsck]") {
       REQUIRE((undetectable(c, nodes) || (sb_crashlike && torn)));
       benign++;
       if (c.target.field == "ro_compat" && c.action.fix_checksum) {  // the copy in use
-        auto y = fsck_run(*dev, FsckOptions{FsckMode::Yes, kinds(), nullptr, nullptr});
+        auto y = fsck_run(*dev, FsckOptions{FsckMode::Yes, kinds(), nullptr, nullptr, nullptr, nullptr});
         REQUIRE_FALSE(y);
         REQUIRE(y.error().code == EROFS);
       }
