@@ -865,6 +865,7 @@ int main(int argc, char** argv) {
       std::free(const_cast<char*>(c.layer));
       std::free(const_cast<char*>(c.copyup));
       std::free(const_cast<char*>(c.del));
+      std::free(const_cast<char*>(c.crashlog));
     }
   } args_guard{args, cfg};
   if (fuse_opt_parse(&args, &cfg, kOpts, opt_proc) != 0) return 1;
