@@ -581,14 +581,8 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
   Differ d{*tfs, {}};
   if (to_is_layer_on_from) {
     // The layer was made on the view of `from` over its ancestors.
-    std::vector<std::unique_ptr<Filesystem>> chain;
-    std::vector<UnionBranch> ub;
-    for (const auto& l : PLY_TRY(layer_stack(v, a.name))) {
-      chain.push_back(PLY_TRY(Filesystem::open(v, l.tree, true)));
-      ub.push_back({chain.back().get(), false});
-    }
-    Union below(std::move(ub));
-    PLY_CHECK(d.layer(below, tfs->root(), below.root(), "/"));
+    auto below = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, a.name)), true, true));
+    PLY_CHECK(d.layer(*below.u, tfs->root(), below.u->root(), "/"));
   } else if (from != to) {
     auto ch = PLY_TRY(Filesystem::compare(v, from, to));
     // Paths of objects whose hint fails: one walk of the tree, on demand.

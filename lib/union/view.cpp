@@ -374,6 +374,17 @@ std::vector<Problem> check_views(BlockDevice& dev) {
   return check_views(**vol);
 }
 
+Result<OpenUnion> open_union(Volume& v, const std::vector<ViewLayer>& stack, bool reader, bool read_only) {
+  OpenUnion o;
+  std::vector<UnionBranch> br;
+  for (const auto& l : stack) {
+    o.fs.push_back(PLY_TRY(Filesystem::open(v, l.tree, reader)));
+    br.push_back(UnionBranch{o.fs.back().get(), l.writable && !read_only});
+  }
+  o.u = std::make_unique<Union>(std::move(br));
+  return o;
+}
+
 std::string format_stack(Volume& v, const std::vector<ViewLayer>& s) {
   std::string out;
   for (const auto& l : s) {

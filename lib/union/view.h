@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fs/fs.h"
+#include "union/union.h"
 
 namespace plyfs {
 
@@ -58,6 +59,17 @@ Result<std::vector<ViewLayer>> view_stack(Volume& v, std::string_view view);
 // up to and including the first ancestor that is not a layer.
 Result<bool> is_layer(Volume& v, const BranchMeta& b);
 Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name);
+
+// A stack opened as a union, the way a mount serves it: its filesystems
+// (as readers beside another instance when `reader`, Filesystem::open) and
+// the union over them (read-only layers as the stack says; all read-only
+// with `read_only`).
+struct OpenUnion {
+  std::vector<std::unique_ptr<Filesystem>> fs;
+  std::unique_ptr<Union> u;
+};
+Result<OpenUnion> open_union(Volume& v, const std::vector<ViewLayer>& stack, bool reader,
+                             bool read_only = false);
 
 // Checks a stack against the branches: every tree exists, none twice, a
 // branch flagged read-only is not writable.

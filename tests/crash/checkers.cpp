@@ -29,21 +29,27 @@ long next_call(const Log& log, size_t pos) {
   return -1;
 }
 
+// The state right before log entry crash_at: what the last flush made
+// durable, and with `all_landed` every write since then too.
+Spec state_at(const Run& run, size_t crash_at, const char* tier, bool all_landed) {
+  Spec spec;
+  spec.crash_at = crash_at;
+  spec.tier = tier;
+  if (all_landed) {
+    const long last = run.log.last_flush_before(crash_at);
+    for (size_t p : run.log.writes)
+      if (long(p) > last && p < crash_at) spec.kept.push_back(p);
+  }
+  return spec;
+}
+
 // Reach(G): every extent generation G reaches, from the image as it was when
 // G was durable (a crash state right after the flush that followed its
 // superblock, or the base image).
 // With `all_landed`, every write since the last flush landed too (data_of).
 std::vector<std::pair<uint64_t, uint64_t>> reach_of(const Run& run, size_t crash_at,
                                                     bool all_landed = false) {
-  Spec spec;
-  spec.crash_at = crash_at;
-  spec.tier = "P3";
-  if (all_landed) {
-    const long last = run.log.last_flush_before(crash_at);
-    for (size_t p : run.log.writes)
-      if (long(p) > last && p < crash_at) spec.kept.push_back(p);
-  }
-  StateDevice dev(run.log, spec, 0);
+  StateDevice dev(run.log, state_at(run, crash_at, "P3", all_landed), 0);
   VerifyOptions vo;
   vo.kinds = kinds();
   vo.collect_reachable = true;
@@ -60,15 +66,7 @@ std::vector<std::pair<uint64_t, uint64_t>> reach_of(const Run& run, size_t crash
 // be durable anyway, D4).
 void data_of(const Run& run, size_t crash_at, std::vector<std::pair<uint64_t, uint64_t>>& out,
              bool all_landed = false) {
-  Spec spec;
-  spec.crash_at = crash_at;
-  spec.tier = "P4";
-  if (all_landed) {
-    const long last = run.log.last_flush_before(crash_at);
-    for (size_t p : run.log.writes)
-      if (long(p) > last && p < crash_at) spec.kept.push_back(p);
-  }
-  StateDevice dev(run.log, spec, 0);
+  StateDevice dev(run.log, state_at(run, crash_at, "P4", all_landed), 0);
   VolumeOptions vo;
   vo.read_only = true;
   vo.kinds = kinds();

@@ -279,20 +279,27 @@ void mkfs_suite(Driver& d, const Sampling& s) {
   d.per_suite["mkfs"] += d.t.states - before;
 }
 
+// The fault modes of both fault suites: EIO once or from then on, a torn,
+// short or ENOSPC write, a failed flush once or from then on, a failed read.
+const FaultDevice::Rule kFaultModes[] = {
+    {FaultDevice::Op::Write, 1, false, FaultDevice::Kind::Eio, 1},
+    {FaultDevice::Op::Write, 1, true, FaultDevice::Kind::Eio, 1},
+    {FaultDevice::Op::Write, 1, false, FaultDevice::Kind::Torn, 7},
+    {FaultDevice::Op::Write, 1, false, FaultDevice::Kind::Short, 0},
+    {FaultDevice::Op::Write, 1, false, FaultDevice::Kind::Enospc, 0},
+    {FaultDevice::Op::Flush, 1, false, FaultDevice::Kind::Eio, 0},
+    {FaultDevice::Op::Flush, 1, true, FaultDevice::Kind::Eio, 0},
+    {FaultDevice::Op::Read, 1, false, FaultDevice::Kind::Eio, 0},
+};
+
 // SQLite-style fault loops: fail the k-th read, write or flush, once or from
 // then on, or with ENOSPC or a short write, for k = 1, 2, ... until the run
 // no longer meets the fault; every run's crash states go through the oracle.
 void fault_suite(Driver& d, const std::vector<Workload>& ws, Sampling s) {
   s.faults = true;
   using F = FaultDevice;
-  const F::Rule modes[] = {
-      {F::Op::Write, 1, false, F::Kind::Eio, 1},   {F::Op::Write, 1, true, F::Kind::Eio, 1},
-      {F::Op::Write, 1, false, F::Kind::Torn, 7},  {F::Op::Write, 1, false, F::Kind::Short, 0},
-      {F::Op::Write, 1, false, F::Kind::Enospc, 0}, {F::Op::Flush, 1, false, F::Kind::Eio, 0},
-      {F::Op::Flush, 1, true, F::Kind::Eio, 0},    {F::Op::Read, 1, false, F::Kind::Eio, 0},
-  };
   for (const Workload& w : ws)
-    for (F::Rule m : modes)
+    for (F::Rule m : kFaultModes)
       for (uint64_t k = 1; k < 64 && !d.spent(); k++) {
         m.nth = k;
         Workload fw = w;
@@ -313,15 +320,9 @@ void fault_suite(Driver& d, const std::vector<Workload>& ws, Sampling s) {
 void fs_fault_suite(Driver& d, Sampling s, double deadline) {
   s.faults = true;
   using F = FaultDevice;
-  const F::Rule modes[] = {
-      {F::Op::Write, 1, false, F::Kind::Eio, 1},   {F::Op::Write, 1, true, F::Kind::Eio, 1},
-      {F::Op::Write, 1, false, F::Kind::Torn, 7},  {F::Op::Write, 1, false, F::Kind::Short, 0},
-      {F::Op::Write, 1, false, F::Kind::Enospc, 0}, {F::Op::Flush, 1, false, F::Kind::Eio, 0},
-      {F::Op::Flush, 1, true, F::Kind::Eio, 0},    {F::Op::Read, 1, false, F::Kind::Eio, 0},
-  };
   const auto over = [&] { return d.spent() || d.elapsed() > deadline; };
   for (const FsWorkload& w : fs_fault_workloads())
-    for (F::Rule m : modes)
+    for (F::Rule m : kFaultModes)
       for (uint64_t k = 1; k < 100000 && !over(); k += k < 16 ? 1 : k / 8) {
         m.nth = k;
         FsWorkload fw = w;

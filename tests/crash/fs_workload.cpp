@@ -51,12 +51,9 @@ struct Mount {
 
   Result<void> open() {
     stack = PLY_TRY(default_stack(vol));
-    std::vector<UnionBranch> br;
-    for (const auto& l : stack) {
-      fs.push_back(PLY_TRY(Filesystem::open(vol, l.tree)));
-      br.push_back(UnionBranch{fs.back().get(), l.writable});
-    }
-    u = std::make_unique<Union>(br);
+    auto o = PLY_TRY(open_union(vol, stack, false));
+    fs = std::move(o.fs);
+    u = std::move(o.u);
     return ok();
   }
   Result<void> close() {
@@ -334,14 +331,8 @@ std::string FsOp::str() const {
 }
 
 Result<std::string> list_view(Volume& v) {
-  auto stack = PLY_TRY(default_stack(v));
-  std::vector<std::unique_ptr<Filesystem>> fss;
-  std::vector<UnionBranch> br;
-  for (const auto& l : stack) {
-    fss.push_back(PLY_TRY(Filesystem::open(v, l.tree, true)));
-    br.push_back(UnionBranch{fss.back().get(), l.writable});
-  }
-  Union u(br);
+  auto o = PLY_TRY(open_union(v, PLY_TRY(default_stack(v)), true));
+  Union& u = *o.u;
   std::string out;
   std::function<Result<void>(uint64_t, const std::string&)> walk =
       [&](uint64_t dir, const std::string& prefix) -> Result<void> {

@@ -63,14 +63,8 @@ std::unique_ptr<plyfs::MemDevice> load_image(const std::string& path, uint32_t s
 // `path` read through the default view of the volume, or why it cannot be.
 plyfs::Result<std::string> read_in_view(plyfs::Volume& v, const std::string& path) {
   using namespace plyfs;
-  auto stack = PLY_TRY(default_stack(v));
-  std::vector<std::unique_ptr<Filesystem>> fss;
-  std::vector<UnionBranch> br;
-  for (const auto& l : stack) {
-    fss.push_back(PLY_TRY(Filesystem::open(v, l.tree, true)));
-    br.push_back(UnionBranch{fss.back().get(), l.writable});
-  }
-  Union u(br);
+  auto o = PLY_TRY(open_union(v, PLY_TRY(default_stack(v)), true));
+  Union& u = *o.u;
   uint64_t ino = u.root();
   for (size_t at = 0; at < path.size();) {
     size_t slash = path.find('/', at);
