@@ -156,9 +156,11 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
     const ValueRefs refs = kit == opts.kinds.end() ? ValueRefs{} : kit->second;
     std::vector<ExtentRef> ext;
     walking = t.id.v;
-    check_tree(cache, sb.fs_id, t.root, sb.generation,
-               node_hooks([&](Key k, std::span<const std::byte> v) {
+    const bool fed = opts.feed && opts.feed->begin_tree(t);
+    const size_t problems_before = rep.problems.size();
+    auto hooks = node_hooks([&](Key k, std::span<const std::byte> v) {
                  rep.items++;
+                 if (fed) opts.feed->item(k, v);
                  if (!refs) return;
                  ext.clear();
                  refs(k, v, ext);
@@ -174,8 +176,18 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
                    }
                    reach(e.start.v, 2, e.nblocks);
                  }
-               }),
-               memo, rep.problems);
+               });
+    // A node met again (shared with an earlier tree) hands over no items.
+    bool complete = true;
+    if (fed) {
+      auto on_node = std::move(hooks.on_node);
+      hooks.on_node = [&, on_node](BlockNo b, int level, Generation g, uint64_t owner, bool first) {
+        if (!first) complete = false;
+        on_node(b, level, g, owner, first);
+      };
+    }
+    check_tree(cache, sb.fs_id, t.root, sb.generation, hooks, memo, rep.problems);
+    if (fed) opts.feed->end_tree(complete && rep.problems.size() == problems_before);
     attribute(t.id.v);
   }
 

@@ -8,6 +8,21 @@
 
 namespace plyfs {
 
+// Receives the items of the trees as the walk reads them, so that a check of
+// what the items mean (fsck's pass 5) reads no node a second time.
+class ItemFeed {
+ public:
+  virtual ~ItemFeed() = default;
+  // The walk of a tree starts: whether to hand over its items.
+  virtual bool begin_tree(const TreeInfo& t) = 0;
+  // Every item of the tree, in key order.
+  virtual void item(Key k, std::span<const std::byte> v) = 0;
+  // The walk of the tree is over. `complete` is false when some items were
+  // not handed over: a subtree an earlier tree shares (the walk reads it
+  // once) or a node that could not be read.
+  virtual void end_tree(bool complete) = 0;
+};
+
 struct VerifyOptions {
   std::map<uint8_t, ValueRefs> kinds;  // as VolumeOptions::kinds
   uint64_t cache_bytes = 64ull << 20;
@@ -15,6 +30,8 @@ struct VerifyOptions {
   std::optional<SuperInfo> super;
   // Fill VerifyReport::reachable.
   bool collect_reachable = false;
+  // Hand the user trees' items to this feed as they are walked.
+  ItemFeed* feed = nullptr;
 };
 
 struct VerifyReport {

@@ -23,6 +23,10 @@
 #include <cstdio>
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
 #include <thread>
 #include <bitset>
 #include <map>
@@ -1049,6 +1053,174 @@ std::vector<Problem> check_filesystems(Volume& vol, bool data) {
   for (auto& fs : per)
     for (auto& f : fs) out.push_back(std::move(f.p));
   return out;
+}
+
+namespace {
+
+// Pass 5 fed by fsck's walk (check.h). The walk's thread only copies each
+// tree's items into chunks; workers, one per core, run the Checker on them,
+// a tree always on the same worker and in order, so the walk of passes 2-4
+// and the objects' checks run side by side and no node is read twice.
+class FedCheck : public ObjectChecker {
+ public:
+  FedCheck(std::unique_ptr<Volume> vol, bool data) : vol_(std::move(vol)), data_(data) {
+    auto t = vol_->begin();
+    next_inode_ = t ? t->next_inode_number() : 0;
+    const size_t n = std::max(1u, std::thread::hardware_concurrency());
+    workers_.resize(n);
+    for (auto& w : workers_) w = std::make_unique<Worker>();
+    for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { run(*p); });
+  }
+  ~FedCheck() override { stop(); }
+
+  bool begin_tree(const TreeInfo& t) override {
+    if (t.kind != disk::kKindFs) return false;
+    trees_.push_back(Tree{t.id, {}, false});
+    cur_ = Chunk{&trees_.back(), trees_.size() - 1, buffer(), false};
+    return true;
+  }
+  void item(Key k, std::span<const std::byte> v) override {
+    const uint32_t len = uint32_t(v.size());
+    const size_t at = cur_.bytes.size();
+    cur_.bytes.resize(at + sizeof k + sizeof len + len);
+    std::memcpy(cur_.bytes.data() + at, &k, sizeof k);
+    std::memcpy(cur_.bytes.data() + at + sizeof k, &len, sizeof len);
+    if (len) std::memcpy(cur_.bytes.data() + at + sizeof k + sizeof len, v.data(), len);
+    if (cur_.bytes.size() >= kChunkBytes) hand_over(false);
+  }
+  void end_tree(bool complete) override {
+    cur_.tree->complete = complete;
+    hand_over(true);
+  }
+
+  std::vector<Problem> finish() override {
+    stop();
+    std::vector<Problem> out;
+    for (auto& f : check_branches(*vol_)) out.push_back(std::move(f.p));
+    // A tree the walk did not hand over whole (a subtree shared with a clone
+    // is walked once) is scanned again on its own.
+    for (auto& t : trees_) {
+      if (!t.complete) t.findings = scan_tree(*vol_, t.id, data_);
+      for (auto& f : t.findings) out.push_back(std::move(f.p));
+    }
+    return out;
+  }
+
+ private:
+  static constexpr size_t kChunkBytes = 256 << 10;
+  static constexpr size_t kQueued = 8;  // chunks waiting per worker
+  struct Tree;
+  struct Chunk {
+    Tree* tree;  // in trees_, whose elements never move
+    size_t index;
+    std::vector<std::byte> bytes;
+    bool last;
+  };
+  struct Tree {
+    TreeId id;
+    std::vector<Finding> findings;
+    bool complete;
+  };
+  struct Worker {
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Chunk> queue;
+    bool stop = false;
+  };
+
+  void hand_over(bool last) {
+    cur_.last = last;
+    Worker& w = *workers_[cur_.index % workers_.size()];
+    Tree* tree = cur_.tree;
+    const size_t index = cur_.index;
+    {
+      std::unique_lock l(w.mu);
+      w.cv.wait(l, [&] { return w.queue.size() < kQueued; });
+      w.queue.push_back(std::move(cur_));
+    }
+    w.cv.notify_all();
+    cur_ = Chunk{tree, index, buffer(), false};
+  }
+
+  // Chunk buffers go round between the walk and the workers: a fresh one
+  // each time would be a fresh mapping, faulted in page by page.
+  std::vector<std::byte> buffer() {
+    std::lock_guard l(free_mu_);
+    if (free_.empty()) {
+      std::vector<std::byte> b;
+      b.reserve(kChunkBytes + 8192);
+      return b;
+    }
+    auto b = std::move(free_.back());
+    free_.pop_back();
+    b.clear();
+    return b;
+  }
+
+  void run(Worker& w) {
+    std::unique_ptr<Checker> c;
+    for (;;) {
+      Chunk ch;
+      {
+        std::unique_lock l(w.mu);
+        w.cv.wait(l, [&] { return w.stop || !w.queue.empty(); });
+        if (w.queue.empty()) return;
+        ch = std::move(w.queue.front());
+        w.queue.pop_front();
+      }
+      w.cv.notify_all();
+      Tree& t = *ch.tree;
+      if (!c) c = std::make_unique<Checker>(t.id, vol_->block_size(), data_ ? vol_.get() : nullptr, next_inode_);
+      for (size_t p = 0; p < ch.bytes.size();) {
+        Key k;
+        uint32_t len;
+        std::memcpy(&k, ch.bytes.data() + p, sizeof k);
+        std::memcpy(&len, ch.bytes.data() + p + sizeof k, sizeof len);
+        p += sizeof k + sizeof len;
+        c->item(k, std::span<const std::byte>(ch.bytes.data() + p, len));
+        p += len;
+      }
+      {
+        std::lock_guard l(free_mu_);
+        free_.push_back(std::move(ch.bytes));
+      }
+      if (ch.last) {
+        c->finish();
+        t.findings = std::move(c->findings());
+        c.reset();
+      }
+    }
+  }
+
+  void stop() {
+    for (auto& w : workers_) {
+      {
+        std::lock_guard l(w->mu);
+        w->stop = true;
+      }
+      w->cv.notify_all();
+    }
+    for (auto& w : workers_)
+      if (w->thread.joinable()) w->thread.join();
+  }
+
+  std::unique_ptr<Volume> vol_;
+  bool data_;
+  uint64_t next_inode_ = 0;
+  std::deque<Tree> trees_;  // a deque: workers hold references while the walk appends
+  Chunk cur_{nullptr, 0, {}, false};
+  std::mutex free_mu_;
+  std::vector<std::vector<std::byte>> free_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace
+
+std::unique_ptr<ObjectChecker> feed_filesystems(BlockDevice& dev, bool data) {
+  auto vol = open_to_check(dev);
+  if (!vol) return nullptr;
+  return std::make_unique<FedCheck>(std::move(*vol), data);
 }
 
 Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy) {

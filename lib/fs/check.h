@@ -8,6 +8,7 @@
 
 #include "btree/btree.h"
 #include "commit/volume.h"
+#include "fsck/fsck.h"
 
 namespace plyfs {
 
@@ -26,6 +27,10 @@ std::vector<Problem> check_filesystems(Volume& vol, bool data = false);
 Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy);
 // The same on a device, opened read-only (fsck's pass 5 hook).
 std::vector<Problem> check_filesystems(BlockDevice& dev, bool data = false);
+// The same checks fed by fsck's walk of passes 2-4 (FsckOptions::
+// object_feed), which reads every node once; null if the device does not
+// open as a volume.
+std::unique_ptr<ObjectChecker> feed_filesystems(BlockDevice& dev, bool data = false);
 // The volume such checks read: read-only, with the filesystem kinds.
 Result<std::unique_ptr<Volume>> open_to_check(BlockDevice& dev);
 

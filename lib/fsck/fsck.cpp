@@ -110,10 +110,15 @@ void check_slots(const SuperChoice& ch, FsckReport& rep) {
 }
 
 std::vector<FsckProblem> check_generation(BlockDevice& dev, const SuperInfo& sb,
-                                          const FsckOptions& opts, VerifyReport* out) {
+                                          const FsckOptions& opts, VerifyReport* out,
+                                          ItemFeed* feed = nullptr) {
   VerifyOptions vo;
   vo.kinds = opts.kinds;
   vo.super = sb;
+  vo.feed = feed;
+  // The walk reads each node once (shared subtrees: WalkMemo): a cache of
+  // more than the path it is on would only be filled and faulted in.
+  vo.cache_bytes = 8ull << 20;
   auto v = verify_image(dev, vo);
   std::vector<FsckProblem> ps;
   if (!v) {
@@ -181,17 +186,20 @@ Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
 
   progress(2, "metadata blocks, B-trees and space");
   VerifyReport vr;
-  auto found = check_generation(dev, sb, opts, &vr);
+  // Pass 5 reads the items as passes 2-4 walk the trees (one read of each node).
+  std::unique_ptr<ObjectChecker> feed = opts.object_feed ? opts.object_feed(dev) : nullptr;
+  auto found = check_generation(dev, sb, opts, &vr, feed.get());
   rep.trees = vr.trees;
   rep.nodes = vr.nodes;
   rep.items = vr.items;
   rep.extents = vr.extents;
   rep.used_blocks = sb.used_blocks;
   // Pass 5, the objects above the B-trees, on a structurally sound image.
-  if (opts.object_checks && found.empty()) {
+  if (found.empty() && (feed || opts.object_checks)) {
     progress(5, "filesystem objects");
-    for (const Problem& p : opts.object_checks(dev)) found.push_back(classify(p));
+    for (const Problem& p : feed ? feed->finish() : opts.object_checks(dev)) found.push_back(classify(p));
   }
+  feed.reset();
   rep.problems.insert(rep.problems.end(), found.begin(), found.end());
   std::stable_sort(rep.problems.begin(), rep.problems.end(),
                    [](const FsckProblem& a, const FsckProblem& b) { return a.pass < b.pass; });

@@ -53,11 +53,22 @@ struct FsckProblem {
   bool fixed = false;
 };
 
+// Pass 5 fed by the walk of passes 2-4 (VerifyOptions::feed): it reads no
+// node twice. finish() is called once the walk is over and passes 2-4 found
+// nothing; a check whose walk found problems is dropped unfinished.
+class ObjectChecker : public ItemFeed {
+ public:
+  virtual std::vector<Problem> finish() = 0;
+};
+
 struct FsckOptions {
   FsckMode mode = FsckMode::Check;
   std::map<uint8_t, ValueRefs> kinds;  // value references per tree kind
   // Pass 5: checks of what the trees hold, by the layers that define it.
+  // object_feed, when set, is preferred: the same checks, fed by the walk
+  // of passes 2-4 (null when it cannot start: object_checks runs instead).
   std::function<std::vector<Problem>(BlockDevice&)> object_checks;
+  std::function<std::unique_ptr<ObjectChecker>(BlockDevice&)> object_feed;
   // Repairs what object_checks found (only Problem::Repair::Safe ones
   // unless `lossy`) in one new generation; returns what it did.
   struct ObjectRepair {

@@ -342,8 +342,36 @@ Result<std::vector<std::string>> repair_views(Volume& v) {
   return done;
 }
 
+namespace {
+
+// The filesystem checks fed by fsck's walk, then the views (pass 6).
+class FedWithViews : public ObjectChecker {
+ public:
+  FedWithViews(BlockDevice& d, std::unique_ptr<ObjectChecker> fs) : d_(d), fs_(std::move(fs)) {}
+  bool begin_tree(const TreeInfo& t) override { return fs_->begin_tree(t); }
+  void item(Key k, std::span<const std::byte> v) override { fs_->item(k, v); }
+  void end_tree(bool complete) override { fs_->end_tree(complete); }
+  std::vector<Problem> finish() override {
+    auto ps = fs_->finish();
+    auto vs = check_views(d_);
+    ps.insert(ps.end(), vs.begin(), vs.end());
+    return ps;
+  }
+
+ private:
+  BlockDevice& d_;
+  std::unique_ptr<ObjectChecker> fs_;
+};
+
+}  // namespace
+
 void set_object_passes(FsckOptions& fo, bool data) {
   fo.kinds = fs_kinds();
+  fo.object_feed = [data](BlockDevice& d) -> std::unique_ptr<ObjectChecker> {
+    auto fs = feed_filesystems(d, data);
+    if (!fs) return nullptr;  // object_checks reports why
+    return std::make_unique<FedWithViews>(d, std::move(fs));
+  };
   fo.object_checks = [data](BlockDevice& d) {
     auto vol = open_to_check(d);
     if (!vol) return std::vector<Problem>{Problem{"F-item", Error::kNoBlock, "cannot open: " + vol.error().message(), 0}};

@@ -20,6 +20,7 @@
 #include "fs/check.h"
 #include "fs/corrupt_fs.h"
 #include "fsck/corrupt.h"
+#include "snap/snap.h"
 #include "fs/disk_fs.h"
 #include "fs/fs.h"
 #include "union/union.h"
@@ -247,6 +248,40 @@ TEST_CASE("fsck objects: the image is clean", "[fsck][objects]") {
   auto r = fsck(*dev, FsckMode::Check);
   INFO(describe(r));
   REQUIRE(r.exit_code == kFsckClean);
+}
+
+// Pass 5 takes its items from the walk of passes 2-4, which reads a subtree
+// two clones share once: the clone walked second must still be checked whole.
+TEST_CASE("fsck objects: trees sharing nodes with a clone are each checked whole", "[fsck][objects]") {
+  const Image& im = base_image();
+  Edit d(im);
+  TreeId copy;
+  {
+    auto c = must(clone_branch(*d.vol, im.base, "copy", false));
+    copy = c.tree;
+  }
+  must(d.vol->commit());
+  // One damage in each tree, in leaves the other no longer shares; the rest
+  // of the two trees is still shared.
+  d.inode(im.base, im.linked, [](disk::Inode& i) { i.nlink.set(5); });
+  d.inode(copy, im.small, [](disk::Inode& i) { i.nlink.set(9); });
+  auto dev = d.done();
+  FsckOptions fo;
+  set_object_passes(fo, false);
+  auto fed = must(fsck_run(*dev, fo));
+  INFO(describe(fed));
+  std::set<std::pair<uint64_t, std::string>> found;
+  for (const auto& p : fed.problems)
+    if (p.code == "F2-nlink") found.emplace(p.tree, p.message.substr(0, p.message.find(':')));
+  CHECK(found == std::set<std::pair<uint64_t, std::string>>{
+                     {im.base.v, "inode " + std::to_string(im.linked)},
+                     {copy.v, "inode " + std::to_string(im.small)}});
+  FsckOptions scan = fo;
+  scan.object_feed = nullptr;
+  CHECK(describe(must(fsck_run(*dev, scan))) == describe(fed));
+  auto y = fsck(*dev, FsckMode::Preen);
+  CHECK(y.exit_code == kFsckCorrected);
+  CHECK(fsck(*dev, FsckMode::Check).exit_code == kFsckClean);
 }
 
 TEST_CASE("fsck objects: counts and back-pointers are preen repairs", "[fsck][objects]") {
@@ -603,6 +638,14 @@ TEST_CASE("fsck objects: every field of every filesystem structure, damaged in t
         auto n = must(fsck_run(*dev, fo));
         INFO(describe(n));
         CHECK((n.exit_code == kFsckClean || n.exit_code == kFsckUncorrected));
+        {
+          // Pass 5 fed by the walk of passes 2-4 finds exactly what its own
+          // scan of every tree finds.
+          FsckOptions scan = fo;
+          scan.object_feed = nullptr;
+          auto s = must(fsck_run(*dev, scan));
+          CHECK(describe(s) == describe(n));
+        }
         if (n.exit_code == kFsckUncorrected) detected++;
         else {
           undetected[std::string(fs_struct_name(t.what)) + "." + field]++;
