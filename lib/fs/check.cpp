@@ -181,6 +181,35 @@ Result<void> erase_item(RepairCtx& c, Key k, uint64_t ref) {
   return ok();
 }
 
+// File block `fb` of `ino` becomes a hole: its extent item is cut around
+// it, each piece keeping a reference to the data extent, as a punched hole
+// leaves it (format.md#fs-extent).
+Result<void> punch_block(RepairCtx& c, uint64_t ino, uint64_t fb) {
+  std::optional<std::pair<Key, Ext>> hit;
+  PLY_CHECK(c.t.scan(c.tree, ikey(ino, ItemType::Extent, 0), ikey(ino, ItemType::Extent, fb),
+                     [&](Key k, std::span<const std::byte> v) {
+                       auto e = decode_extent(k, v);
+                       if (e && e->end() > fb) hit.emplace(k, *e);
+                       return true;
+                     }));
+  if (!hit) return ok();
+  const auto& [k, e] = *hit;
+  (void)PLY_TRY(c.t.erase(c.tree, k));
+  auto piece = [&, &e = e](uint64_t a, uint64_t b) -> Result<void> {
+    if (a >= b) return ok();
+    Ext p = e;
+    p.file_blk = a;
+    p.offset = e.offset + (a - e.file_blk);
+    p.nblocks = uint32_t(b - a);
+    if (!e.csums.empty()) p.csums.assign(e.csums.begin() + long(a - e.file_blk), e.csums.begin() + long(b - e.file_blk));
+    PLY_CHECK(c.t.put(c.tree, ikey(ino, ItemType::Extent, a), encode_extent(p)));
+    return c.t.inc_extent(BlockNo{e.disk_start});
+  };
+  PLY_CHECK(piece(e.file_blk, fb));
+  PLY_CHECK(piece(fb + 1, e.end()));
+  return c.t.dec_extent(BlockNo{e.disk_start});
+}
+
 Result<void> edit_bucket(RepairCtx& c, uint64_t dir, uint64_t h,
                          const std::function<Result<void>(std::vector<DirentRec>&)>& fn) {
   const Key k = ikey(dir, ItemType::Dirent, h);
@@ -394,11 +423,13 @@ class Checker {
       const bool agree = !ns.empty() && std::all_of(ns.begin(), ns.end(), [&](const NameRec& n) {
         return n.type == ns[0].type && DTTOIF(n.type) != 0 && n.type != kDtWhiteout;
       });
-      if (!agree) {
-        problem("F-mode", ino, "mode " + std::to_string(i.mode) + " names no file type");
-        continue;
-      }
-      const uint32_t m = (i.mode & 07777) | DTTOIF(ns[0].type);
+      // The entries disagree or there are none: what the object holds
+      // decides (entries: a directory; else a regular file, whose data,
+      // inline or in extents, stays readable).
+      const uint32_t type = agree ? DTTOIF(ns[0].type)
+                            : i.entries || dirent_items_.count(ino) ? S_IFDIR
+                                                                    : S_IFREG;
+      const uint32_t m = (i.mode & 07777) | type;
       problem("F-mode", ino, "mode " + std::to_string(i.mode) + " names no file type", Repair::Lossy, 2,
               "gave objects the file type their entries name", set_inode(ino, [m](Rec& r) { r.a.mode = m; }));
       i.mode = m;  // the checks below take the type it will have
@@ -464,10 +495,17 @@ class Checker {
                 });
     for (auto& [ino, i] : inodes_)
       if (i.present) object(ino, i);
+    std::set<uint64_t> flag_set;
     for (const auto& [ino, off, k] : inline_)
       if (const InodeInfo* ip = inodes_.find(ino); ip && ip->present) {
         const InodeInfo& i = *ip;
-        if (!(S_ISLNK(i.mode) || (S_ISREG(i.mode) && (i.flags & kInodeInline))))
+        if (S_ISREG(i.mode) && !(i.flags & kInodeInline) && !i.mapped && i.size <= disk::kInlineMax) {
+          // The data is inline and nothing else: the flag is what was lost.
+          if (flag_set.insert(ino).second)  // once per file
+            problem("F5-inline", ino, "inline data on a file without the inline flag", Repair::Safe, 2,
+                    "set the inline flag of files whose data is inline",
+                    set_inode(ino, [](Rec& r) { r.flags |= kInodeInline; }));
+        } else if (!(S_ISLNK(i.mode) || (S_ISREG(i.mode) && (i.flags & kInodeInline))))
           problem("F5-inline", ino, "inline data on an object that keeps none", Repair::Lossy, 2,
                   "removed misplaced inline data", erase(k, {}));
         else if (off >= i.size)
@@ -581,12 +619,20 @@ class Checker {
       return i && i->present && S_ISDIR(i->mode);
     };
     uint64_t root = is_root(root_) ? root_ : 0;
+    // Else the directory no entry names whose parent is itself; else the
+    // only directory no entry names (its parent field was damaged).
+    uint64_t nameless = 0, n_nameless = 0;
     if (!root)
-      for (const auto& [ino, i] : inodes_)
-        if (i.present && S_ISDIR(i.mode) && i.parent == ino && !i.nnames) {
+      for (const auto& [ino, i] : inodes_) {
+        if (!i.present || !S_ISDIR(i.mode) || i.nnames || orphans_.count(ino)) continue;
+        if (i.parent == ino) {
           root = ino;
           break;
         }
+        nameless = ino;
+        n_nameless++;
+      }
+    if (!root && n_nameless == 1 && !(root_ && inodes_.find(root_) && !inodes_.present(root_))) root = nameless;
     if (!root && root_ && !inodes_.present(root_) && !(inodes_.find(root_) && inodes_.find(root_)->nnames))
       root = root_;
     const bool info_bad = !info_ok_ || root != root_;
@@ -600,11 +646,15 @@ class Checker {
       return;
     }
     if (!root) {
-      problem("F1-info", root_, "no root directory");
+      // Nothing can be the root: a new, empty one takes its place, and round
+      // 3 gives it a /lost+found with everything the tree still holds.
+      problem("F1-info", root_, "no directory can be the root");
+      if (!stray_info_) findings_fix_info(0);
       return;
     }
     root_ = root;
   }
+  // Root 0: a new root directory, made once by the first fix that runs.
   void findings_fix_info(uint64_t root) {
     // Attach the repair to the problems just reported.
     for (auto& f : out_)
@@ -612,10 +662,18 @@ class Checker {
         f.p.repair = Repair::Lossy;
         f.round = 1;
         f.done = "rewrote damaged filesystem info items";
-        f.fix = [root, old = info_, tree = tree_](RepairCtx& c) -> Result<void> {
+        f.fix = [root, old = info_, tree = tree_](RepairCtx& c) mutable -> Result<void> {
           std::vector<std::byte> v(sizeof(disk::FsInfo));
           if (old.size() == v.size()) v = old;
           auto* d = view_as<disk::FsInfo>(std::span(v));
+          if (!root) {
+            if (auto cur = PLY_TRY(c.t.get(c.tree, ikey(0, ItemType::FsInfo)));
+                cur && cur->size() == v.size() && *cur != old)
+              return ok();  // an earlier step of this round made it
+            root = c.t.next_inode_number();
+            c.t.advance_inode_numbers(root + 1);
+            PLY_CHECK(remake_dir(c, root, root));
+          }
           d->magic.set(disk::kFsMagic);
           d->version.set(disk::kFsVersion);
           d->root_ino.set(root);
@@ -819,13 +877,18 @@ class Checker {
       // -c: every block against its checksum (format.md#fs-extent).
       std::vector<std::byte> buf(uint64_t(e->nblocks) * bs_);
       auto r = data_->read_data(BlockNo{e->disk_start + e->offset}, buf);
+      // The damaged bytes are lost either way: -y makes them a hole, so
+      // that the rest of the file reads again (the report names them).
       if (!r)
-        return problem("F7-data", ino, "cannot read the data at file block " + std::to_string(blk) + ": " +
-                                           r.error().message());
+        return problem("F7-data", ino, "cannot read the data at file blocks " + std::to_string(blk) + "-" +
+                                           std::to_string(e->end() - 1) + ": " + r.error().message(),
+                       Repair::Lossy, 2, "made unreadable data blocks holes", erase(k, v));
       for (uint32_t b = 0; b < e->nblocks; b++)
         if (xxh3(std::span(buf).subspan(uint64_t(b) * bs_, bs_)) != e->csums[b])
           problem("F7-data", ino, "data checksum mismatch at file block " + std::to_string(blk + b) +
-                                      " (device block " + std::to_string(e->disk_start + e->offset + b) + ")");
+                                      " (device block " + std::to_string(e->disk_start + e->offset + b) + ")",
+                  Repair::Lossy, 2, "made data blocks that fail their checksum holes",
+                  [ino, fb = blk + b](RepairCtx& c) { return punch_block(c, ino, fb); });
     }
   }
 
@@ -898,11 +961,28 @@ class Checker {
     if ((i.flags & disk::kInodeOpaque) && !S_ISDIR(i.mode))
       problem("U2-opaque", ino, "the opaque flag on a non-directory", Repair::Safe, 2,
               "cleared the opaque flag of non-directories", set([](Rec&) {}));
-    if (S_ISREG(i.mode) && (i.flags & kInodeInline) && i.mapped)
-      problem("F5-inline", ino, "inline file with extent items");
-    const uint64_t limit = S_ISLNK(i.mode) ? disk::kSymlinkMax
-                           : S_ISREG(i.mode) && (i.flags & kInodeInline) ? disk::kInlineMax
-                                                                          : ~0ull;
+    // An inline file with extent items: without inline data the flag is
+    // the damage (the extents are the data); with it, the extents go.
+    bool inline_flag = S_ISREG(i.mode) && (i.flags & kInodeInline);
+    if (inline_flag && i.mapped && !i.inline_end) {
+      problem("F5-inline", ino, "the inline flag on a file whose data is in extents", Repair::Safe, 2,
+              "cleared the inline flag of files whose data is in extents",
+              set([](Rec& r) { r.flags &= ~kInodeInline; }));
+      inline_flag = false;
+    } else if (inline_flag && i.mapped) {
+      problem("F5-inline", ino, "inline file with extent items", Repair::Lossy, 2,
+              "removed extent items of inline files", [ino](RepairCtx& c) -> Result<void> {
+                std::vector<std::pair<Key, uint64_t>> items;
+                PLY_CHECK(c.t.scan(c.tree, ikey(ino, ItemType::Extent, 0), ikey(ino, ItemType::Extent, kOffMask),
+                                   [&](Key k, std::span<const std::byte> v) {
+                                     items.emplace_back(k, extent_ref(k, v));
+                                     return true;
+                                   }));
+                for (auto& [k, ref] : items) PLY_CHECK(erase_item(c, k, ref));
+                return ok();
+              });
+    }
+    const uint64_t limit = S_ISLNK(i.mode) ? disk::kSymlinkMax : inline_flag ? disk::kInlineMax : ~0ull;
     if (i.size > limit)
       problem("F5-inline", ino, "size " + std::to_string(i.size) + " is more than inline data may hold",
               Repair::Lossy, 4, "cut inline files to the data they hold",
@@ -1223,7 +1303,7 @@ std::unique_ptr<ObjectChecker> feed_filesystems(BlockDevice& dev, bool data) {
   return std::make_unique<FedCheck>(std::move(*vol), data);
 }
 
-Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy) {
+Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy, bool data) {
   std::vector<std::string> actions;
   {
     std::map<std::string, uint64_t> done;
@@ -1246,7 +1326,7 @@ Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy) {
     std::map<std::string, uint64_t> done;
     for (int i = 0; i < kMaxRounds; i++) {
       uint64_t root = 0;
-      auto fs = scan_tree(vol, id, false, &root);
+      auto fs = scan_tree(vol, id, data, &root);
       if (!PLY_TRY(apply_round(vol, id, root, fs, lossy, done))) break;
     }
     for (const auto& [what, n] : done)

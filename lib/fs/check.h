@@ -24,7 +24,9 @@ std::vector<Problem> check_filesystems(Volume& vol, bool data = false);
 // Repairs what check_filesystems finds, in the open generation of a
 // read-write volume (the caller commits, so the repair lands whole): only
 // the Safe repairs unless `lossy`. Returns what it did, a sentence each.
-Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy);
+// With `data`, data blocks are checked as well (F7) and those that fail
+// become holes (lossy).
+Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy, bool data = false);
 // The same on a device, opened read-only (fsck's pass 5 hook).
 std::vector<Problem> check_filesystems(BlockDevice& dev, bool data = false);
 // The same checks fed by fsck's walk of passes 2-4 (FsckOptions::

@@ -277,7 +277,8 @@ std::vector<Problem> check_views(Volume& v) {
   };
   auto views = list_views(v);
   if (!views) {
-    out.push_back(Problem{"U4-view", Error::kNoBlock, "the catalog does not read back: " + views.error().message(), 0});
+    out.push_back(Problem{"U4-view", Error::kNoBlock, "the catalog does not read back: " + views.error().message(), 0,
+                          views.error().is_corruption() ? Problem::Repair::Lossy : Problem::Repair::None});
     return out;
   }
   size_t defaults = 0;
@@ -307,6 +308,23 @@ std::vector<Problem> check_views(Volume& v) {
 
 Result<std::vector<std::string>> repair_views(Volume& v) {
   std::vector<std::string> done;
+  {
+    // View records that do not decode go: the views they held are lost,
+    // the others stay.
+    auto t = PLY_TRY(v.begin({.reserve_blocks = 4 * kViewBlocks}));
+    if (auto cat = PLY_TRY(find_catalog(t))) {
+      std::vector<Key> bad;
+      PLY_CHECK(t.scan(*cat, Key{disk::kCatalogView, 0}, Key{disk::kCatalogView, ~0ull},
+                       [&](Key k, std::span<const std::byte> val) {
+                         if (!decode_view(val)) bad.push_back(k);
+                         return true;
+                       }));
+      for (Key k : bad) {
+        (void)PLY_TRY(t.erase(*cat, k));
+        done.push_back("removed view record " + std::to_string(k.lo) + ", which did not decode");
+      }
+    }
+  }
   auto views = list_views(v);
   if (!views || views->empty()) return done;  // no catalog, or one that cannot be read
   auto t = PLY_TRY(v.begin({.reserve_blocks = kViewBlocks * (views->size() + 1)}));
@@ -382,13 +400,13 @@ void set_object_passes(FsckOptions& fo, bool data) {
   };
   // One generation for both layers: a crash during the repair leaves the
   // image as it was (fsck.h R1).
-  fo.object_repair = [](BlockDevice& d, bool lossy) -> Result<FsckOptions::ObjectRepair> {
+  fo.object_repair = [data](BlockDevice& d, bool lossy) -> Result<FsckOptions::ObjectRepair> {
     VolumeOptions vo;
     vo.kinds = fs_kinds();
     vo.cache_bytes = 256ull << 20;
     auto vol = PLY_TRY(Volume::open(d, vo));
     FsckOptions::ObjectRepair r;
-    r.actions = PLY_TRY(repair_filesystems(*vol, lossy));
+    r.actions = PLY_TRY(repair_filesystems(*vol, lossy, data));
     if (lossy)
       for (auto& a : PLY_TRY(repair_views(*vol))) r.actions.push_back(std::move(a));
     r.written = PLY_TRY(vol->commit());

@@ -456,6 +456,138 @@ TEST_CASE("fsck objects: repairs that give something up need -y", "[fsck][object
   }
 }
 
+TEST_CASE("fsck objects: roots, inline flags, damaged data and view records", "[fsck][objects]") {
+  const Image& im = base_image();
+  Edit d(im);
+  auto info = [&](auto fn) {
+    auto v = d.get(im.base, ikey(0, ItemType::FsInfo));
+    fn(*view_as<disk::FsInfo>(std::span(v)));
+    d.put(im.base, ikey(0, ItemType::FsInfo), v);
+  };
+  SECTION("the info item names a file and the root's parent field is damaged: the only nameless directory") {
+    info([&](disk::FsInfo& i) { i.root_ino.set(im.small); });
+    d.inode(im.base, im.root, [&](disk::Inode& i) { i.parent.set(im.dir); });
+    auto dev = cycle(d.done(), "F1-info", false);
+    Reader r(*dev, im.base);
+    CHECK(r.fs->root() == im.root);
+    CHECK(must(r.fs->lookup(im.sub, "big")).ino == im.big);
+    CHECK(!r.fs->lookup(im.root, "lost+found"));
+  }
+  SECTION("no directory can be the root: a new one, with everything in /lost+found") {
+    info([&](disk::FsInfo& i) { i.root_ino.set(im.small); });
+    d.erase(im.base, ikey(im.root, ItemType::Inode));
+    auto dev = d.done();
+    auto n = fsck(*dev, FsckMode::Check);
+    INFO(describe(n));
+    REQUIRE(describe(n).find("no directory can be the root") != std::string::npos);
+    dev = cycle(std::move(dev), "F1-info", false);
+    Reader r(*dev, im.base);
+    CHECK(r.fs->root() != im.root);
+    auto lf = must(r.fs->lookup(r.fs->root(), "lost+found"));
+    // The old root came back as a directory of its own, with its entries.
+    auto old = must(r.fs->lookup(lf.ino, "#" + std::to_string(im.root)));
+    CHECK(old.ino == im.root);
+    CHECK(must(r.fs->lookup(im.root, "linked")).ino == im.linked);
+    CHECK(r.content(im.big) == pattern(5 * 4096 + 100, 2));
+    CHECK(r.content(im.small) == pattern(300, 1));
+  }
+  SECTION("the inline flag on a file whose data is in extents: cleared, nothing lost") {
+    d.inode(im.base, im.big, [](disk::Inode& i) { i.flags.set(i.flags.get() | disk::kInodeInline); });
+    auto dev = cycle(d.done(), "F5-inline", true);
+    Reader r(*dev, im.base);
+    CHECK(r.content(im.big) == pattern(5 * 4096 + 100, 2));
+  }
+  SECTION("inline data without the inline flag: set again, nothing lost") {
+    d.inode(im.base, im.small, [](disk::Inode& i) { i.flags.set(i.flags.get() & ~disk::kInodeInline); });
+    auto dev = cycle(d.done(), "F5-inline", true);
+    Reader r(*dev, im.base);
+    CHECK(r.content(im.small) == pattern(300, 1));
+  }
+  SECTION("an inline file that also has extent items: the extents go") {
+    {
+      // An extent of another file, referenced properly: only the objects
+      // are wrong.
+      auto v = d.get(im.base, ikey(im.big, ItemType::Extent, 0));
+      auto txn = must(d.vol->begin({.reserve_blocks = 20}));
+      must(txn.put(im.base, ikey(im.small, ItemType::Extent, 0), v));
+      must(txn.inc_extent(BlockNo{view_as<disk::Extent>(std::span<const std::byte>(v))->disk_start.get()}));
+    }
+    auto dev = d.done();
+    auto n = fsck(*dev, FsckMode::Check);
+    INFO(describe(n));
+    REQUIRE(describe(n).find("inline file with extent items") != std::string::npos);
+    dev = cycle(std::move(dev), "F5-inline", false);
+    Reader r(*dev, im.base);
+    CHECK(r.content(im.small) == pattern(300, 1));
+    CHECK(r.content(im.big) == pattern(5 * 4096 + 100, 2));
+    CHECK(must(r.fs->getattr(im.small)).blocks == 0);
+  }
+  SECTION("a data block that fails its checksum becomes a hole with fsck -c -y") {
+    auto v = d.get(im.base, ikey(im.big, ItemType::Extent, 0));
+    const auto* e = view_as<disk::Extent>(std::span<const std::byte>(v));
+    const uint64_t blk = e->disk_start.get() + e->offset.get() + 2;  // file block 2
+    auto dev = d.done();
+    dev->poke(blk * 4096 + 100, bytes("x"));
+    FsckOptions fo;
+    set_object_passes(fo, true);
+    fo.mode = FsckMode::Check;
+    CHECK(fsck(*dev, FsckMode::Check).exit_code == kFsckClean);  // only -c reads data
+    auto n = must(fsck_run(*dev, fo));
+    INFO(describe(n));
+    REQUIRE(codes(n) == std::set<std::string>{"F7-data"});
+    for (const auto& p : n.problems)
+      if (p.code == "F7-data") CHECK(p.fix == FixClass::Yes);
+    fo.mode = FsckMode::Preen;
+    CHECK(must(fsck_run(*dev, fo)).exit_code == kFsckUncorrected);
+    fo.mode = FsckMode::Yes;
+    auto y = must(fsck_run(*dev, fo));
+    INFO(describe(y));
+    CHECK(y.exit_code == kFsckCorrected);
+    fo.mode = FsckMode::Check;
+    CHECK(must(fsck_run(*dev, fo)).exit_code == kFsckClean);
+    Reader r(*dev, im.base);
+    auto want = pattern(5 * 4096 + 100, 2);
+    std::fill(want.begin() + 2 * 4096, want.begin() + 3 * 4096, std::byte{0});
+    CHECK(r.content(im.big) == want);
+    CHECK(must(r.fs->getattr(im.big)).blocks == 5 * 8);
+  }
+  SECTION("a mode with no file type, and entries that disagree: the object's items decide") {
+    d.inode(im.base, im.linked, [](disk::Inode& i) { i.mode.set(i.mode.get() & 07777); });
+    d.dirent(im.base, im.dir, "link2", [](disk::Dirent& e) { e.type = DT_DIR; });
+    auto dev = cycle(d.done(), "F-mode", false);
+    Reader r(*dev, im.base);
+    CHECK(S_ISREG(must(r.fs->getattr(im.linked)).mode));
+    CHECK(r.content(im.linked) == pattern(9000, 3));
+    CHECK(must(r.fs->entry(im.dir, "link2"))->type == DT_REG);
+  }
+  SECTION("a view record that does not decode goes; the other views stay") {
+    must(put_view(*d.vol, View{"w", false, {{im.base, false}}}));
+    must(d.vol->commit());
+    {
+      auto txn = must(d.vol->begin({.reserve_blocks = 20}));
+      for (const auto& t : must(txn.list_trees())) {
+        if (t.kind != kKindPlain) continue;
+        std::optional<Key> first;
+        must(txn.scan(t.id, Key{1, 0}, Key{1, ~0ull}, [&](Key k, std::span<const std::byte>) {
+          first = k;
+          return false;
+        }));
+        REQUIRE(first);
+        auto v = must(txn.get(t.id, *first));
+        v->resize(v->size() - 3);
+        must(txn.put(t.id, *first, *v));
+      }
+    }
+    auto dev = cycle(d.done(), "U4-view", false);
+    VolumeOptions vo;
+    vo.kinds = fs_kinds();
+    auto vol = must(Volume::open(*dev, vo));
+    auto views = must(list_views(*vol));
+    REQUIRE(views.size() == 1);
+    CHECK(views[0].name == "w");
+  }
+}
+
 TEST_CASE("fsck objects: a structural repair is followed by the object repairs", "[fsck][objects]") {
   // A leaf of the base tree becomes unreadable: -y rebuilds the tree from
   // what is readable, then (R4) checks again and mends the objects the lost
