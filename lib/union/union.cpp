@@ -60,6 +60,14 @@ void Union::compute_origins() {
   }
 }
 
+// A merged directory's link count: its parts' counts do not add up to the
+// subdirectories the union shows, and counting them means listing every
+// part. 1 says "not counted" (as overlayfs, btrfs and find(1)'s -noleaf
+// understand it), so no tool takes a wrong count for the true one.
+static void merged_nlink(Attr& a, size_t parts) {
+  if (parts > 1 && S_ISDIR(a.mode)) a.nlink = 1;
+}
+
 // --- nodes ------------------------------------------------------------------------
 
 Result<Union::Node> Union::node(uint64_t ino) {
@@ -148,6 +156,7 @@ Result<std::optional<Union::Found>> Union::resolve(const Node& dir, std::string_
     }
   }
   if (f && !S_ISDIR(f->attr.mode)) leftmost_copy(*f);
+  if (f) merged_nlink(f->attr, f->inst.size());
   return f;
 }
 
@@ -209,9 +218,20 @@ Result<Attr> Union::getattr(uint64_t ino) {
 }
 
 Result<Attr> Union::attr_of(uint64_t ino) {
-  auto [fs, i] = PLY_TRY(part(ino));
-  Attr a = PLY_TRY(fs->getattr(i));
+  size_t parts;
+  Part p;
+  {
+    std::shared_lock lk(nodes_mu_);
+    auto it = nodes_.find(ino);
+    if (it == nodes_.end() || it->second.inst.empty())
+      return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
+    auto [b, i] = it->second.inst.front();
+    p = Part{br_[b].fs, i};
+    parts = it->second.inst.size();
+  }
+  Attr a = PLY_TRY(p.first->getattr(p.second));
   a.ino = ino;
+  merged_nlink(a, parts);
   return a;
 }
 
@@ -348,6 +368,7 @@ Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
     } else {
       leftmost_copy(f);
     }
+    merged_nlink(f.attr, f.inst.size());
     if (!fn(DirEntry{m.name, f.attr.ino, m.type, e.next}, &f.attr)) return false;
     remember(f.attr.ino, dir, m.name, f, true);
     return true;

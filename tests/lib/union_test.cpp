@@ -774,6 +774,40 @@ TEST_CASE("union: Unionfs's cases one by one", "[union]") {
   }
 }
 
+TEST_CASE("union: a merged directory's link count is 1 (not counted), a plain one's is exact", "[union]") {
+  TwoLayer t([&](Filesystem& fs) {
+    Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
+    must(fs.mkdir(d.ino, "lower", 0755, 0, 0));
+    Attr p = must(fs.mkdir(fs.root(), "plain", 0755, 0, 0));
+    must(fs.mkdir(p.ino, "a", 0755, 0, 0));
+    must(fs.mkdir(p.ino, "b", 0755, 0, 0));
+  });
+  Union& u = *t.u;
+  const uint64_t d = must(u.lookup(u.root(), "d")).ino;
+  // Not merged yet: the lower directory's own count.
+  CHECK(must(u.getattr(d)).nlink == 3);
+  CHECK(must(u.lookup(u.root(), "plain")).nlink == 4);
+  // A subdirectory made through the union copies d up: d now has two parts,
+  // whose own counts (upper 3, lower 3) say nothing of the merged four.
+  must(u.mkdir(d, "upper", 0755, kRoot));
+  CHECK(must(u.getattr(d)).nlink == 1);
+  CHECK(must(u.lookup(u.root(), "d")).nlink == 1);
+  bool listed = false;
+  must(u.readdirplus(u.root(), 0, [&](const DirEntry& e, const Attr* a) {
+    if (e.name == "d") {
+      REQUIRE(a);
+      CHECK(a->nlink == 1);
+      listed = true;
+    }
+    if (e.name == "plain") CHECK(a->nlink == 4);
+    return true;
+  }));
+  CHECK(listed);
+  CHECK(must(u.lookup(u.root(), "plain")).nlink == 4);
+  // The branches themselves keep their true counts (fsck checks them).
+  check_image(t.im);
+}
+
 TEST_CASE("union: delete=all removes the writable instances and whiteouts only over read-only ones", "[union]") {
   // rw0 over rw1 over ro2; "x" in all three, "y" in both writable ones,
   // "d" a directory in both writable ones (rw1's holding a name rw0 hides).
