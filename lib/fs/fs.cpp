@@ -874,6 +874,23 @@ Result<std::optional<std::string>> Filesystem::path(uint64_t ino) {
   return std::optional<std::string>(out.empty() ? "/" : out);
 }
 
+Result<std::vector<std::pair<uint64_t, std::string>>> Filesystem::names_of(uint64_t ino, size_t limit) {
+  auto t = PLY_TRY(vol_.begin());
+  std::shared_lock lk(mu_);
+  std::vector<std::pair<uint64_t, std::string>> out;
+  std::optional<Error> err;
+  PLY_CHECK(t.scan(tree_, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
+    if (type_of(k) != ItemType::Dirent) return true;
+    auto es = decode_dirents(k, v);
+    if (!es) return err = es.error(), false;
+    for (auto& e : *es)
+      if (e.ino == ino && e.type != kDtWhiteout) out.emplace_back(k.hi, std::move(e.name));
+    return out.size() < limit;
+  }));
+  if (err) return *err;
+  return out;
+}
+
 Result<Attr> Filesystem::replace_from(Filesystem& src, uint64_t ino) {
   if (&src == this || &src.vol_ != &vol_) return Error::invalid("replace_from the same tree or another volume");
   if (read_only()) return Error::io(EROFS, "read-only filesystem");

@@ -139,6 +139,10 @@ class Filesystem {
   // fields (a file's is a hint: format.md#fs-inode); nullopt if the hint
   // does not lead to a name of it.
   Result<std::optional<std::string>> path(uint64_t ino);
+  // Every name of object `ino`: (directory, name), up to `limit` of them.
+  // An inode keeps no list of its names (format.md#fs-inode), so this is
+  // one scan of the tree: for the rare hard link a union copies up.
+  Result<std::vector<std::pair<uint64_t, std::string>>> names_of(uint64_t ino, size_t limit);
 
   uint64_t root() const { return root_; }
   TreeId tree() const { return tree_; }

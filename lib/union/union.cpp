@@ -471,9 +471,47 @@ Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
   const uint64_t pd = PLY_TRY(dir_in(n.parent, t));
   (void)PLY_TRY(br_[t].fs->copy_in(*br_[b].fs, i, pd, n.name));
   PLY_CHECK(apply_copyup_mode(t, ino, c));
-  std::lock_guard lk(nodes_mu_);
-  nodes_[ino].inst = {{t, ino}};
+  {
+    std::lock_guard lk(nodes_mu_);
+    nodes_[ino].inst = {{t, ino}};
+  }
+  if (f->attr.nlink > 1) PLY_CHECK(copy_links(ino, b, t));
   return t;
+}
+
+// Hard links survive copy-up (format.md#fs-union): every other name of the
+// object in its old branch that the union still shows it by is linked to
+// the copy, in that name's directory (copied up as needed). Then the copy's
+// link count is what the union shows, and deleting one name leaves the
+// others on the copy, not on the old version below. Names the union hides
+// (a whiteout, another file, an opaque directory above) stay behind.
+Result<void> Union::copy_links(uint64_t ino, int b, int t) {
+  const Attr a = PLY_TRY(br_[b].fs->getattr(ino));
+  for (auto& [bdir, name] : PLY_TRY(br_[b].fs->names_of(ino, a.nlink))) {
+    auto p = PLY_TRY(br_[b].fs->path(bdir));
+    if (!p) continue;
+    // The union's directory at that path, and what it shows at the name.
+    uint64_t ud = root_;
+    bool found = true;
+    for (size_t at = 1; at < p->size() && found;) {
+      const size_t end = std::min(p->find('/', at), p->size());
+      const std::string comp = p->substr(at, end - at);
+      at = end + 1;
+      auto f = PLY_TRY(resolve(PLY_TRY(node(ud)), comp));
+      found = f && S_ISDIR(f->attr.mode);
+      if (!found) break;
+      remember(f->attr.ino, ud, comp, *f);
+      ud = f->attr.ino;
+    }
+    if (!found) continue;
+    auto f = PLY_TRY(resolve(PLY_TRY(node(ud)), name));
+    if (!f || f->attr.ino != ino || !PLY_TRY(reachable(ud, t))) continue;
+    const uint64_t pd = PLY_TRY(dir_in(ud, t));
+    auto e = PLY_TRY(br_[t].fs->entry(pd, name));
+    if (e && e->type != kWh && e->ino == ino) continue;  // the name copied first
+    (void)PLY_TRY(br_[t].fs->copy_in(*br_[b].fs, ino, pd, name));
+  }
+  return ok();
 }
 
 Result<Union::Part> Union::writable_instance(uint64_t ino, const Caller& c) {
@@ -549,8 +587,33 @@ Result<Attr> Union::link(uint64_t ino, uint64_t dir, std::string_view name, cons
   Node n = PLY_TRY(node(ino));
   if (n.is_dir) return Error::io(EPERM, "hard link to a directory");
   const int t = PLY_TRY(copy_up(ino, c));
-  if (PLY_TRY(left_has(br_, d.inst, t, name)))
-    return Error::io(EROFS, "a read-only branch hides the new name");
+  if (PLY_TRY(left_has(br_, d.inst, t, name)) || !PLY_TRY(reachable(dir, t))) {
+    // The new name cannot be in the file's branch: a whiteout left of it
+    // hides the name there (the name is free in the union, so the leftmost
+    // entry is a whiteout), or the directory's merge does not reach it (an
+    // opaque directory). The file moves to a writable branch the directory
+    // reaches, at or left of that whiteout: copied in at the new name (over
+    // the whiteout), its other names following, as a copy-up would do it.
+    int lim = t;
+    for (auto [bb, i] : d.inst)
+      if (bb < lim && PLY_TRY(br_[bb].fs->entry(i, name))) {
+        lim = bb;
+        break;
+      }
+    const int lt = usable_writable(lim, {dir});
+    if (lt < 0 || PLY_TRY(left_has(br_, d.inst, lt, name)))
+      return Error::io(EROFS, "a read-only branch hides the new name");
+    const uint64_t pd = PLY_TRY(dir_in(dir, lt));
+    Attr a = PLY_TRY(br_[lt].fs->copy_in(*br_[t].fs, ino, pd, name));
+    {
+      std::lock_guard lk2(nodes_mu_);
+      nodes_[ino].inst = {{lt, ino}};
+    }
+    PLY_CHECK(copy_links(ino, t, lt));
+    a = PLY_TRY(br_[lt].fs->getattr(ino));
+    remember(ino, dir, name, Found{a, {{lt, ino}}, lt}, true);
+    return a;
+  }
   const uint64_t pd = PLY_TRY(dir_in(dir, t));
   Attr a = PLY_TRY(br_[t].fs->link(ino, pd, name));
   remember(ino, dir, name, Found{a, {{t, ino}}, t}, true);
@@ -672,8 +735,11 @@ Result<void> Union::materialize(uint64_t dir, int b, const Caller& c, int depth)
       PLY_CHECK(materialize(ino, b, c, depth + 1));
     } else if (f->top_branch != b) {
       (void)PLY_TRY(br_[b].fs->copy_in(*br_[f->inst[0].first].fs, ino, tino, m.name));
-      std::lock_guard lk(nodes_mu_);
-      if (auto it = nodes_.find(ino); it != nodes_.end()) it->second.inst = {{b, ino}};
+      {
+        std::lock_guard lk(nodes_mu_);
+        if (auto it = nodes_.find(ino); it != nodes_.end()) it->second.inst = {{b, ino}};
+      }
+      if (f->attr.nlink > 1) PLY_CHECK(copy_links(ino, f->inst[0].first, b));
     }
   }
   SetAttr s;
@@ -747,6 +813,7 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
     auto e = PLY_TRY(br_[t].fs->entry(pd, name));
     if (e && e->type != kWh && e->ino == f.attr.ino) return ok();
     (void)PLY_TRY(br_[t].fs->copy_in(*br_[f.inst[0].first].fs, f.attr.ino, pd, name));
+    if (f.attr.nlink > 1) PLY_CHECK(copy_links(f.attr.ino, f.inst[0].first, t));
     return ok();
   };
   PLY_CHECK(bring(odir, oname, *src));

@@ -21,7 +21,9 @@
 // the image allocates once for all branches; a copy keeps it. A number
 // resolves to the leftmost branch holding that object, so hard links keep
 // naming one file after a copy-up by one of their names, and st_ino stays
-// the same across remounts and copy-ups.
+// the same across remounts and copy-ups. A copy-up of a file with several
+// links brings every name the union shows it by into the copy's branch
+// (copy_links), so deleting one name never uncovers the old version.
 //
 // Atomicity: every step that changes a branch is one Filesystem operation,
 // so one generation. A multi-step operation orders its steps so that every
@@ -196,6 +198,9 @@ class Union {
   // For a file found in f.top_branch: its leftmost copy, if another branch
   // may hold the same object (see resolve).
   void leftmost_copy(Found& f);
+  // After a copy of hard-linked file `ino` from branch b into t: its other
+  // names that the union shows come along as links of the copy.
+  Result<void> copy_links(uint64_t ino, int b, int t);
   // Whether a branch right of `b` holds anything (entry or whiteout) at the name.
   Result<bool> below_has(const Node& dir, int b, std::string_view name);
   int writable_left_of(int b) const;  // nearest writable branch left of b (b itself if writable)

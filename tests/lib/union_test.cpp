@@ -774,6 +774,97 @@ TEST_CASE("union: Unionfs's cases one by one", "[union]") {
   }
 }
 
+TEST_CASE("union: hard links survive copy-up: every visible name moves to the copy", "[union]") {
+  TwoLayer t([&](Filesystem& fs) {
+    Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
+    must(fs.write(f.ino, 0, bytes("old")));
+    Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
+    must(fs.link(f.ino, fs.root(), "f2"));
+    must(fs.link(f.ino, d.ino, "g"));
+    must(fs.link(f.ino, d.ino, "hidden"));
+  });
+  Union& u = *t.u;
+  const uint64_t d = must(u.lookup(u.root(), "d")).ino;
+  const Attr f = must(u.lookup(u.root(), "f"));
+  CHECK(f.nlink == 4);
+  must(u.unlink(d, "hidden"));  // a whiteout hides one name: it stays behind
+  auto content = [&](uint64_t dir, const char* name) {
+    const Attr a = must(u.lookup(dir, name));
+    std::vector<std::byte> out(a.size);
+    CHECK(must(u.read(a.ino, 0, out)) == a.size);
+    return std::string(reinterpret_cast<const char*>(out.data()), out.size());
+  };
+  must(u.open(f.ino, true, kRoot));  // the copy-up
+  must(u.write(f.ino, 0, bytes("new!"), kRoot));
+  // The three visible names are links of the copy in the upper branch.
+  Filesystem& up = *t.im.fs[0];
+  CHECK(must(up.lookup(up.root(), "f2")).ino == f.ino);
+  CHECK(must(up.lookup(must(up.lookup(up.root(), "d")).ino, "g")).ino == f.ino);
+  CHECK(must(up.getattr(f.ino)).nlink == 3);
+  CHECK(must(u.getattr(f.ino)).nlink == 3);
+  CHECK(content(u.root(), "f2") == "new!");
+  CHECK(content(d, "g") == "new!");
+  CHECK(u.lookup(d, "hidden").error().code == ENOENT);
+  // Deleting the name the copy-up came through leaves the others on the
+  // copy, not on the old version below.
+  must(u.unlink(u.root(), "f"));
+  CHECK(content(u.root(), "f2") == "new!");
+  CHECK(content(d, "g") == "new!");
+  CHECK(must(u.lookup(u.root(), "f2")).nlink == 2);
+  must(u.unlink(d, "g"));
+  CHECK(content(u.root(), "f2") == "new!");
+  CHECK(must(u.lookup(u.root(), "f2")).nlink == 1);
+  // The lower branch is untouched.
+  CHECK(must(t.im.fs[1]->getattr(f.ino)).nlink == 4);
+  must(t.im.vol->commit());
+  check_image(t.im);
+}
+
+TEST_CASE("union: a rename of a hard-linked lower file keeps its other names on the moved copy", "[union]") {
+  TwoLayer t([&](Filesystem& fs) {
+    Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
+    must(fs.write(f.ino, 0, bytes("v1")));
+    must(fs.link(f.ino, fs.root(), "other"));
+  });
+  Union& u = *t.u;
+  const uint64_t ino = must(u.lookup(u.root(), "f")).ino;
+  must(u.rename(u.root(), "f", u.root(), "moved", 0, kRoot));
+  must(u.write(ino, 0, bytes("v2"), kRoot));
+  must(u.unlink(u.root(), "moved"));
+  const Attr o = must(u.lookup(u.root(), "other"));
+  CHECK(o.ino == ino);
+  CHECK(o.nlink == 1);
+  std::vector<std::byte> out(2);
+  must(u.read(ino, 0, out));
+  CHECK(out == bytes("v2"));
+  must(t.im.vol->commit());
+  check_image(t.im);
+}
+
+TEST_CASE("union: a link whose name a whiteout hides in the file's branch goes further left", "[union]") {
+  Image im = make_image(2);
+  const uint64_t ino = must(im.fs[1]->mknod(im.fs[1]->root(), "f", S_IFREG | 0644, 0, 0, 0)).ino;
+  must(im.fs[1]->write(ino, 0, bytes("data")));
+  must(im.fs[1]->mknod(im.fs[1]->root(), "n", S_IFREG | 0644, 0, 0, 0));
+  auto u = make_union(im, Config{{true, true}});  // both writable
+  must(u->unlink(u->root(), "n"));  // branch 1 loses n; nothing below: no whiteout
+  must(im.fs[0]->whiteout(im.fs[0]->root(), "n"));  // as an older deletion leaves it
+  CHECK(u->lookup(u->root(), "n").error().code == ENOENT);
+  must(u->lookup(u->root(), "f"));
+  const Attr a = must(u->link(ino, u->root(), "n", kRoot));
+  CHECK(a.ino == ino);
+  CHECK(a.nlink == 2);
+  CHECK(must(u->lookup(u->root(), "n")).ino == ino);
+  CHECK(must(u->lookup(u->root(), "f")).nlink == 2);
+  // Both names are in branch 0 now, on one copy.
+  CHECK(must(im.fs[0]->lookup(im.fs[0]->root(), "f")).ino == ino);
+  std::vector<std::byte> out(4);
+  must(u->read(ino, 0, out));
+  CHECK(out == bytes("data"));
+  must(im.vol->commit());
+  check_image(im);
+}
+
 TEST_CASE("union: a merged directory's link count is 1 (not counted), a plain one's is exact", "[union]") {
   TwoLayer t([&](Filesystem& fs) {
     Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
