@@ -5,6 +5,9 @@
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 
+#include <filesystem>
+#include <map>
+
 #include "fuse_util.h"
 
 using namespace plyfs::fusetest;
@@ -310,4 +313,170 @@ TEST_CASE("union mount: layer trees (plyctl layer, -o layer=)", "[union-fuse]") 
   plyctl(fx, {"layer", "delete", fx.img, "b"});
   plyctl(fx, {"layer", "delete", fx.img, "a"});
   CHECK(run({plyfs_bin(), fx.img, fx.tmp / "mnt", "-f", "-o", "layer=b"}, log) == 32);
+}
+
+namespace {
+
+// What a mount shows: every path with its type, content (a symlink's
+// target) and st_ino, read through the mount point.
+std::map<std::string, std::string> view_of(const std::string& root) {
+  std::map<std::string, std::string> out;
+  std::vector<std::string> todo{""};
+  while (!todo.empty()) {
+    const std::string rel = todo.back();
+    todo.pop_back();
+    for (const auto& n : list_dir(root + rel)) {
+      const std::string p = rel + "/" + n;
+      const struct stat st = lstat_of(root + p);
+      std::string v = std::to_string(st.st_ino) + " ";
+      if (S_ISDIR(st.st_mode)) {
+        v += "dir";
+        todo.push_back(p);
+      } else if (S_ISLNK(st.st_mode)) {
+        char buf[256];
+        const ssize_t k = ::readlink((root + p).c_str(), buf, sizeof buf);
+        v += "link " + std::string(buf, size_t(std::max<ssize_t>(k, 0)));
+      } else {
+        v += "file " + read_file(root + p);
+      }
+      out[p] = v;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// Live changes that change the view (branches with content added anywhere,
+// removed, moved, switched ro/rw) must show exactly what a fresh mount of the
+// new stack shows: the daemon finds every known object again and the
+// kernel's caches (entries, attributes, negative entries, pages) are dropped.
+TEST_CASE("union mount: any live stack change shows what a fresh mount of the new stack shows",
+          "[union-fuse]") {
+  const uint64_t seed = plyfs::test::seed("union-restack");
+  std::mt19937_64 rng(seed);
+  Fixture fx;
+  fx.unmount();
+  const std::vector<std::string> names{"a", "b", "c"};
+  const int nb = 5;
+  for (int i = 0; i < nb; i++) plyctl(fx, {"branch", "create", fx.img, "b" + std::to_string(i)});
+  // Each branch: overlapping names, a file in one where another has a
+  // directory, and (through a union over the previous branch) whiteouts and
+  // opaque directories.
+  for (int i = 0; i < nb; i++) {
+    const std::string bi = "b" + std::to_string(i);
+    fx.opts = {i ? "branches=" + bi + "=rw:b" + std::to_string(i - 1) + "=ro" : "branches=" + bi + "=rw"};
+    fx.mount();
+    for (int k = 0; k < 6; k++) {
+      const std::string d = names[rng() % names.size()], f = names[rng() % names.size()];
+      struct stat st;
+      if (::lstat((fx / d).c_str(), &st) != 0) ::mkdir((fx / d).c_str(), 0755);
+      if (::lstat((fx / d).c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        write_file(fx / (d + "/" + f), bi + ":" + d + "/" + f);
+    }
+    if (i && rng() % 2) {
+      const auto top = list_dir(fx.root());
+      if (!top.empty()) {
+        const std::string victim = fx / top[rng() % top.size()];
+        if (std::filesystem::is_directory(victim)) {
+          std::filesystem::remove_all(victim);
+          if (rng() % 2) ::mkdir(victim.c_str(), 0755);  // opaque
+        } else {
+          ::unlink(victim.c_str());
+        }
+      }
+    }
+    if (rng() % 2) REQUIRE(::symlink(("to-" + bi).c_str(), (fx / ("l" + bi)).c_str()) == 0);
+    fx.unmount();
+  }
+
+  // The stack: (branch, writable), leftmost first; at least one branch.
+  std::vector<std::pair<int, bool>> stack{{0, true}, {1, false}};
+  auto spec = [&] {
+    std::string s = "branches=";
+    for (size_t i = 0; i < stack.size(); i++)
+      s += (i ? ":b" : "b") + std::to_string(stack[i].first) + (stack[i].second ? "=rw" : "=ro");
+    return s;
+  };
+  auto ctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {plyctl_bin(), "branch"});
+    const std::string log = fx.tmp / "ctl.log";
+    ::unlink(log.c_str());
+    const int rc = run(args, log);
+    INFO(slurp(log));
+    REQUIRE(rc == 0);
+  };
+  fx.opts = {spec()};
+  fx.mount();
+  const int steps = int(20 * plyfs::test::scale());
+  for (int step = 0; step < steps; step++) {
+    (void)view_of(fx.root());  // the kernel caches what it saw
+    std::vector<int> out;
+    for (int i = 0; i < nb; i++)
+      if (std::none_of(stack.begin(), stack.end(), [&](auto& l) { return l.first == i; })) out.push_back(i);
+    const std::string mnt = fx.root();
+    std::string what;
+    switch (rng() % 4) {
+      case 0:
+        if (!out.empty()) {  // add a branch with content anywhere
+          const int b = out[rng() % out.size()];
+          const size_t at = rng() % (stack.size() + 1);
+          const bool rw = rng() % 3 == 0;
+          std::vector<std::string> args{"add", mnt, "b" + std::to_string(b), "--at", std::to_string(at)};
+          if (!rw) args.push_back("--ro");
+          ctl(args);
+          stack.insert(stack.begin() + long(at), {b, rw});
+          what = "add b" + std::to_string(b);
+          break;
+        }
+        [[fallthrough]];
+      case 1:
+        if (stack.size() > 1) {  // remove one
+          const size_t at = rng() % stack.size();
+          ctl({"remove", mnt, "b" + std::to_string(stack[at].first)});
+          what = "remove b" + std::to_string(stack[at].first);
+          stack.erase(stack.begin() + long(at));
+          break;
+        }
+        [[fallthrough]];
+      case 2: {  // move one
+        const size_t from = rng() % stack.size(), to = rng() % stack.size();
+        ctl({"move", mnt, "b" + std::to_string(stack[from].first), std::to_string(to)});
+        what = "move b" + std::to_string(stack[from].first) + " to " + std::to_string(to);
+        auto l = stack[from];
+        stack.erase(stack.begin() + long(from));
+        stack.insert(stack.begin() + long(to), l);
+        break;
+      }
+      default: {  // switch one between ro and rw
+        const size_t at = rng() % stack.size();
+        stack[at].second = !stack[at].second;
+        ctl({"set", mnt, "b" + std::to_string(stack[at].first), stack[at].second ? "--rw" : "--ro"});
+        what = "set b" + std::to_string(stack[at].first);
+      }
+    }
+    INFO("step " << step << ": " << what << ", stack " << spec() << "; seed " << seed);
+    // Sometimes a change through the new stack (a copy-up or a new file).
+    const bool writable = std::any_of(stack.begin(), stack.end(), [](auto& l) { return l.second; });
+    if (writable && rng() % 2) {
+      const auto top = list_dir(mnt);
+      for (const auto& n : top)
+        if (std::filesystem::is_regular_file(mnt + "/" + n)) {
+          write_file(mnt + "/" + n, "changed at step " + std::to_string(step));
+          break;
+        }
+      write_file(mnt + "/new" + std::to_string(step), "new");
+    }
+    const auto live = view_of(mnt);
+    fx.unmount();  // fsck clean too
+    fx.opts = {spec()};
+    fx.mount();
+    const auto fresh = view_of(fx.root());
+    CHECK(live == fresh);
+    if (live != fresh)
+      for (const auto& [p, v] : fresh)
+        if (!live.count(p) || live.at(p) != v)
+          FAIL_CHECK(p << ": live " << (live.count(p) ? live.at(p) : "(none)") << ", fresh " << v);
+  }
+  fx.unmount();
 }
