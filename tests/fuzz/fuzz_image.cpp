@@ -12,6 +12,7 @@
 //   flags bit 1: the block number counts from first_block (a metadata block)
 // Built two ways: with libFuzzer (clang, -Dfuzzer=true) for fuzzing, and as
 // a plain program that replays the committed corpus (tests/fuzz/corpus).
+// fuzz_fs_image.cpp applies the same patches to an image of filesystem trees.
 #include "fuzz_image.h"
 
 #include <cstring>
@@ -95,10 +96,9 @@ void reseal(MemDevice& dev, uint64_t byte_offset) {
 
 }  // namespace
 
-void run_one(const uint8_t* data, size_t size) {
-  static const std::unique_ptr<MemDevice> base = build_base();
-  auto dev = base->clone();
-  const uint64_t blocks = dev->size_bytes() / 4096;
+// Applies an input's patches (the format above) to a copy of a base image.
+void apply_patches(MemDevice& dev, const uint8_t* data, size_t size) {
+  const uint64_t blocks = dev.size_bytes() / 4096;
   for (size_t i = 0; i + 8 <= size;) {
     uint32_t block;
     uint16_t off;
@@ -109,11 +109,17 @@ void run_one(const uint8_t* data, size_t size) {
     const size_t n = std::min<size_t>(len, size - i);
     if (flags & 2) block += 48;  // relative to first_block
     const uint64_t at = (block % blocks) * 4096 + off % 4096;
-    const size_t fit = std::min<size_t>(n, dev->size_bytes() - at);
-    dev->poke(at, std::span<const std::byte>(reinterpret_cast<const std::byte*>(data + i), fit));
-    if (flags & 1) reseal(*dev, at);
+    const size_t fit = std::min<size_t>(n, dev.size_bytes() - at);
+    dev.poke(at, std::span<const std::byte>(reinterpret_cast<const std::byte*>(data + i), fit));
+    if (flags & 1) reseal(dev, at);
     i += n;
   }
+}
+
+void run_one(const uint8_t* data, size_t size) {
+  static const std::unique_ptr<MemDevice> base = build_base();
+  auto dev = base->clone();
+  apply_patches(*dev, data, size);
 
   (void)read_superblocks(*dev);
   VolumeOptions ro;

@@ -5,8 +5,16 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace plyfs {
+class MemDevice;
+}
+
 namespace plyfs::fuzz {
 
+// An engine image (plain trees, a clone, extent references).
 void run_one(const uint8_t* data, size_t size);
+// An image of filesystem trees, checked with fsck's object passes too.
+void run_one_fs(const uint8_t* data, size_t size);
+void apply_patches(MemDevice& dev, const uint8_t* data, size_t size);
 
 }  // namespace plyfs::fuzz

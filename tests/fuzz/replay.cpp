@@ -2,7 +2,7 @@
 // the seed corpus and every input that ever crashed the fuzzer, as
 // regression tests. Each file: hex bytes, whitespace ignored, '#' starts a
 // comment to the end of the line (where the input came from).
-//   replay FILE...
+//   replay [--fs] FILE...
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -31,13 +31,19 @@ bool load(const char* path, std::vector<uint8_t>& out) {
 
 int main(int argc, char** argv) {
   int n = 0;
+  // --fs: the inputs patch the filesystem image (fuzz_fs_image.cpp).
+  void (*target)(const uint8_t*, size_t) = plyfs::fuzz::run_one;
   for (int i = 1; i < argc; i++) {
+    if (std::string(argv[i]) == "--fs") {
+      target = plyfs::fuzz::run_one_fs;
+      continue;
+    }
     std::vector<uint8_t> data;
     if (!load(argv[i], data)) {
       std::fprintf(stderr, "replay: cannot read %s\n", argv[i]);
       return 1;
     }
-    plyfs::fuzz::run_one(data.data(), data.size());
+    target(data.data(), data.size());
     n++;
   }
   std::printf("replayed %d inputs: no crash\n", n);
