@@ -834,7 +834,14 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
     });
     if (tty) std::fprintf(stderr, "\n");
     if (!m) return fail(m.error().message());
-    if (auto r = drop_doomed(v); !r) return fail(r.error().message());
+    bool shown = false;
+    auto dropped = drop_doomed(v, [&](const BTree::DropStats& st) {
+      if (tty) std::fprintf(stderr, "\rfreeing the merged branches: %llu nodes, %llu extents",
+                            (unsigned long long)st.nodes, (unsigned long long)st.extents);
+      shown = tty;
+    });
+    if (shown) std::fprintf(stderr, "\n");
+    if (!dropped) return fail(dropped.error().message());
     if (auto r = v.close(); !r) return fail(r.error().message());
     if (json)
       std::printf("{\"merged\": %s, \"entries\": %llu, \"objects\": %llu, \"removed\": %llu}\n",
@@ -849,13 +856,26 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
   if (cmd == "rollback" || cmd == "delete") {
     auto b = branch(pos[1]);
     if (!b) return fail(b.error().message());
+    // Freeing a large tree is one long transaction: on a terminal, as for a
+    // merge, what it freed so far.
+    const bool tty = isatty(2);
+    bool shown = false;
+    auto progress = [&](const BTree::DropStats& st) {
+      if (!tty) return;
+      std::fprintf(stderr, "\rfreeing: %llu nodes, %llu extents", (unsigned long long)st.nodes,
+                   (unsigned long long)st.extents);
+      shown = true;
+    };
     if (cmd == "rollback") {
       auto r = rollback(v, b->tree);
       if (!r) return fail(r.error().message());
-    } else if (auto r = delete_branch(v, b->tree); !r) {
+    } else if (auto r = delete_branch(v, b->tree, progress); !r) {
+      if (shown) std::fprintf(stderr, "\n");
       return fail(r.error().message());
     }
-    if (auto r = drop_doomed(v); !r) return fail(r.error().message());
+    auto dropped = drop_doomed(v, progress);  // a rollback's old layer
+    if (shown) std::fprintf(stderr, "\n");
+    if (!dropped) return fail(dropped.error().message());
     if (auto r = v.close(); !r) return fail(r.error().message());
     if (json) std::printf("{\"%s\": %s}\n", cmd == "rollback" ? "rolled_back" : "deleted", json_str(b->name).c_str());
     else std::printf("%s \"%s\"\n", cmd == "rollback" ? "rolled back" : "deleted", b->name.c_str());

@@ -99,14 +99,21 @@ Result<FsCreateOptions> root_like(Volume& v, TreeId tree) {
 
 }  // namespace
 
-Result<size_t> drop_doomed(Volume& v) {
+Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress) {
   if (v.read_only()) return size_t(0);
   std::vector<TreeId> doomed;
   for (const auto& b : PLY_TRY(Filesystem::branches(v)))
     if (b.doomed) doomed.push_back(b.tree);
+  BTree::DropStats done;  // the trees dropped before
   for (TreeId id : doomed) {
     auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = 64}));
-    PLY_CHECK(t.drop_tree(id));
+    BTree::DropStats last;
+    PLY_CHECK(t.drop_tree(id, [&](const BTree::DropStats& st) {
+      last = st;
+      if (progress) progress({done.nodes + st.nodes, done.extents + st.extents});
+    }));
+    done.nodes += last.nodes;
+    done.extents += last.extents;
   }
   return doomed.size();
 }
@@ -463,7 +470,7 @@ Result<BranchMeta> rollback(Volume& v, TreeId branch) {
   return fresh;
 }
 
-Result<void> delete_branch(Volume& v, TreeId branch) {
+Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& progress) {
   auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = PLY_TRY(swap_blocks(v))}));
   BranchMeta b = PLY_TRY(live_branch(t, branch));
   size_t live = 0;
@@ -474,7 +481,7 @@ Result<void> delete_branch(Volume& v, TreeId branch) {
     for (const auto& l : view.layers)
       if (l.tree == b.tree) return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + b.name + "\"");
   PLY_CHECK(forget_parent(t, b.tree));
-  return t.drop_tree(b.tree);
+  return t.drop_tree(b.tree, progress);
 }
 
 }  // namespace plyfs

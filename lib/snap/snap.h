@@ -29,7 +29,8 @@ namespace plyfs {
 // Drops every doomed tree: what an unfinished merge or rollback left, or
 // the branches a finished one replaced. Read-write opens call it before
 // anything else (plyctl, the daemon). Returns how many it dropped.
-Result<size_t> drop_doomed(Volume& v);
+// `progress`: what was freed so far, summed over the trees (BTree::drop).
+Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress = {});
 
 // A new writable (unless read_only) branch `name`, sharing every block of
 // `src` (btrfs's snapshot): O(1), one generation.
@@ -83,8 +84,10 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs = nullptr,
 Result<BranchMeta> rollback(Volume& v, TreeId branch);
 
 // Deletes a branch and frees every block no other tree references. Refused
-// (EBUSY) while a view shows it or a layer is made on it.
-Result<void> delete_branch(Volume& v, TreeId branch);
+// (EBUSY) while a view shows it or a layer is made on it. One transaction,
+// however large the branch: `progress` hears the nodes and extents freed so
+// far as the walk goes (BTree::drop).
+Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& progress = {});
 
 // What changed from branch `from` to branch `to` (zfs diff): paths added,
 // removed, modified (attributes, data or xattrs) or renamed. When one tree

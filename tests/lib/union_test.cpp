@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "commit/superblock.h"
 #include "fs/check.h"
 #include "fs/fs.h"
 #include "fsck/fsck.h"
@@ -1233,6 +1234,55 @@ TEST_CASE("snap: deleting a clone or merging a snapshot returns the space the ol
   auto names = must(Filesystem::branches(*im.vol));
   CHECK(names.size() == 1);
   mt.u.reset();
+  im.close();
+  check_image(im);
+}
+
+// Deleting a branch is one transaction however large the branch: the walk
+// that frees its tree reports as it goes, and ends with what it freed.
+TEST_CASE("snap: deleting a branch reports what it frees as it goes", "[snap]") {
+  Image im = make_image(2);
+  const size_t files = 3000;
+  const std::vector<std::byte> data(8192, std::byte('d'));  // two blocks: one extent
+  for (size_t i = 0; i < files; i++) {
+    const uint64_t ino = must(im.fs[1]->mknod(im.fs[1]->root(), "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0, 0)).ino;
+    must(im.fs[1]->write(ino, 0, data));
+  }
+  const TreeId gone = im.trees[1];
+  im.fs.pop_back();
+  im.trees.pop_back();
+  must(im.vol->commit());
+  const SpaceStats before = im.vol->space_stats();
+  // Its nodes, counted as plyctl debug tree does (nothing shares them).
+  uint64_t nodes = 0;
+  {
+    const SuperInfo sb = must(read_superblocks(*im.dev)).info;
+    auto t = must(im.vol->begin());
+    BlockCache cache(*im.dev, sb.block_size, 16 << 20);
+    WalkMemo memo;
+    std::vector<Problem> problems;
+    WalkHooks h;
+    h.on_node = [&](BlockNo, int, Generation, uint64_t, bool first) { nodes += first; };
+    check_tree(cache, sb.fs_id, must(t.tree_info(gone)).root, sb.generation, h, memo, problems);
+    REQUIRE(problems.empty());
+  }
+  std::vector<BTree::DropStats> seen;
+  must(delete_branch(*im.vol, gone, [&](const BTree::DropStats& st) { seen.push_back(st); }));
+  must(im.vol->commit());
+  must(im.vol->commit());  // what the deletion freed counts once durable
+  const SpaceStats after = im.vol->space_stats();
+  REQUIRE(seen.size() > 3);
+  for (size_t i = 1; i < seen.size(); i++) {
+    INFO("call " << i);
+    CHECK(seen[i].nodes >= seen[i - 1].nodes);
+    CHECK(seen[i].extents >= seen[i - 1].extents);
+    CHECK(seen[i].nodes + seen[i].extents > seen[i - 1].nodes + seen[i - 1].extents);
+  }
+  // The last call holds the totals: every node of the tree, every file's extent.
+  CHECK(seen.back().nodes == nodes);
+  CHECK(nodes > 100);
+  CHECK(seen.back().extents == files);
+  CHECK(before.data_blocks - after.data_blocks == files * data.size() / im.vol->block_size());
   im.close();
   check_image(im);
 }
