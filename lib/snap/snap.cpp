@@ -5,6 +5,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <map>
@@ -645,6 +646,54 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
   }
   std::stable_sort(d.out.begin(), d.out.end(), [](const DiffEntry& x, const DiffEntry& y) { return x.path < y.path; });
   return std::move(d.out);
+}
+
+namespace {
+std::string json_str(std::string_view s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += c;
+    }
+  }
+  return o + "\"";
+}
+}  // namespace
+
+std::string format_diff(const std::vector<DiffEntry>& d, bool json) {
+  std::string out;
+  if (json) out += '[';
+  for (size_t i = 0; i < d.size(); i++) {
+    const auto& e = d[i];
+    if (json) {
+      if (i) out += ", ";
+      out += "{\"change\": \"";
+      out += char(e.change);
+      out += "\", \"path\": ";
+      out += json_str(e.path);
+      if (e.change == Change::Renamed) {
+        out += ", \"new_path\": ";
+        out += json_str(e.new_path);
+      }
+      out += '}';
+    } else {
+      out += char(e.change);
+      out += '\t';
+      out += e.path;
+      if (e.change == Change::Renamed) {
+        out += " -> ";
+        out += e.new_path;
+      }
+      out += '\n';
+    }
+  }
+  if (json) out += "]\n";
+  return out;
 }
 
 }  // namespace plyfs

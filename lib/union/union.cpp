@@ -881,6 +881,12 @@ Result<void> Union::restack(std::vector<UnionBranch> nb) {
   return restack([&]() -> Result<std::vector<UnionBranch>> { return std::move(nb); });
 }
 
+Result<void> Union::hold_still(const std::function<Result<void>()>& fn) {
+  std::unique_lock io(io_mu_);
+  std::unique_lock lk(mu_);
+  return fn();
+}
+
 Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>()>& prepare) {
   // No operation runs meanwhile (unpin included), and no data change that
   // resolved its branch before is still landing.
