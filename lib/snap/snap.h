@@ -94,6 +94,9 @@ Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& 
 // is a clone of the other (or both of a common one), subtrees the two still
 // share are skipped without reading them, so the cost follows the size of
 // the change; when `to` is a layer on `from`, only the layer is read.
+// A renamed object is one R entry (plus M at the new path if it changed too),
+// in a layer as in a clone, but for a hard-linked object that lost or gained
+// more than one name in a layer: that one shows as - and + (ambiguous).
 enum class Change : char { Added = '+', Removed = '-', Modified = 'M', Renamed = 'R' };
 struct DiffEntry {
   Change change;

@@ -1136,32 +1136,75 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
         const Model& old = below[mt.stack[0].tree.v];
         auto d = must(diff(*im.vol, mt.stack[1].tree, mt.stack[0].tree));
         layer_diffs++;
-        std::set<std::string> added, removed, modified, want_added, want_removed;
+        // Paths without the leading slash, as the model's.
+        std::set<std::string> plus, minus, modified, want_added, want_removed;
+        std::vector<std::pair<std::string, std::string>> renames;  // old, new
         std::string shown;
         for (const auto& e : d) {
-          shown += std::string(1, char(e.change)) + " " + e.path + "\n";
+          shown += std::string(1, char(e.change)) + " " + e.path + (e.new_path.empty() ? "" : " -> " + e.new_path) + "\n";
           std::string p = e.path.substr(1);
-          if (e.change == Change::Added) added.insert(p);
-          if (e.change == Change::Removed) removed.insert(p);
+          if (e.change == Change::Added) plus.insert(p);
+          if (e.change == Change::Removed) minus.insert(p);
           if (e.change == Change::Modified) modified.insert(p);
+          if (e.change == Change::Renamed) renames.emplace_back(p, e.new_path.substr(1));
         }
         INFO("layer diff:\n" << shown);
-        for (const auto& [p, o] : m)
-          if (!old.count(p)) want_added.insert(p);
-        for (const auto& [p, o] : old)
-          if (!m.count(p)) want_removed.insert(p);
-        std::set<std::string> added_only, removed_only;
-        for (const auto& p : added)
-          if (!removed.count(p)) added_only.insert(p);
-        for (const auto& p : removed)
-          if (!added.count(p)) removed_only.insert(p);
-        CHECK(added_only == want_added);
-        CHECK(removed_only == want_removed);
+        // Where a path of the view was before, through the deepest rename at
+        // or above it (what a renamed directory carried along moved with it).
+        auto before = [&](const std::string& p) {
+          size_t best = 0;
+          std::string q = p;
+          for (const auto& [o, n] : renames)
+            if ((p == n || p.rfind(n + "/", 0) == 0) && n.size() > best) best = n.size(), q = o + p.substr(n.size());
+          return q;
+        };
+        for (const auto& [o, n] : renames) {
+          INFO("R " << o << " -> " << n);
+          CHECK((old.count(o) && m.count(n) && old.at(o).type == m.at(n).type));
+        }
+        std::set<std::string> came;  // old paths the view's paths came from
         for (const auto& [p, o] : m) {
-          auto it = old.find(p);
+          const std::string q = before(p);
+          if (old.count(q) && old.at(q).type == o.type) came.insert(q);
+          else want_added.insert(p);
+        }
+        for (const auto& [q, o] : old)
+          if (!came.count(q)) want_removed.insert(q);
+        std::set<std::string> renamed_to, renamed_from;
+        for (const auto& [o, n] : renames) renamed_from.insert(o), renamed_to.insert(n);
+        for (const auto& p : want_added) {
+          INFO("added " << p);
+          CHECK((plus.count(p) || renamed_to.count(p)));
+        }
+        for (const auto& q : want_removed) {
+          INFO("removed " << q);
+          CHECK((minus.count(q) || renamed_from.count(q)));
+        }
+        // Nothing else, but for an object replaced by another at its path:
+        // + there, and - or R from where it was before (the path alone cannot
+        // tell a file under a renamed directory from a new one of its name).
+        std::map<std::string, std::string> now_at;  // old path -> its path in the view
+        for (const auto& [p, o] : m) now_at[before(p)] = p;
+        auto replaced = [&](const std::string& p) {
+          const std::string q = before(p);
+          if (plus.count(p) && (minus.count(q) || renamed_from.count(q))) return true;
+          for (size_t cut = p.rfind('/'); cut != std::string::npos; cut = cut ? p.rfind('/', cut - 1) : std::string::npos)
+            if (plus.count(p.substr(0, cut))) return true;  // in a new directory: new too
+          return false;
+        };
+        for (const auto& p : plus) {
+          INFO("reported added " << p);
+          CHECK((want_added.count(p) || replaced(p)));
+        }
+        for (const auto& q : minus) {
+          INFO("reported removed " << q);
+          CHECK((want_removed.count(q) || renamed_to.count(q) || (now_at.count(q) && replaced(now_at[q]))));
+        }
+        for (const auto& [p, o] : m) {
+          auto it = old.find(before(p));
           if (it == old.end() || o.type != 'f' || (it->second.data == o.data && it->second.mode == o.mode)) continue;
-          INFO("changed " << p);
-          CHECK((modified.count(p) || (added.count(p) && removed.count(p))));
+          INFO("changed " << p << " (was " << it->first << ")");
+          CHECK((modified.count(p) || replaced(p)));
         }
       }
     }
@@ -1233,6 +1276,71 @@ TEST_CASE("snap: deleting a clone or merging a snapshot returns the space the ol
   CHECK(free1 <= free0 + 64);
   auto names = must(Filesystem::branches(*im.vol));
   CHECK(names.size() == 1);
+  mt.u.reset();
+  im.close();
+  check_image(im);
+}
+
+// A rename in a layer is a copy-up (same inode number) and a whiteout; the
+// layer diff pairs the two back into one R, as the clone diff reports it.
+TEST_CASE("snap: a layer diff reports a rename as R", "[snap]") {
+  Image im = make_image(1);
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  Union& u0 = *mt.u;
+  const std::vector<std::byte> one(100, std::byte('1'));
+  auto file = [&](Union& u, uint64_t dir, const char* name) {
+    uint64_t ino = must(u.mknod(dir, name, S_IFREG | 0644, 0, kRoot)).ino;
+    must(u.write(ino, 0, one, kRoot));
+    return ino;
+  };
+  for (const char* n : {"f", "g", "h", "del", "hl1"}) file(u0, u0.root(), n);
+  const uint64_t d = must(u0.mkdir(u0.root(), "d", 0755, kRoot)).ino;
+  file(u0, d, "x");
+  const uint64_t sub = must(u0.mkdir(d, "sub", 0755, kRoot)).ino;
+  file(u0, sub, "y");
+  must(u0.link(must(resolve(u0, "hl1")), u0.root(), "hl2", kRoot));
+  auto sn = must(snapshot(*im.vol, mt.stack, "s1"));
+  mt.remount(sn.stack);
+  Union& u = *mt.u;
+  const uint64_t root = u.root();
+  must(u.rename(root, "f", root, "f2", 0, kRoot));       // R only
+  must(u.rename(root, "g", root, "g2", 0, kRoot));       // R and M
+  const uint64_t g2 = must(resolve(u, "g2"));
+  must(u.open(g2, true, kRoot));
+  // Longer: the clock may not have ticked since g was made (attributes tell).
+  must(u.write(g2, 0, std::vector<std::byte>(200, std::byte('2')), kRoot));
+  // R and M: the same size and mtime, other bytes (the data tells).
+  must(u.rename(root, "h", root, "h2", 0, kRoot));
+  const uint64_t h2 = must(resolve(u, "h2"));
+  const timespec mtime = must(u.getattr(h2)).mtime;
+  must(u.open(h2, true, kRoot));
+  must(u.write(h2, 0, std::vector<std::byte>(100, std::byte('3')), kRoot));
+  SetAttr keep;
+  keep.mtime = mtime;
+  must(u.setattr(h2, keep, kRoot));
+  must(u.rename(root, "d", root, "d2", 0, kRoot));       // a lower directory: one R
+  must(u.rename(root, "hl1", root, "hl3", 0, kRoot));    // one name removed and two
+  must(u.link(must(resolve(u, "hl3")), root, "hl4", kRoot));  // added: ambiguous
+  must(u.unlink(root, "del"));                           // unrelated - and +
+  file(u, root, "new");
+  std::string shown;
+  for (const auto& e : must(diff(*im.vol, sn.frozen.tree, sn.live.tree)))
+    shown += std::string(1, char(e.change)) + " " + e.path + (e.new_path.empty() ? "" : " -> " + e.new_path) +
+             (e.change == Change::Renamed ? (e.type == DT_DIR ? " dir" : " file") : "") + "\n";
+  CHECK(shown ==
+        "R /d -> /d2 dir\n"
+        "- /del\n"
+        "R /f -> /f2 file\n"
+        "R /g -> /g2 file\n"
+        "M /g2\n"
+        "R /h -> /h2 file\n"
+        "M /h2\n"
+        "- /hl1\n"
+        "+ /hl3\n"
+        "+ /hl4\n"
+        "+ /new\n");
   mt.u.reset();
   im.close();
   check_image(im);
