@@ -23,6 +23,7 @@
 //   read TOKEN OFFSET       the next at most 3063 bytes from OFFSET; the read
 //                           that reaches the end frees the text
 //   close TOKEN             frees it before the end
+// (An empty diff, "TOKEN 0", is not kept: there is nothing to read.)
 // At most 4 texts of at most 256 MiB in all wait: a new diff pushes the
 // oldest out (its reads then fail with ENOENT), so a client that dies
 // leaks nothing for long. Like list, anyone may run them: they only read.

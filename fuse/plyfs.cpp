@@ -740,7 +740,7 @@ Result<std::string> start_diff(const std::string& from, const std::string& to, c
   char token[17];
   std::snprintf(token, sizeof token, "%016llx", (unsigned long long)pending.rng());
   const std::string answer = std::string(token) + " " + std::to_string(text.size());
-  pending.q.push_back({token, std::move(text)});
+  if (!text.empty()) pending.q.push_back({token, std::move(text)});  // no read would free it
   return answer;
 }
 
