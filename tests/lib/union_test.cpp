@@ -1321,8 +1321,8 @@ TEST_CASE("snap: a layer diff reports a rename as R", "[snap]") {
   keep.mtime = mtime;
   must(u.setattr(h2, keep, kRoot));
   must(u.rename(root, "d", root, "d2", 0, kRoot));       // a lower directory: one R
-  must(u.rename(root, "hl1", root, "hl3", 0, kRoot));    // one name removed and two
-  must(u.link(must(resolve(u, "hl3")), root, "hl4", kRoot));  // added: ambiguous
+  must(u.rename(root, "hl1", root, "hl3", 0, kRoot));    // both names of one inode
+  must(u.rename(root, "hl2", root, "hl4", 0, kRoot));    // moved: ambiguous
   must(u.unlink(root, "del"));                           // unrelated - and +
   file(u, root, "new");
   std::string shown;
@@ -1338,6 +1338,7 @@ TEST_CASE("snap: a layer diff reports a rename as R", "[snap]") {
         "R /h -> /h2 file\n"
         "M /h2\n"
         "- /hl1\n"
+        "- /hl2\n"
         "+ /hl3\n"
         "+ /hl4\n"
         "+ /new\n");
@@ -1587,6 +1588,30 @@ TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recov
   }
   INFO(struck << " of " << runs << " runs cut during an operation");
   CHECK(struck > runs / 2);
+}
+
+// Both names of a hard-linked file of a lower branch renamed in the upper
+// one: the first rename copies the object up; the second must link its
+// name to that copy (it failed with EINVAL: a copy from the tree to itself).
+TEST_CASE("union: renaming both names of a lower hard link", "[union]") {
+  Image im = make_image(2);
+  Attr f = must(im.fs[1]->mknod(im.fs[1]->root(), "a", S_IFREG | 0644, 0, 0, 0));
+  must(im.fs[1]->write(f.ino, 0, bytes("linked")));
+  must(im.fs[1]->link(f.ino, im.fs[1]->root(), "b"));
+  Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}});
+  must(u.rename(u.root(), "a", u.root(), "c", 0, kRoot));
+  must(u.rename(u.root(), "b", u.root(), "d", 0, kRoot));
+  for (const char* gone : {"a", "b"}) CHECK(u.lookup(u.root(), gone).error().code == ENOENT);
+  Attr c = must(u.lookup(u.root(), "c")), d = must(u.lookup(u.root(), "d"));
+  CHECK(c.ino == f.ino);
+  CHECK(d.ino == f.ino);
+  CHECK(d.nlink == 2);
+  std::vector<std::byte> buf(6);
+  REQUIRE(must(u.read(d.ino, 0, buf)) == 6);
+  CHECK(buf == bytes("linked"));
+  must(u.release_all());
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
 }
 
 TEST_CASE("union: a branch that turns read-only keeps serving a file unlinked while open", "[union]") {
