@@ -24,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -86,7 +87,7 @@ void usage(FILE* out) {
                "  merge IMAGE|MNT BRANCH [--json]   merge layer BRANCH into the branch below it\n"
                "  rollback IMAGE|MNT BRANCH    discard a layer's changes\n"
                "  delete IMAGE|MNT BRANCH      delete a branch, freeing what only it used\n"
-               "  diff IMAGE FROM TO [--json]  paths added (+), removed (-), modified (M), renamed (R)\n"
+               "  diff IMAGE|MNT FROM TO [--json]  paths added (+), removed (-), modified (M), renamed (R)\n"
                "  debug tree IMAGE TREE        every node of a tree (TREE: an id, root or space)\n"
                "  debug fields STRUCT          the fields debug corrupt can damage\n"
                "  debug corrupt IMAGE STRUCT [LOCATOR] FIELD ACTION [--keep-checksum]\n"
@@ -752,6 +753,35 @@ int mounted_request(const std::string& mnt, const std::string& req, bool json) {
   return 0;
 }
 
+// A diff from a mount's daemon, paged (fuse/control.h): "diff" leaves the
+// whole text with the daemon under a token, and "read"s fetch it a chunk at
+// a time, the last one freeing it. The daemon formats it with format_diff,
+// as the offline diff below, so both print the same bytes.
+int mounted_diff(const std::string& mnt, const std::string& from, const std::string& to, bool json) {
+  for (const auto& n : {from, to})
+    if (n.find_first_of(" \t\n") != std::string::npos)
+      return usage_error("on a mount point, branch names cannot hold spaces");
+  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {  // what the kernel holds lands first, as for a snapshot
+    (void)::syscall(SYS_syncfs, fd);
+    ::close(fd);
+  }
+  auto r = control(mnt, "diff " + from + " " + to + (json ? " json" : ""));
+  if (!r) return fail(r.error().message());
+  std::istringstream in(*r);
+  std::string token;
+  unsigned long long size = 0;
+  if (!(in >> token >> size)) return fail(mnt + ": unexpected answer to diff: \"" + *r + "\"");
+  for (unsigned long long off = 0; off < size;) {
+    auto c = control(mnt, "read " + token + " " + std::to_string(off));
+    if (!c) return fail(c.error().message());
+    if (c->empty()) return fail(mnt + ": the diff ended early, at byte " + std::to_string(off));
+    std::fwrite(c->data(), 1, c->size(), stdout);
+    off += c->size();
+  }
+  return 0;
+}
+
 std::string branch_json(const BranchMeta& b) {
   return "{\"name\": " + json_str(b.name) + ", \"id\": " + std::to_string(b.tree.v) +
          ", \"read_only\": " + (b.read_only ? "true" : "false") + "}";
@@ -769,7 +799,7 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
       {"merge", {"merge IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
       {"rollback", {"rollback IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
       {"delete", {"delete IMAGE|MOUNTPOINT BRANCH", 2}},
-      {"diff", {"diff IMAGE FROM TO [--json]", 3}}};
+      {"diff", {"diff IMAGE|MOUNTPOINT FROM TO [--json]", 3}}};
   const auto& [use, npos] = kUsage.at(cmd);
   if (pos.size() != npos || (has("--view") && cmd != "snapshot") || (has("--name") && cmd != "snapshot") ||
       (has("--ro") && cmd != "clone"))
@@ -782,7 +812,7 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
     if (cmd == "merge" || cmd == "rollback" || cmd == "delete")
       return mounted_request(pos[0], cmd + " " + pos[1], json);
     if (cmd == "clone") return mounted_request(pos[0], "clone " + pos[1] + " " + pos[2] + (has("--ro") ? " ro" : ""), json);
-    return fail("diff needs the image, unmounted (" + pos[0] + " is a directory)");
+    return mounted_diff(pos[0], pos[1], pos[2], json);
   }
   auto o = open_volume(pos[0], cmd != "diff");
   if (!o) return fail(pos[0] + ": " + o.error().message());
@@ -834,7 +864,14 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
     });
     if (tty) std::fprintf(stderr, "\n");
     if (!m) return fail(m.error().message());
-    if (auto r = drop_doomed(v); !r) return fail(r.error().message());
+    bool shown = false;
+    auto dropped = drop_doomed(v, [&](const BTree::DropStats& st) {
+      if (tty) std::fprintf(stderr, "\rfreeing the merged branches: %llu nodes, %llu extents",
+                            (unsigned long long)st.nodes, (unsigned long long)st.extents);
+      shown = tty;
+    });
+    if (shown) std::fprintf(stderr, "\n");
+    if (!dropped) return fail(dropped.error().message());
     if (auto r = v.close(); !r) return fail(r.error().message());
     if (json)
       std::printf("{\"merged\": %s, \"entries\": %llu, \"objects\": %llu, \"removed\": %llu}\n",
@@ -849,13 +886,26 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
   if (cmd == "rollback" || cmd == "delete") {
     auto b = branch(pos[1]);
     if (!b) return fail(b.error().message());
+    // Freeing a large tree is one long transaction: on a terminal, as for a
+    // merge, what it freed so far.
+    const bool tty = isatty(2);
+    bool shown = false;
+    auto progress = [&](const BTree::DropStats& st) {
+      if (!tty) return;
+      std::fprintf(stderr, "\rfreeing: %llu nodes, %llu extents", (unsigned long long)st.nodes,
+                   (unsigned long long)st.extents);
+      shown = true;
+    };
     if (cmd == "rollback") {
       auto r = rollback(v, b->tree);
       if (!r) return fail(r.error().message());
-    } else if (auto r = delete_branch(v, b->tree); !r) {
+    } else if (auto r = delete_branch(v, b->tree, progress); !r) {
+      if (shown) std::fprintf(stderr, "\n");
       return fail(r.error().message());
     }
-    if (auto r = drop_doomed(v); !r) return fail(r.error().message());
+    auto dropped = drop_doomed(v, progress);  // a rollback's old layer
+    if (shown) std::fprintf(stderr, "\n");
+    if (!dropped) return fail(dropped.error().message());
     if (auto r = v.close(); !r) return fail(r.error().message());
     if (json) std::printf("{\"%s\": %s}\n", cmd == "rollback" ? "rolled_back" : "deleted", json_str(b->name).c_str());
     else std::printf("%s \"%s\"\n", cmd == "rollback" ? "rolled back" : "deleted", b->name.c_str());
@@ -868,18 +918,8 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
   if (!b) return fail(b.error().message());
   auto d = diff(v, a->tree, b->tree);
   if (!d) return fail(d.error().message());
-  if (json) std::printf("[");
-  for (size_t i = 0; i < d->size(); i++) {
-    const auto& e = (*d)[i];
-    if (json)
-      std::printf("%s{\"change\": \"%c\", \"path\": %s%s}", i ? ", " : "", char(e.change), json_str(e.path).c_str(),
-                  e.change == Change::Renamed ? (", \"new_path\": " + json_str(e.new_path)).c_str() : "");
-    else if (e.change == Change::Renamed)
-      std::printf("R\t%s -> %s\n", e.path.c_str(), e.new_path.c_str());
-    else
-      std::printf("%c\t%s\n", char(e.change), e.path.c_str());
-  }
-  if (json) std::printf("]\n");
+  const std::string text = format_diff(*d, json);
+  std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }
 

@@ -10,8 +10,23 @@
 //   remove NAME             take NAME out of the stack (its data stays)
 //   set NAME rw|ro          switch NAME between read-write and read-only
 //   move NAME POS           move NAME to position POS
+//   snapshot [SNAP], merge NAME, rollback NAME, clone SRC NAME [ro],
+//   delete NAME             the branch lifecycle (snap.h, plyctl.8)
 // Changes need root or the mount's owner; each one is atomic for the user
 // and lasts until unmount (plyctl view create saves a stack).
+//
+// A diff is larger than an answer (and a FUSE ioctl cannot pass more than
+// 16 KiB), so it is paged, with text requests as the rest:
+//   diff FROM TO [json]     "TOKEN SIZE": the daemon computes the whole diff
+//                           of a durable generation (it commits first) and
+//                           keeps its text, as plyctl prints it, under TOKEN
+//   read TOKEN OFFSET       the next at most 3063 bytes from OFFSET; the read
+//                           that reaches the end frees the text
+//   close TOKEN             frees it before the end
+// (An empty diff, "TOKEN 0", is not kept: there is nothing to read.)
+// At most 4 texts of at most 256 MiB in all wait: a new diff pushes the
+// oldest out (its reads then fail with ENOENT), so a client that dies
+// leaks nothing for long. Like list, anyone may run them: they only read.
 #pragma once
 
 #include <linux/ioctl.h>

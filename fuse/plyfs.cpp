@@ -29,9 +29,11 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -696,6 +698,70 @@ void snapper_loop() {
   }
 }
 
+// Diffs of the mount's branches, paged out through the control channel
+// (control.h): a diff's whole text waits under a random token until its
+// last chunk is read or it is closed. A client that dies leaves its text
+// behind, so at most kMax texts wait, of at most kMaxBytes in all: a new
+// diff pushes out the oldest, whose reader then gets ENOENT. Under ctl_mu.
+struct PendingDiffs {
+  static constexpr size_t kMax = 4;
+  static constexpr size_t kMaxBytes = size_t(256) << 20;
+  static constexpr size_t kChunk = sizeof(ControlMsg::answer) - 1;
+  struct Text {
+    std::string token, text;
+  };
+  std::deque<Text> q;  // oldest first
+  std::mt19937_64 rng{std::random_device{}()};
+};
+PendingDiffs pending;
+
+// `diff FROM TO [json]`: the text plyctl prints offline (format_diff), of
+// a durable generation: the commit and the diff run while no operation
+// does, so the diff holds every change that finished before it.
+Result<std::string> start_diff(const std::string& from, const std::string& to, const std::string& json) {
+  if (!json.empty() && json != "json") return Error::invalid("diff takes json or nothing, not \"" + json + "\"");
+  const BranchMeta a = PLY_TRY(find_branch(*g->vol, from));
+  const BranchMeta b = PLY_TRY(find_branch(*g->vol, to));
+  std::string text;
+  PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
+    if (!g->read_only) PLY_CHECK(g->vol->commit());
+    text = format_diff(PLY_TRY(diff(*g->vol, a.tree, b.tree)), !json.empty());
+    return ok();
+  }));
+  if (text.size() > PendingDiffs::kMaxBytes)
+    return Error::io(EFBIG, "the diff is too large to send from the mount (" + std::to_string(text.size()) +
+                                " bytes): diff the image unmounted");
+  size_t held = text.size();
+  for (const auto& t : pending.q) held += t.text.size();
+  while (!pending.q.empty() && (pending.q.size() >= PendingDiffs::kMax || held > PendingDiffs::kMaxBytes)) {
+    held -= pending.q.front().text.size();
+    pending.q.pop_front();
+  }
+  char token[17];
+  std::snprintf(token, sizeof token, "%016llx", (unsigned long long)pending.rng());
+  const std::string answer = std::string(token) + " " + std::to_string(text.size());
+  if (!text.empty()) pending.q.push_back({token, std::move(text)});  // no read would free it
+  return answer;
+}
+
+// `read TOKEN OFFSET` and `close TOKEN`; the read that reaches the end frees the text.
+Result<std::string> page_diff(const std::string& cmd, const std::string& token, const std::string& offset) {
+  auto it = std::find_if(pending.q.begin(), pending.q.end(), [&](const auto& t) { return t.token == token; });
+  if (it == pending.q.end())
+    return Error::io(ENOENT, "no diff waits under \"" + token + "\" (read to its end, closed, or pushed out by newer ones)");
+  if (cmd == "close") {
+    pending.q.erase(it);
+    return std::string("closed");
+  }
+  char* end = nullptr;
+  const unsigned long long off = std::strtoull(offset.c_str(), &end, 10);
+  if (offset.empty() || *end || off > it->text.size())
+    return Error::invalid("offset must be 0 to " + std::to_string(it->text.size()) + ", not \"" + offset + "\"");
+  std::string chunk = it->text.substr(size_t(off), PendingDiffs::kChunk);
+  if (off + chunk.size() >= it->text.size()) pending.q.erase(it);
+  return chunk;
+}
+
 // Runs one control request; the answer is the stack afterwards.
 Result<std::string> control(const std::string& request, bool may_change) {
   std::istringstream in(request);
@@ -704,17 +770,21 @@ Result<std::string> control(const std::string& request, bool may_change) {
   static const std::map<std::string, std::pair<size_t, size_t>> kArity = {
       {"list", {1, 1}}, {"add", {3, 4}},      {"remove", {2, 2}}, {"set", {3, 3}},
       {"move", {3, 3}}, {"snapshot", {1, 2}}, {"merge", {2, 2}},  {"rollback", {2, 2}},
-      {"clone", {3, 4}}, {"delete", {2, 2}}};
+      {"clone", {3, 4}}, {"delete", {2, 2}},  {"diff", {3, 4}},     {"read", {3, 3}},
+      {"close", {2, 2}}};
   auto ar = kArity.find(w.empty() ? "" : w[0]);
   if (ar == kArity.end())
     return Error::invalid("unknown command \"" + request +
-                          "\" (list, add, remove, set, move, snapshot, merge, rollback)");
+                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, read, close)");
   if (w.size() < ar->second.first || w.size() > ar->second.second)
     return Error::invalid("wrong number of words in \"" + request + "\"");
   w.resize(4);
   const std::string &cmd = w[0], &name = w[1], &arg = w[2];
   std::lock_guard lk(g->ctl_mu);
   if (cmd == "list") return format_stack(*g->vol, g->stack);
+  // Reads, which anyone may run, as list.
+  if (cmd == "diff") return start_diff(name, arg, w[3]);
+  if (cmd == "read" || cmd == "close") return page_diff(cmd, name, arg);
   if (!may_change) return Error::io(EPERM, "only root or the mount's owner may change branches");
   if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") return lifecycle(cmd, name);
   if (cmd == "clone" || cmd == "delete") {

@@ -515,33 +515,53 @@ Result<void> BTree::clone_root(NodeSpace& space, const RootPtr& root) {
 }
 
 namespace {
-Result<void> drop_node(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg, BlockNo b,
-                       Generation g, int level, MutCtx& m) {
-  ReadCtx ctx{fs_id, g, level};
-  // Read before releasing: a block freed "Now" may be handed out again at once.
-  Ref node = PLY_TRY(cache.get(b, BlockCache::Verifier{verify_cb, &ctx}));
-  NodeView v = view(node);
-  if (v.gen() != g || v.level() != level)
-    return Error::corrupt(b.v, "node does not match its parent during drop");
-  auto f = PLY_TRY(m.space.dec_ref(b));
-  if (f == NodeSpace::Freed::No) return ok();  // still shared: its subtree stays
-  if (!v.leaf()) {
-    for (uint32_t i = 0; i < v.n(); i++)
-      PLY_CHECK(drop_node(cache, fs_id, cfg, v.child(i), v.child_gen(i), level - 1, m));
-  } else if (cfg.value_refs) {
-    std::vector<ExtentRef> ext;
-    for (uint32_t i = 0; i < v.n(); i++) cfg.value_refs(v.key(i), v.value(i), ext);
-    for (const ExtentRef& e : ext) (void)PLY_TRY(m.space.dec_ref(e.start));
+struct Dropper {
+  BlockCache& cache;
+  uint64_t fs_id;
+  const TreeConfig& cfg;
+  MutCtx& m;
+  const BTree::DropProgress& progress;
+  BTree::DropStats st{};
+  uint64_t next_report = BTree::kDropProgressEvery;
+
+  void freed(uint64_t& counter) {
+    counter++;
+    if (progress && st.nodes + st.extents >= next_report) {
+      next_report += BTree::kDropProgressEvery;
+      progress(st);
+    }
   }
-  if (f == NodeSpace::Freed::Now) cache.discard(b);
-  else cache.drop_clean(b);
-  return ok();
-}
+  Result<void> node(BlockNo b, Generation g, int level) {
+    ReadCtx ctx{fs_id, g, level};
+    // Read before releasing: a block freed "Now" may be handed out again at once.
+    Ref node = PLY_TRY(cache.get(b, BlockCache::Verifier{verify_cb, &ctx}));
+    NodeView v = view(node);
+    if (v.gen() != g || v.level() != level)
+      return Error::corrupt(b.v, "node does not match its parent during drop");
+    auto f = PLY_TRY(m.space.dec_ref(b));
+    if (f == NodeSpace::Freed::No) return ok();  // still shared: its subtree stays
+    if (!v.leaf()) {
+      for (uint32_t i = 0; i < v.n(); i++) PLY_CHECK(this->node(v.child(i), v.child_gen(i), level - 1));
+    } else if (cfg.value_refs) {
+      std::vector<ExtentRef> ext;
+      for (uint32_t i = 0; i < v.n(); i++) cfg.value_refs(v.key(i), v.value(i), ext);
+      for (const ExtentRef& e : ext)
+        if (PLY_TRY(m.space.dec_ref(e.start)) != NodeSpace::Freed::No) freed(st.extents);
+    }
+    if (f == NodeSpace::Freed::Now) cache.discard(b);
+    else cache.drop_clean(b);
+    freed(st.nodes);
+    return ok();
+  }
+};
 }  // namespace
 
 Result<void> BTree::drop(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
-                         const RootPtr& root, MutCtx& m) {
-  return drop_node(cache, fs_id, cfg, root.block, root.gen, root.level, m);
+                         const RootPtr& root, MutCtx& m, const DropProgress& progress) {
+  Dropper d{cache, fs_id, cfg, m, progress};
+  PLY_CHECK(d.node(root.block, root.gen, root.level));
+  if (progress) progress(d.st);
+  return ok();
 }
 
 }  // namespace plyfs

@@ -176,9 +176,17 @@ class BTree {
   // Adds the reference a new clone holds on the root.
   static Result<void> clone_root(NodeSpace& space, const RootPtr& root);
   // Releases a tree's reference on its root, freeing every node, and every
-  // extent its values reference, that no other tree shares.
+  // extent its values reference, that no other tree shares. A large tree
+  // takes long, in one transaction: `progress` hears what was freed so far
+  // every kDropProgressEvery nodes and extents, and the totals at the end.
+  struct DropStats {
+    uint64_t nodes = 0;    // nodes freed (their refcount reached 0)
+    uint64_t extents = 0;  // extents freed
+  };
+  using DropProgress = std::function<void(const DropStats&)>;
+  static constexpr uint64_t kDropProgressEvery = 1024;
   static Result<void> drop(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
-                           const RootPtr& root, MutCtx& m);
+                           const RootPtr& root, MutCtx& m, const DropProgress& progress = {});
 
  private:
   struct Split { Key key; BlockCache::Ref right; };

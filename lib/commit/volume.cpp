@@ -606,14 +606,14 @@ Result<TreeId> Volume::Txn::clone_tree(TreeId src) {
   return info.id;
 }
 
-Result<void> Volume::Txn::drop_tree(TreeId id) {
+Result<void> Volume::Txn::drop_tree(TreeId id, const BTree::DropProgress& progress) {
   Volume* v = s_.v;
   PLY_CHECK(v->writable());
   Slot* s = PLY_TRY(v->slot(id));
   std::unique_lock lk(s->mu);
   PLY_CHECK(check_kind(v->opts_, s->info));
   MutCtx m{s_.gen, s_};
-  PLY_CHECK(mutated(BTree::drop(*v->cache_, v->info_.fs_id, s->tree->config(), s->tree->root(), m),
+  PLY_CHECK(mutated(BTree::drop(*v->cache_, v->info_.fs_id, s->tree->config(), s->tree->root(), m, progress),
                     s));
   s->dropped = true;
   return ok();

@@ -227,7 +227,8 @@ class Volume::Txn {
 
   Result<TreeId> create_tree(uint8_t kind);
   Result<TreeId> clone_tree(TreeId src);  // O(1), shares every block (Rodeh)
-  Result<void> drop_tree(TreeId id);      // frees what no other tree shares
+  // Frees what no other tree shares; `progress`: BTree::drop's.
+  Result<void> drop_tree(TreeId id, const BTree::DropProgress& progress = {});
   Result<TreeInfo> tree_info(TreeId id);
   Result<std::vector<TreeInfo>> list_trees();
 

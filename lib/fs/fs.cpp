@@ -613,6 +613,23 @@ Result<Attr> Filesystem::getattr(uint64_t ino) {
   return r.a;
 }
 
+Result<bool> Filesystem::same_content(Filesystem& other, uint64_t ino) {
+  if (&other.vol_ != &vol_) return Error::invalid("same_content across volumes");
+  auto t = PLY_TRY(vol_.begin());
+  // Read-only transaction: a diff may run on an image opened read-only.
+  auto items = [&](Filesystem& fs) -> Result<std::vector<std::pair<Key, std::vector<std::byte>>>> {
+    std::shared_lock lk(fs.mu_);
+    std::vector<std::pair<Key, std::vector<std::byte>>> out;
+    PLY_CHECK(t.scan(fs.tree_, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+      if (type_of(k) != ItemType::Inode && type_of(k) != ItemType::Dirent)
+        out.emplace_back(k, std::vector<std::byte>(v.begin(), v.end()));
+      return true;
+    }));
+    return out;
+  };
+  return PLY_TRY(items(*this)) == PLY_TRY(items(other));
+}
+
 Result<Attr> Filesystem::lookup(uint64_t dir, std::string_view name) {
   if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
   auto t = PLY_TRY(vol_.begin());

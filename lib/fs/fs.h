@@ -190,6 +190,11 @@ class Filesystem {
   // extents; keeps this tree's names of it (nlink) and, for a directory, its
   // entries, size, parent and opaque flag. One generation.
   Result<Attr> replace_from(Filesystem& src, uint64_t ino);
+  // Whether object `ino` holds the same xattrs and data here as in `other`
+  // (a tree of the same volume), item for item, its inode and entries
+  // aside: true for a copy-up (copy_in shares the extents) that nothing
+  // wrote since. For diff, which pairs a layer's copy-up with its original.
+  Result<bool> same_content(Filesystem& other, uint64_t ino);
   Result<Attr> setattr(uint64_t ino, const SetAttr& s);
 
   // Entries after cookie (0: from the start, with "." and ".."), in cookie

@@ -5,6 +5,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <map>
@@ -99,14 +100,21 @@ Result<FsCreateOptions> root_like(Volume& v, TreeId tree) {
 
 }  // namespace
 
-Result<size_t> drop_doomed(Volume& v) {
+Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress) {
   if (v.read_only()) return size_t(0);
   std::vector<TreeId> doomed;
   for (const auto& b : PLY_TRY(Filesystem::branches(v)))
     if (b.doomed) doomed.push_back(b.tree);
+  BTree::DropStats done;  // the trees dropped before
   for (TreeId id : doomed) {
     auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = 64}));
-    PLY_CHECK(t.drop_tree(id));
+    BTree::DropStats last;
+    PLY_CHECK(t.drop_tree(id, [&](const BTree::DropStats& st) {
+      last = st;
+      if (progress) progress({done.nodes + st.nodes, done.extents + st.extents});
+    }));
+    done.nodes += last.nodes;
+    done.extents += last.extents;
   }
   return doomed.size();
 }
@@ -463,7 +471,7 @@ Result<BranchMeta> rollback(Volume& v, TreeId branch) {
   return fresh;
 }
 
-Result<void> delete_branch(Volume& v, TreeId branch) {
+Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& progress) {
   auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = PLY_TRY(swap_blocks(v))}));
   BranchMeta b = PLY_TRY(live_branch(t, branch));
   size_t live = 0;
@@ -474,7 +482,7 @@ Result<void> delete_branch(Volume& v, TreeId branch) {
     for (const auto& l : view.layers)
       if (l.tree == b.tree) return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + b.name + "\"");
   PLY_CHECK(forget_parent(t, b.tree));
-  return t.drop_tree(b.tree);
+  return t.drop_tree(b.tree, progress);
 }
 
 }  // namespace plyfs
@@ -492,7 +500,15 @@ std::string join(const std::string& dir, std::string_view name) {
 struct Differ {
   Filesystem& to;
   std::vector<DiffEntry> out;
+  // Layer diffs only, one per entry of `out`: the object's inode number and
+  // attributes (of the view below for a removal, of the layer otherwise),
+  // for pair_renames.
+  std::vector<std::pair<uint64_t, Attr>> obj;
 
+  void add(Change c, std::string path, const Attr& a) {
+    out.push_back({c, std::move(path), "", uint8_t(IFTODT(a.mode))});
+    obj.emplace_back(a.ino, a);
+  }
   static Result<std::vector<DirEntry>> list(Filesystem& fs, uint64_t dir, std::vector<std::string>& names) {
     std::vector<DirEntry> es;
     PLY_CHECK(fs.readdir(dir, 2, [&](const DirEntry& e) {
@@ -516,7 +532,7 @@ struct Differ {
       return true;
     }));
     for (const auto& [name, a] : es) {
-      out.push_back({Change::Removed, join(path, name), "", uint8_t(IFTODT(a.mode))});
+      add(Change::Removed, join(path, name), a);
       if (S_ISDIR(a.mode)) PLY_CHECK(all_view(u, a.ino, join(path, name)));
     }
     return ok();
@@ -535,7 +551,7 @@ struct Differ {
         if (auto a = below_view.lookup(vdir, e.name)) below = *a;
       auto gone = [&]() -> Result<void> {
         if (S_ISDIR(below->mode)) PLY_CHECK(all_view(below_view, below->ino, p));
-        out.push_back({Change::Removed, p, "", uint8_t(IFTODT(below->mode))});
+        add(Change::Removed, p, *below);
         return ok();
       };
       if (e.type == DT_WHT) {
@@ -547,20 +563,81 @@ struct Differ {
         const bool merges = below && S_ISDIR(below->mode) && !a.opaque;
         if (below && !merges) PLY_CHECK(gone());
         if (merges) {
-          if (attrs_differ(a, *below)) out.push_back({Change::Modified, p, "", DT_DIR});
+          if (attrs_differ(a, *below)) add(Change::Modified, p, a);
         } else {
-          out.push_back({Change::Added, p, "", DT_DIR});
+          add(Change::Added, p, a);
         }
         PLY_CHECK(layer(below_view, e.ino, merges ? below->ino : 0, p));
         continue;
       }
       if (below && below->ino == e.ino) {  // a copy-up: the same object, changed
-        out.push_back({Change::Modified, p, "", e.type});
+        add(Change::Modified, p, a);
         continue;
       }
       if (below) PLY_CHECK(gone());
-      out.push_back({Change::Added, p, "", e.type});
+      add(Change::Added, p, a);
     }
+    return ok();
+  }
+  // A rename in a layer is a copy-up, which keeps the inode number, and a
+  // whiteout: the walk above saw the old name removed and the new one
+  // added. One object removed under exactly one name and added under exactly
+  // one other is reported as the clone diff reports it: R old -> new, plus M
+  // at the new name if it changed too: its attributes (but ctime, which the
+  // rename set), xattrs or data (the copy-up shared the original's extents
+  // until written). A hard-linked object
+  // with several names removed or added is ambiguous and stays - and +
+  // (format.md#snapshots, "Diff"). What a renamed directory carried along
+  // (copied up with it under the same inode numbers and names) is no change
+  // of its own, as in the clone diff: only what changed besides stays, M.
+  Result<void> pair_renames(Union& below_view) {
+    std::map<uint64_t, std::pair<std::vector<size_t>, std::vector<size_t>>> by_ino;  // removed, added
+    for (size_t i = 0; i < out.size(); i++) {
+      if (out[i].change == Change::Removed) by_ino[obj[i].first].first.push_back(i);
+      if (out[i].change == Change::Added) by_ino[obj[i].first].second.push_back(i);
+    }
+    std::vector<bool> drop(out.size());
+    std::map<std::string, std::string> moved_dirs;  // old path -> new path
+    std::vector<std::pair<size_t, size_t>> pairs;   // (removed, added)
+    for (const auto& [ino, ra] : by_ino)
+      if (ra.first.size() == 1 && ra.second.size() == 1) {
+        pairs.emplace_back(ra.first[0], ra.second[0]);
+        if (out[ra.first[0]].type == DT_DIR) moved_dirs[out[ra.first[0]].path] = out[ra.second[0]].path;
+      }
+    // Whether old -> new is only the move of a renamed directory above them.
+    auto carried = [&](const std::string& from, const std::string& to_path) {
+      for (size_t cut = from.rfind('/'); cut != std::string::npos && cut > 0; cut = from.rfind('/', cut - 1)) {
+        auto it = moved_dirs.find(from.substr(0, cut));
+        if (it != moved_dirs.end() && to_path == it->second + from.substr(cut)) return true;
+      }
+      return false;
+    };
+    std::vector<DiffEntry> extra;
+    for (auto [r, a] : pairs) {
+      // A rename sets ctime: not a change of the object (as in compare).
+      Attr renamed = obj[a].second;
+      renamed.ctime = obj[r].second.ctime;
+      bool changed = attrs_differ(obj[r].second, renamed);
+      if (!changed) {  // data written within one tick of the clock leaves the times
+        const int b = below_view.branch_of(obj[r].first);
+        if (b < 0) return Error::corrupt(0, "a removed object is in no branch of the view");
+        changed = !PLY_TRY(to.same_content(*below_view.stack()[size_t(b)].fs, obj[a].first));
+      }
+      drop[a] = true;
+      if (carried(out[r].path, out[a].path)) {
+        drop[r] = true;
+      } else {
+        out[r].change = Change::Renamed;
+        out[r].new_path = out[a].path;
+      }
+      if (changed) extra.push_back({Change::Modified, out[a].path, "", out[a].type});
+    }
+    std::vector<DiffEntry> kept;
+    for (size_t i = 0; i < out.size(); i++)
+      if (!drop[i]) kept.push_back(std::move(out[i]));
+    kept.insert(kept.end(), extra.begin(), extra.end());
+    out = std::move(kept);
+    obj.clear();
     return ok();
   }
 };
@@ -578,11 +655,12 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
   }
   auto ffs = PLY_TRY(Filesystem::open(v, from, true));
   auto tfs = PLY_TRY(Filesystem::open(v, to, true));
-  Differ d{*tfs, {}};
+  Differ d{*tfs, {}, {}};
   if (to_is_layer_on_from) {
     // The layer was made on the view of `from` over its ancestors.
     auto below = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, a.name)), true, true));
     PLY_CHECK(d.layer(*below.u, tfs->root(), below.u->root(), "/"));
+    PLY_CHECK(d.pair_renames(*below.u));
   } else if (from != to) {
     auto ch = PLY_TRY(Filesystem::compare(v, from, to));
     // Paths of objects whose hint fails: one walk of the tree, on demand.
@@ -638,6 +716,54 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
   }
   std::stable_sort(d.out.begin(), d.out.end(), [](const DiffEntry& x, const DiffEntry& y) { return x.path < y.path; });
   return std::move(d.out);
+}
+
+namespace {
+std::string json_str(std::string_view s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += c;
+    }
+  }
+  return o + "\"";
+}
+}  // namespace
+
+std::string format_diff(const std::vector<DiffEntry>& d, bool json) {
+  std::string out;
+  if (json) out += '[';
+  for (size_t i = 0; i < d.size(); i++) {
+    const auto& e = d[i];
+    if (json) {
+      if (i) out += ", ";
+      out += "{\"change\": \"";
+      out += char(e.change);
+      out += "\", \"path\": ";
+      out += json_str(e.path);
+      if (e.change == Change::Renamed) {
+        out += ", \"new_path\": ";
+        out += json_str(e.new_path);
+      }
+      out += '}';
+    } else {
+      out += char(e.change);
+      out += '\t';
+      out += e.path;
+      if (e.change == Change::Renamed) {
+        out += " -> ";
+        out += e.new_path;
+      }
+      out += '\n';
+    }
+  }
+  if (json) out += "]\n";
+  return out;
 }
 
 }  // namespace plyfs

@@ -29,7 +29,8 @@ namespace plyfs {
 // Drops every doomed tree: what an unfinished merge or rollback left, or
 // the branches a finished one replaced. Read-write opens call it before
 // anything else (plyctl, the daemon). Returns how many it dropped.
-Result<size_t> drop_doomed(Volume& v);
+// `progress`: what was freed so far, summed over the trees (BTree::drop).
+Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress = {});
 
 // A new writable (unless read_only) branch `name`, sharing every block of
 // `src` (btrfs's snapshot): O(1), one generation.
@@ -83,14 +84,19 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs = nullptr,
 Result<BranchMeta> rollback(Volume& v, TreeId branch);
 
 // Deletes a branch and frees every block no other tree references. Refused
-// (EBUSY) while a view shows it or a layer is made on it.
-Result<void> delete_branch(Volume& v, TreeId branch);
+// (EBUSY) while a view shows it or a layer is made on it. One transaction,
+// however large the branch: `progress` hears the nodes and extents freed so
+// far as the walk goes (BTree::drop).
+Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& progress = {});
 
 // What changed from branch `from` to branch `to` (zfs diff): paths added,
 // removed, modified (attributes, data or xattrs) or renamed. When one tree
 // is a clone of the other (or both of a common one), subtrees the two still
 // share are skipped without reading them, so the cost follows the size of
 // the change; when `to` is a layer on `from`, only the layer is read.
+// A renamed object is one R entry (plus M at the new path if it changed too),
+// in a layer as in a clone, but for a hard-linked object that lost or gained
+// more than one name in a layer: that one shows as - and + (ambiguous).
 enum class Change : char { Added = '+', Removed = '-', Modified = 'M', Renamed = 'R' };
 struct DiffEntry {
   Change change;
@@ -98,5 +104,10 @@ struct DiffEntry {
   uint8_t type;                // DT_* of the object
 };
 Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to);
+// The diff as plyctl prints it, offline or from a mount's daemon (one
+// formatter, so the two cannot drift): a line "C\tPATH" per entry ("R\tOLD ->
+// NEW" for a rename), or with `json` one JSON array of {"change", "path"[,
+// "new_path"]} objects and a newline. Holds no NUL (names cannot).
+std::string format_diff(const std::vector<DiffEntry>& d, bool json);
 
 }  // namespace plyfs

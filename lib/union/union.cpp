@@ -812,6 +812,12 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
     const uint64_t pd = PLY_TRY(dir_in(dir, t));
     auto e = PLY_TRY(br_[t].fs->entry(pd, name));
     if (e && e->type != kWh && e->ino == f.attr.ino) return ok();
+    // Another name of a hard-linked object brought it into t before (renamed
+    // there): this name links to that copy, as copy_in does from another tree.
+    if (f.inst[0].first == t) {
+      (void)PLY_TRY(br_[t].fs->link(f.attr.ino, pd, name));
+      return ok();
+    }
     (void)PLY_TRY(br_[t].fs->copy_in(*br_[f.inst[0].first].fs, f.attr.ino, pd, name));
     if (f.attr.nlink > 1) PLY_CHECK(copy_links(f.attr.ino, f.inst[0].first, t));
     return ok();
@@ -967,6 +973,12 @@ std::vector<Union::Known> Union::known() {
 
 Result<void> Union::restack(std::vector<UnionBranch> nb) {
   return restack([&]() -> Result<std::vector<UnionBranch>> { return std::move(nb); });
+}
+
+Result<void> Union::hold_still(const std::function<Result<void>()>& fn) {
+  std::unique_lock io(io_mu_);
+  std::unique_lock lk(mu_);
+  return fn();
 }
 
 Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>()>& prepare) {

@@ -93,6 +93,10 @@ class Union {
   // (format.md#snapshots, "Online"). An error from prepare leaves the stack.
   Result<void> restack(const std::function<Result<std::vector<UnionBranch>>()>& prepare);
   std::vector<UnionBranch> stack();
+  // Runs `fn` while nothing else runs, as restack's prepare, and changes
+  // nothing: a reader of whole branches (a mount's diff, format.md#snapshots
+  // "Online") sees them hold still, with no change half landed.
+  Result<void> hold_still(const std::function<Result<void>()>& fn);
   // What the kernel may have cached: (parent, name, inode) of every known
   // object but the root, for invalidation after a restack.
   struct Known {

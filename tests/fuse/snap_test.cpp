@@ -1,6 +1,7 @@
 // Snapshots, merges, rollbacks, clones and diff through the real tools
 // (format.md#snapshots): plyctl on a mount point (online) and on the image
 // (offline), with files open across the changes, and automatic snapshots.
+#include <sys/ioctl.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 
@@ -8,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "../../fuse/control.h"
 #include "fuse_util.h"
 
 using namespace plyfs::fusetest;
@@ -23,6 +25,91 @@ int plyctl(const Fixture& fx, std::vector<std::string> args, std::string* out = 
   if (out) *out = slurp(log);
   UNSCOPED_INFO("plyctl " << args[1] << ": " << slurp(log));
   return rc;
+}
+
+// One request over a mount's control channel (fuse/control.h), raw: the
+// ioctl's result, the answer and the daemon's status.
+struct Answer {
+  int rc, status;
+  std::string text;
+};
+Answer control(const std::string& mnt, const std::string& request) {
+  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY);
+  REQUIRE(fd >= 0);
+  plyfs::ControlMsg m{};
+  m.version = plyfs::kControlVersion;
+  std::snprintf(m.request, sizeof m.request, "%s", request.c_str());
+  const int rc = ::ioctl(fd, plyfs::kControlIoctl, &m);
+  ::close(fd);
+  m.answer[sizeof m.answer - 1] = 0;
+  return {rc, m.status, m.answer};
+}
+
+// plyctl diff --json's output, parsed strictly: one array of flat objects
+// whose values are strings (escapes decoded), then a newline. Fails the
+// test on anything else.
+std::vector<std::map<std::string, std::string>> parse_diff_json(const std::string& s) {
+  size_t i = 0;
+  auto ws = [&] {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\n')) i++;
+  };
+  auto expect = [&](char c) {
+    ws();
+    INFO("JSON byte " << i << ": want '" << c << "'");
+    REQUIRE(i < s.size());
+    REQUIRE(s[i] == c);
+    i++;
+  };
+  auto str = [&] {
+    expect('"');
+    std::string o;
+    for (;;) {
+      REQUIRE(i < s.size());
+      char c = s[i++];
+      if (c == '"') return o;
+      REQUIRE(static_cast<unsigned char>(c) >= 0x20);
+      if (c != '\\') {
+        o += c;
+        continue;
+      }
+      REQUIRE(i < s.size());
+      c = s[i++];
+      if (c == 'u') {
+        REQUIRE(i + 4 <= s.size());
+        o += char(std::stoi(s.substr(i, 4), nullptr, 16));
+        i += 4;
+      } else {
+        REQUIRE((c == '"' || c == '\\' || c == '/'));
+        o += c;
+      }
+    }
+  };
+  std::vector<std::map<std::string, std::string>> out;
+  expect('[');
+  ws();
+  if (i < s.size() && s[i] == ']') {
+    i++;
+  } else {
+    for (;;) {
+      expect('{');
+      auto& o = out.emplace_back();
+      for (;;) {
+        std::string k = str();
+        expect(':');
+        REQUIRE(o.emplace(k, str()).second);
+        ws();
+        REQUIRE(i < s.size());
+        if (s[i++] == '}') break;
+        REQUIRE(s[i - 1] == ',');
+      }
+      ws();
+      REQUIRE(i < s.size());
+      if (s[i++] == ']') break;
+      REQUIRE(s[i - 1] == ',');
+    }
+  }
+  REQUIRE(s.substr(i) == "\n");
+  return out;
 }
 
 }  // namespace
@@ -92,7 +179,8 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   CHECK(out == "cloned \"main\" as \"c0\"\n");
   REQUIRE(plyctl(fx, {"delete", fx.root(), "c0", "--json"}, &out) == 0);
   CHECK(out == "{\"result\": \"deleted \\\"c0\\\"\"}\n");
-  CHECK(plyctl(fx, {"diff", fx.root(), "s2", "main"}) == 1);  // diff needs the image
+  CHECK(plyctl(fx, {"diff", fx.root(), "s2", "nope"}) == 1);  // no such branch
+  CHECK(plyctl(fx, {"diff", fx.root(), "s2"}) == 2);          // usage
   fx.unmount();  // fsck clean: the replaced branches were dropped
 
   // Offline: diff, clone, delete, merge, all on the image.
@@ -104,8 +192,9 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   fx.unmount();
   REQUIRE(plyctl(fx, {"diff", fx.img, "s2", "main"}, &out) == 0);
   CHECK(out.find("+\t/k\n") != std::string::npos);
-  CHECK(out.find("-\t/f\n") != std::string::npos);  // a layer: the rename is a copy and a whiteout
-  CHECK(out.find("+\t/f2\n") != std::string::npos);
+  // A layer holds the rename as a copy-up and a whiteout: paired back, one R.
+  CHECK(out.find("R\t/f -> /f2\n") != std::string::npos);
+  CHECK(out.find("\t/f2\n") == std::string::npos);
   REQUIRE(plyctl(fx, {"clone", fx.img, "main", "c1", "--ro"}) == 0);
   REQUIRE(plyctl(fx, {"diff", fx.img, "c1", "main"}, &out) == 0);
   CHECK(out.empty());
@@ -252,4 +341,82 @@ TEST_CASE("snapshots: SIGKILL of the daemon during an online merge", "[snap-fuse
   // Where the kills landed is timing: reported, not asserted (the checks
   // above hold either way).
   WARN(cut << " merges cut by the kill, " << finished << " finished before it");
+}
+
+// plyctl diff on a mount point: the daemon pages the text out through the
+// control channel (control.h), and it is byte for byte what the offline
+// diff of the same trees prints, in both forms.
+TEST_CASE("snapshots: an online diff spans many chunks and equals the offline one", "[snap-fuse]") {
+  Fixture fx("512M");
+  ::mkdir((fx / "lower").c_str(), 0755);
+  for (int i = 0; i < 200; i++) write_file(fx / ("lower/f" + std::to_string(i)), "lower " + std::to_string(i));
+  REQUIRE(plyctl(fx, {"snapshot", fx.root(), "--name", "s1"}) == 0);
+  // Enough changes that the text fills many answers (3063 bytes each).
+  ::mkdir((fx / "new").c_str(), 0755);
+  for (int i = 0; i < 2500; i++) write_file(fx / ("new/file-with-a-longer-name-" + std::to_string(i)), "x");
+  for (int i = 0; i < 50; i++) write_file(fx / ("lower/f" + std::to_string(i)), "changed");
+  for (int i = 50; i < 100; i++) REQUIRE(::unlink((fx / ("lower/f" + std::to_string(i))).c_str()) == 0);
+  write_file(fx / "quote\"and\\back", "json escapes");
+  std::string on_text, on_json, off_text, off_json;
+  REQUIRE(plyctl(fx, {"diff", fx.root(), "s1", "main"}, &on_text) == 0);
+  REQUIRE(plyctl(fx, {"diff", fx.root(), "s1", "main", "--json"}, &on_json) == 0);
+  CHECK(on_text.size() > 20 * 3063);
+  CHECK(on_text.find("+\t/new/file-with-a-longer-name-2499\n") != std::string::npos);
+  CHECK(on_text.find("M\t/lower/f0\n") != std::string::npos);
+  CHECK(on_text.find("-\t/lower/f50\n") != std::string::npos);
+
+  // The pending texts are bounded: a fifth diff pushes out the first, whose
+  // reads then fail; the last read frees a text; bad requests are refused.
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 5; i++) {
+    Answer a = control(fx.root(), "diff s1 main");
+    REQUIRE(a.rc == 0);
+    REQUIRE(a.status == 0);
+    std::istringstream in(a.text);
+    std::string tok;
+    size_t size = 0;
+    REQUIRE(in >> tok >> size);
+    CHECK(size == on_text.size());
+    tokens.push_back(tok);
+  }
+  CHECK(control(fx.root(), "read " + tokens[0] + " 0").status == ENOENT);
+  Answer first = control(fx.root(), "read " + tokens[1] + " 0");
+  CHECK(first.status == 0);
+  CHECK(first.text == on_text.substr(0, 3063));
+  CHECK(control(fx.root(), "read " + tokens[1] + " 99999999").status == EINVAL);
+  CHECK(control(fx.root(), "read " + tokens[1] + " x").status == EINVAL);
+  CHECK(control(fx.root(), "close " + tokens[1]).status == 0);
+  CHECK(control(fx.root(), "read " + tokens[1] + " 0").status == ENOENT);
+  Answer last = control(fx.root(), "read " + tokens[2] + " " + std::to_string(on_text.size() - 10));
+  CHECK(last.status == 0);
+  CHECK(last.text == on_text.substr(on_text.size() - 10));
+  CHECK(control(fx.root(), "read " + tokens[2] + " 0").status == ENOENT);  // the end freed it
+  CHECK(control(fx.root(), "diff s1 main yaml").status == EINVAL);
+  // An empty diff is not kept (no read would free it): three of them push
+  // nothing out.
+  for (int i = 0; i < 3; i++) {
+    std::string none;
+    REQUIRE(plyctl(fx, {"diff", fx.root(), "s1", "s1"}, &none) == 0);
+    CHECK(none.empty());
+  }
+  CHECK(control(fx.root(), "read " + tokens[3] + " 0").status == 0);
+  CHECK(control(fx.root(), "diff s1 nope").status == ENOENT);
+  fx.unmount();
+
+  REQUIRE(plyctl(fx, {"diff", fx.img, "s1", "main"}, &off_text) == 0);
+  REQUIRE(plyctl(fx, {"diff", fx.img, "s1", "main", "--json"}, &off_json) == 0);
+  REQUIRE_SAME(on_text, off_text);
+  REQUIRE_SAME(on_json, off_json);
+  auto entries = parse_diff_json(on_json);
+  size_t lines = 0;
+  for (char c : on_text) lines += c == '\n';
+  CHECK(entries.size() == lines);
+  CHECK(entries.size() > 2500);
+  bool quoted = false;
+  for (const auto& e : entries) {
+    REQUIRE(e.count("change"));
+    REQUIRE(e.count("path"));
+    quoted |= e.at("path") == "/quote\"and\\back";
+  }
+  CHECK(quoted);
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "commit/superblock.h"
 #include "fs/check.h"
 #include "fs/fs.h"
 #include "fsck/fsck.h"
@@ -1260,32 +1261,75 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
         const Model& old = below[mt.stack[0].tree.v];
         auto d = must(diff(*im.vol, mt.stack[1].tree, mt.stack[0].tree));
         layer_diffs++;
-        std::set<std::string> added, removed, modified, want_added, want_removed;
+        // Paths without the leading slash, as the model's.
+        std::set<std::string> plus, minus, modified, want_added, want_removed;
+        std::vector<std::pair<std::string, std::string>> renames;  // old, new
         std::string shown;
         for (const auto& e : d) {
-          shown += std::string(1, char(e.change)) + " " + e.path + "\n";
+          shown += std::string(1, char(e.change)) + " " + e.path + (e.new_path.empty() ? "" : " -> " + e.new_path) + "\n";
           std::string p = e.path.substr(1);
-          if (e.change == Change::Added) added.insert(p);
-          if (e.change == Change::Removed) removed.insert(p);
+          if (e.change == Change::Added) plus.insert(p);
+          if (e.change == Change::Removed) minus.insert(p);
           if (e.change == Change::Modified) modified.insert(p);
+          if (e.change == Change::Renamed) renames.emplace_back(p, e.new_path.substr(1));
         }
         INFO("layer diff:\n" << shown);
-        for (const auto& [p, o] : m)
-          if (!old.count(p)) want_added.insert(p);
-        for (const auto& [p, o] : old)
-          if (!m.count(p)) want_removed.insert(p);
-        std::set<std::string> added_only, removed_only;
-        for (const auto& p : added)
-          if (!removed.count(p)) added_only.insert(p);
-        for (const auto& p : removed)
-          if (!added.count(p)) removed_only.insert(p);
-        CHECK(added_only == want_added);
-        CHECK(removed_only == want_removed);
+        // Where a path of the view was before, through the deepest rename at
+        // or above it (what a renamed directory carried along moved with it).
+        auto before = [&](const std::string& p) {
+          size_t best = 0;
+          std::string q = p;
+          for (const auto& [o, n] : renames)
+            if ((p == n || p.rfind(n + "/", 0) == 0) && n.size() > best) best = n.size(), q = o + p.substr(n.size());
+          return q;
+        };
+        for (const auto& [o, n] : renames) {
+          INFO("R " << o << " -> " << n);
+          CHECK((old.count(o) && m.count(n) && old.at(o).type == m.at(n).type));
+        }
+        std::set<std::string> came;  // old paths the view's paths came from
         for (const auto& [p, o] : m) {
-          auto it = old.find(p);
+          const std::string q = before(p);
+          if (old.count(q) && old.at(q).type == o.type) came.insert(q);
+          else want_added.insert(p);
+        }
+        for (const auto& [q, o] : old)
+          if (!came.count(q)) want_removed.insert(q);
+        std::set<std::string> renamed_to, renamed_from;
+        for (const auto& [o, n] : renames) renamed_from.insert(o), renamed_to.insert(n);
+        for (const auto& p : want_added) {
+          INFO("added " << p);
+          CHECK((plus.count(p) || renamed_to.count(p)));
+        }
+        for (const auto& q : want_removed) {
+          INFO("removed " << q);
+          CHECK((minus.count(q) || renamed_from.count(q)));
+        }
+        // Nothing else, but for an object replaced by another at its path:
+        // + there, and - or R from where it was before (the path alone cannot
+        // tell a file under a renamed directory from a new one of its name).
+        std::map<std::string, std::string> now_at;  // old path -> its path in the view
+        for (const auto& [p, o] : m) now_at[before(p)] = p;
+        auto replaced = [&](const std::string& p) {
+          const std::string q = before(p);
+          if (plus.count(p) && (minus.count(q) || renamed_from.count(q))) return true;
+          for (size_t cut = p.rfind('/'); cut != std::string::npos; cut = cut ? p.rfind('/', cut - 1) : std::string::npos)
+            if (plus.count(p.substr(0, cut))) return true;  // in a new directory: new too
+          return false;
+        };
+        for (const auto& p : plus) {
+          INFO("reported added " << p);
+          CHECK((want_added.count(p) || replaced(p)));
+        }
+        for (const auto& q : minus) {
+          INFO("reported removed " << q);
+          CHECK((want_removed.count(q) || renamed_to.count(q) || (now_at.count(q) && replaced(now_at[q]))));
+        }
+        for (const auto& [p, o] : m) {
+          auto it = old.find(before(p));
           if (it == old.end() || o.type != 'f' || (it->second.data == o.data && it->second.mode == o.mode)) continue;
-          INFO("changed " << p);
-          CHECK((modified.count(p) || (added.count(p) && removed.count(p))));
+          INFO("changed " << p << " (was " << it->first << ")");
+          CHECK((modified.count(p) || replaced(p)));
         }
       }
     }
@@ -1358,6 +1402,121 @@ TEST_CASE("snap: deleting a clone or merging a snapshot returns the space the ol
   auto names = must(Filesystem::branches(*im.vol));
   CHECK(names.size() == 1);
   mt.u.reset();
+  im.close();
+  check_image(im);
+}
+
+// A rename in a layer is a copy-up (same inode number) and a whiteout; the
+// layer diff pairs the two back into one R, as the clone diff reports it.
+TEST_CASE("snap: a layer diff reports a rename as R", "[snap]") {
+  Image im = make_image(1);
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  Union& u0 = *mt.u;
+  const std::vector<std::byte> one(100, std::byte('1'));
+  auto file = [&](Union& u, uint64_t dir, const char* name) {
+    uint64_t ino = must(u.mknod(dir, name, S_IFREG | 0644, 0, kRoot)).ino;
+    must(u.write(ino, 0, one, kRoot));
+    return ino;
+  };
+  for (const char* n : {"f", "g", "h", "del", "hl1"}) file(u0, u0.root(), n);
+  const uint64_t d = must(u0.mkdir(u0.root(), "d", 0755, kRoot)).ino;
+  file(u0, d, "x");
+  const uint64_t sub = must(u0.mkdir(d, "sub", 0755, kRoot)).ino;
+  file(u0, sub, "y");
+  must(u0.link(must(resolve(u0, "hl1")), u0.root(), "hl2", kRoot));
+  auto sn = must(snapshot(*im.vol, mt.stack, "s1"));
+  mt.remount(sn.stack);
+  Union& u = *mt.u;
+  const uint64_t root = u.root();
+  must(u.rename(root, "f", root, "f2", 0, kRoot));       // R only
+  must(u.rename(root, "g", root, "g2", 0, kRoot));       // R and M
+  const uint64_t g2 = must(resolve(u, "g2"));
+  must(u.open(g2, true, kRoot));
+  // Longer: the clock may not have ticked since g was made (attributes tell).
+  must(u.write(g2, 0, std::vector<std::byte>(200, std::byte('2')), kRoot));
+  // R and M: the same size and mtime, other bytes (the data tells).
+  must(u.rename(root, "h", root, "h2", 0, kRoot));
+  const uint64_t h2 = must(resolve(u, "h2"));
+  const timespec mtime = must(u.getattr(h2)).mtime;
+  must(u.open(h2, true, kRoot));
+  must(u.write(h2, 0, std::vector<std::byte>(100, std::byte('3')), kRoot));
+  SetAttr keep;
+  keep.mtime = mtime;
+  must(u.setattr(h2, keep, kRoot));
+  must(u.rename(root, "d", root, "d2", 0, kRoot));       // a lower directory: one R
+  must(u.rename(root, "hl1", root, "hl3", 0, kRoot));    // both names of one inode
+  must(u.rename(root, "hl2", root, "hl4", 0, kRoot));    // moved: ambiguous
+  must(u.unlink(root, "del"));                           // unrelated - and +
+  file(u, root, "new");
+  std::string shown;
+  for (const auto& e : must(diff(*im.vol, sn.frozen.tree, sn.live.tree)))
+    shown += std::string(1, char(e.change)) + " " + e.path + (e.new_path.empty() ? "" : " -> " + e.new_path) +
+             (e.change == Change::Renamed ? (e.type == DT_DIR ? " dir" : " file") : "") + "\n";
+  CHECK(shown ==
+        "R /d -> /d2 dir\n"
+        "- /del\n"
+        "R /f -> /f2 file\n"
+        "R /g -> /g2 file\n"
+        "M /g2\n"
+        "R /h -> /h2 file\n"
+        "M /h2\n"
+        "- /hl1\n"
+        "- /hl2\n"
+        "+ /hl3\n"
+        "+ /hl4\n"
+        "+ /new\n");
+  mt.u.reset();
+  im.close();
+  check_image(im);
+}
+
+// Deleting a branch is one transaction however large the branch: the walk
+// that frees its tree reports as it goes, and ends with what it freed.
+TEST_CASE("snap: deleting a branch reports what it frees as it goes", "[snap]") {
+  Image im = make_image(2);
+  const size_t files = 3000;
+  const std::vector<std::byte> data(8192, std::byte('d'));  // two blocks: one extent
+  for (size_t i = 0; i < files; i++) {
+    const uint64_t ino = must(im.fs[1]->mknod(im.fs[1]->root(), "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0, 0)).ino;
+    must(im.fs[1]->write(ino, 0, data));
+  }
+  const TreeId gone = im.trees[1];
+  im.fs.pop_back();
+  im.trees.pop_back();
+  must(im.vol->commit());
+  const SpaceStats before = im.vol->space_stats();
+  // Its nodes, counted as plyctl debug tree does (nothing shares them).
+  uint64_t nodes = 0;
+  {
+    const SuperInfo sb = must(read_superblocks(*im.dev)).info;
+    auto t = must(im.vol->begin());
+    BlockCache cache(*im.dev, sb.block_size, 16 << 20);
+    WalkMemo memo;
+    std::vector<Problem> problems;
+    WalkHooks h;
+    h.on_node = [&](BlockNo, int, Generation, uint64_t, bool first) { nodes += first; };
+    check_tree(cache, sb.fs_id, must(t.tree_info(gone)).root, sb.generation, h, memo, problems);
+    REQUIRE(problems.empty());
+  }
+  std::vector<BTree::DropStats> seen;
+  must(delete_branch(*im.vol, gone, [&](const BTree::DropStats& st) { seen.push_back(st); }));
+  must(im.vol->commit());
+  must(im.vol->commit());  // what the deletion freed counts once durable
+  const SpaceStats after = im.vol->space_stats();
+  REQUIRE(seen.size() > 3);
+  for (size_t i = 1; i < seen.size(); i++) {
+    INFO("call " << i);
+    CHECK(seen[i].nodes >= seen[i - 1].nodes);
+    CHECK(seen[i].extents >= seen[i - 1].extents);
+    CHECK(seen[i].nodes + seen[i].extents > seen[i - 1].nodes + seen[i - 1].extents);
+  }
+  // The last call holds the totals: every node of the tree, every file's extent.
+  CHECK(seen.back().nodes == nodes);
+  CHECK(nodes > 100);
+  CHECK(seen.back().extents == files);
+  CHECK(before.data_blocks - after.data_blocks == files * data.size() / im.vol->block_size());
   im.close();
   check_image(im);
 }
@@ -1554,6 +1713,30 @@ TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recov
   }
   INFO(struck << " of " << runs << " runs cut during an operation");
   CHECK(struck > runs / 2);
+}
+
+// Both names of a hard-linked file of a lower branch renamed in the upper
+// one: the first rename copies the object up; the second must link its
+// name to that copy (it failed with EINVAL: a copy from the tree to itself).
+TEST_CASE("union: renaming both names of a lower hard link", "[union]") {
+  Image im = make_image(2);
+  Attr f = must(im.fs[1]->mknod(im.fs[1]->root(), "a", S_IFREG | 0644, 0, 0, 0));
+  must(im.fs[1]->write(f.ino, 0, bytes("linked")));
+  must(im.fs[1]->link(f.ino, im.fs[1]->root(), "b"));
+  Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}});
+  must(u.rename(u.root(), "a", u.root(), "c", 0, kRoot));
+  must(u.rename(u.root(), "b", u.root(), "d", 0, kRoot));
+  for (const char* gone : {"a", "b"}) CHECK(u.lookup(u.root(), gone).error().code == ENOENT);
+  Attr c = must(u.lookup(u.root(), "c")), d = must(u.lookup(u.root(), "d"));
+  CHECK(c.ino == f.ino);
+  CHECK(d.ino == f.ino);
+  CHECK(d.nlink == 2);
+  std::vector<std::byte> buf(6);
+  REQUIRE(must(u.read(d.ino, 0, buf)) == 6);
+  CHECK(buf == bytes("linked"));
+  must(u.release_all());
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
 }
 
 TEST_CASE("union: a branch that turns read-only keeps serving a file unlinked while open", "[union]") {
