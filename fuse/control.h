@@ -26,7 +26,8 @@
 // (An empty diff, "TOKEN 0", is not kept: there is nothing to read.)
 // At most 4 texts of at most 256 MiB in all wait: a new diff pushes the
 // oldest out (its reads then fail with ENOENT), so a client that dies
-// leaks nothing for long. Like list, anyone may run them: they only read.
+// leaks nothing for long. Only root or the mount's owner may run them: a
+// diff names files in directories the caller may not be allowed to list.
 #pragma once
 
 #include <linux/ioctl.h>

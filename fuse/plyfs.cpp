@@ -782,10 +782,14 @@ Result<std::string> control(const std::string& request, bool may_change) {
   const std::string &cmd = w[0], &name = w[1], &arg = w[2];
   std::lock_guard lk(g->ctl_mu);
   if (cmd == "list") return format_stack(*g->vol, g->stack);
-  // Reads, which anyone may run, as list.
+  // A diff names files in directories the caller may not be allowed to
+  // list, and pauses every operation while it runs: root or the owner only.
+  if (!may_change)
+    return Error::io(EPERM, cmd == "diff" || cmd == "read" || cmd == "close"
+                                ? "only root or the mount's owner may diff branches"
+                                : "only root or the mount's owner may change branches");
   if (cmd == "diff") return start_diff(name, arg, w[3]);
   if (cmd == "read" || cmd == "close") return page_diff(cmd, name, arg);
-  if (!may_change) return Error::io(EPERM, "only root or the mount's owner may change branches");
   if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") return lifecycle(cmd, name);
   if (cmd == "clone" || cmd == "delete") {
     if (g->read_only) return Error::io(EROFS, "the mount is read-only");

@@ -419,4 +419,15 @@ TEST_CASE("snapshots: an online diff spans many chunks and equals the offline on
     quoted |= e.at("path") == "/quote\"and\\back";
   }
   CHECK(quoted);
+
+  // Another user may not diff: a diff names files in directories that user
+  // may not list.
+  fx.opts = {"allow_other"};
+  fx.mount();
+  REQUIRE(::chmod(fx.tmp.path().c_str(), 0755) == 0);  // let the other user reach the mount
+  const std::string log = fx.tmp / "other.log";
+  CHECK(run({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", plyctl_bin(), "diff",
+             fx.root(), "s1", "main"}, log) == 1);
+  CHECK(slurp(log).find("only root or the mount's owner may diff") != std::string::npos);
+  fx.unmount();
 }
