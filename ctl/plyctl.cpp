@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "util/json.h"
 #include "blockdev/blockdev.h"
 #include "commit/volume.h"
 #include "fs/fs.h"
@@ -290,20 +291,6 @@ int cmd_corrupt(std::vector<std::string> args) {
 
 // --- branches and views (offline: the image must not be mounted) ---------
 
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else {
-      o += c;
-    }
-  }
-  return o + "\"";
-}
 
 struct Opened {
   std::unique_ptr<FileDevice> dev;
@@ -466,7 +453,7 @@ int cmd_mounted_branch(const std::string& sub, const Parsed& p) {
       const std::string layer = r->substr(start, end - start);
       const size_t eq = layer.rfind('=');
       std::printf("%s{\"name\": %s, \"writable\": %s}", i ? ", " : "",
-                  json_str(layer.substr(0, eq)).c_str(), layer.substr(eq + 1) == "rw" ? "true" : "false");
+                  json_quote(layer.substr(0, eq)).c_str(), layer.substr(eq + 1) == "rw" ? "true" : "false");
       start = end + 1;
     }
     std::printf("]\n");
@@ -506,8 +493,8 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
         const auto& b = (*bs)[i];
         std::printf("%s{\"id\": %llu, \"name\": %s, \"parent\": %s, \"read_only\": %s, "
                     "\"created_generation\": %llu}",
-                    i ? ", " : "", (unsigned long long)b.tree.v, json_str(b.name).c_str(),
-                    b.parent.v ? json_str(name_of(b.parent)).c_str() : "null",
+                    i ? ", " : "", (unsigned long long)b.tree.v, json_quote(b.name).c_str(),
+                    b.parent.v ? json_quote(name_of(b.parent)).c_str() : "null",
                     b.read_only ? "true" : "false", (unsigned long long)b.created.v);
       }
       std::printf("]\n");
@@ -645,8 +632,8 @@ int cmd_layer(const std::string& sub, const std::vector<std::string>& args) {
     for (size_t i = 0; i < bs->size(); i++) {
       const auto& b = (*bs)[i];
       std::printf("%s{\"name\": %s, \"id\": %llu, \"parent\": %s, \"layer\": %s, \"read_only\": %s}",
-                  i ? ", " : "", json_str(b.name).c_str(), (unsigned long long)b.tree.v,
-                  b.parent.v ? json_str(name_of(b.parent)).c_str() : "null",
+                  i ? ", " : "", json_quote(b.name).c_str(), (unsigned long long)b.tree.v,
+                  b.parent.v ? json_quote(name_of(b.parent)).c_str() : "null",
                   layer[b.tree.v] ? "true" : "false", b.read_only ? "true" : "false");
     }
     std::printf("]\n");
@@ -683,8 +670,8 @@ int cmd_view(const std::string& sub, const std::vector<std::string>& args) {
       for (size_t i = 0; i < views->size(); i++) {
         const auto& w = (*views)[i];
         std::printf("%s{\"name\": %s, \"default\": %s, \"branches\": %s}", i ? ", " : "",
-                    json_str(w.name).c_str(), w.is_default ? "true" : "false",
-                    json_str(format_stack(*o->vol, w.layers)).c_str());
+                    json_quote(w.name).c_str(), w.is_default ? "true" : "false",
+                    json_quote(format_stack(*o->vol, w.layers)).c_str());
       }
       std::printf("]\n");
       return 0;
@@ -748,7 +735,7 @@ int mounted_request(const std::string& mnt, const std::string& req, bool json) {
   auto r = control(mnt, req);
   if (!r) return fail(r.error().message());
   const bool stack = req.rfind("clone", 0) != 0 && req.rfind("delete", 0) != 0;
-  if (json) std::printf("{\"%s\": %s}\n", stack ? "stack" : "result", json_str(*r).c_str());
+  if (json) std::printf("{\"%s\": %s}\n", stack ? "stack" : "result", json_quote(*r).c_str());
   else std::printf("%s\n", r->c_str());
   return 0;
 }
@@ -783,7 +770,7 @@ int mounted_diff(const std::string& mnt, const std::string& from, const std::str
 }
 
 std::string branch_json(const BranchMeta& b) {
-  return "{\"name\": " + json_str(b.name) + ", \"id\": " + std::to_string(b.tree.v) +
+  return "{\"name\": " + json_quote(b.name) + ", \"id\": " + std::to_string(b.tree.v) +
          ", \"read_only\": " + (b.read_only ? "true" : "false") + "}";
 }
 
@@ -838,7 +825,7 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
     if (auto c = v.close(); !c) return fail(c.error().message());
     if (json)
       std::printf("{\"snapshot\": %s, \"live\": %s, \"stack\": %s}\n", branch_json(s->frozen).c_str(),
-                  branch_json(s->live).c_str(), json_str(format_stack(v, s->stack)).c_str());
+                  branch_json(s->live).c_str(), json_quote(format_stack(v, s->stack)).c_str());
     else
       std::printf("snapshot \"%s\" taken; \"%s\" is a new layer on it (%s)\n", s->frozen.name.c_str(),
                   s->live.name.c_str(), format_stack(v, s->stack).c_str());
@@ -907,7 +894,7 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
     if (shown) std::fprintf(stderr, "\n");
     if (!dropped) return fail(dropped.error().message());
     if (auto r = v.close(); !r) return fail(r.error().message());
-    if (json) std::printf("{\"%s\": %s}\n", cmd == "rollback" ? "rolled_back" : "deleted", json_str(b->name).c_str());
+    if (json) std::printf("{\"%s\": %s}\n", cmd == "rollback" ? "rolled_back" : "deleted", json_quote(b->name).c_str());
     else std::printf("%s \"%s\"\n", cmd == "rollback" ? "rolled back" : "deleted", b->name.c_str());
     return 0;
   }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "util/json.h"
 #include "blockdev/blockdev.h"
 #include "fsck/fsck.h"
 #include "fs/check.h"
@@ -54,22 +55,10 @@ int usage_error(const std::string& msg) {
   return kFsckUsage;
 }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-    } else o += c;
-  }
-  return o;
-}
 
 void print_json(const std::string& path, const FsckReport& r) {
-  std::printf("{\n  \"device\": \"%s\",\n  \"generation\": %llu,\n  \"slot\": %d,\n",
-              json_escape(path).c_str(), (unsigned long long)r.checked.v, r.choice.slot);
+  std::printf("{\n  \"device\": %s,\n  \"generation\": %llu,\n  \"slot\": %d,\n",
+              json_quote(path).c_str(), (unsigned long long)r.checked.v, r.choice.slot);
   if (r.written) std::printf("  \"written_generation\": %llu,\n", (unsigned long long)r.written->v);
   std::printf("  \"trees\": %llu, \"nodes\": %llu, \"items\": %llu, \"extents\": %llu,\n"
               "  \"used_blocks\": %llu, \"total_blocks\": %llu,\n  \"problems\": [",
@@ -79,14 +68,14 @@ void print_json(const std::string& path, const FsckReport& r) {
   for (size_t i = 0; i < r.problems.size(); i++) {
     const auto& p = r.problems[i];
     std::printf("%s\n    {\"code\": \"%s\", \"pass\": %d, \"tree\": %llu, \"block\": %s, "
-                "\"fix\": \"%s\", \"fixed\": %s, \"message\": \"%s\"}",
+                "\"fix\": \"%s\", \"fixed\": %s, \"message\": %s}",
                 i ? "," : "", p.code.c_str(), p.pass, (unsigned long long)p.tree,
                 p.block == Error::kNoBlock ? "null" : std::to_string(p.block).c_str(),
-                fix_class_name(p.fix), p.fixed ? "true" : "false", json_escape(p.message).c_str());
+                fix_class_name(p.fix), p.fixed ? "true" : "false", json_quote(p.message).c_str());
   }
   std::printf("%s],\n  \"actions\": [", r.problems.empty() ? "" : "\n  ");
   for (size_t i = 0; i < r.actions.size(); i++)
-    std::printf("%s\"%s\"", i ? ", " : "", json_escape(r.actions[i]).c_str());
+    std::printf("%s%s", i ? ", " : "", json_quote(r.actions[i]).c_str());
   std::printf("],\n  \"exit_code\": %d\n}\n", r.exit_code);
 }
 

@@ -2,6 +2,8 @@
 // format.md#snapshots).
 #include "snap/snap.h"
 
+#include "util/json.h"
+
 #include <dirent.h>
 
 #include <algorithm>
@@ -718,22 +720,6 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
   return std::move(d.out);
 }
 
-namespace {
-std::string json_str(std::string_view s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else {
-      o += c;
-    }
-  }
-  return o + "\"";
-}
-}  // namespace
 
 std::string format_diff(const std::vector<DiffEntry>& d, bool json) {
   std::string out;
@@ -745,10 +731,10 @@ std::string format_diff(const std::vector<DiffEntry>& d, bool json) {
       out += "{\"change\": \"";
       out += char(e.change);
       out += "\", \"path\": ";
-      out += json_str(e.path);
+      out += json_quote(e.path);
       if (e.change == Change::Renamed) {
         out += ", \"new_path\": ";
-        out += json_str(e.new_path);
+        out += json_quote(e.new_path);
       }
       out += '}';
     } else {

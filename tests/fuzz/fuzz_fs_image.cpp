@@ -131,14 +131,7 @@ void run_one_fs(const uint8_t* data, size_t size) {
   if (auto vol = Volume::open(*dev, ro)) read_all(**vol);
   FsckOptions fo;
   set_object_passes(fo, true);
-  auto check = fsck_run(*dev, fo);
-  if (!check) return;
-  fo.mode = FsckMode::Yes;
-  auto fixed = fsck_run(*dev, fo);
-  if (!fixed || fixed->exit_code != kFsckCorrected) return;
-  fo.mode = FsckMode::Check;
-  auto after = fsck_run(*dev, fo);
-  if (!after || after->exit_code != kFsckClean) __builtin_trap();
+  fsck_cycle(*dev, fo);
 }
 
 }  // namespace plyfs::fuzz

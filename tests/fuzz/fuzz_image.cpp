@@ -134,13 +134,18 @@ void run_one(const uint8_t* data, size_t size) {
   }
   FsckOptions fo;
   fo.kinds = kinds();
-  auto check = fsck_run(*dev, fo);
+  fsck_cycle(*dev, fo);
+}
+
+void fsck_cycle(MemDevice& dev, FsckOptions fo) {
+  fo.mode = FsckMode::Check;
+  auto check = fsck_run(dev, fo);
   if (!check) return;  // not plyfs any more, or newer features: a clean refusal
   fo.mode = FsckMode::Yes;
-  auto fixed = fsck_run(*dev, fo);
+  auto fixed = fsck_run(dev, fo);
   if (!fixed || fixed->exit_code != kFsckCorrected) return;
   fo.mode = FsckMode::Check;
-  auto after = fsck_run(*dev, fo);
+  auto after = fsck_run(dev, fo);
   // A repair that does not leave the image clean is a finding.
   if (!after || after->exit_code != kFsckClean) __builtin_trap();
 }

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fsck/fsck.h"
+
 namespace plyfs {
 class MemDevice;
 }
@@ -16,5 +18,7 @@ void run_one(const uint8_t* data, size_t size);
 // An image of filesystem trees, checked with fsck's object passes too.
 void run_one_fs(const uint8_t* data, size_t size);
 void apply_patches(MemDevice& dev, const uint8_t* data, size_t size);
+// fsck -n, -y, and -n again when -y says it corrected: that one must be clean.
+void fsck_cycle(MemDevice& dev, FsckOptions fo);
 
 }  // namespace plyfs::fuzz
