@@ -1,0 +1,322 @@
+// The control folder (format.md#control-folder) through a real mount: the
+// hidden .plyfs at the root, each branch's info.json and data/ online, and
+// mkdir, rename and rmdir of layers, checked afterwards offline with plyctl
+// and plyfs -o layer= and fsck.
+#include <sys/xattr.h>
+
+#include <cctype>
+#include <map>
+#include <optional>
+
+#include "fuse_util.h"
+
+using namespace plyfs::fusetest;
+
+namespace {
+
+void plyctl(const Fixture& fx, std::vector<std::string> args, std::string* out = nullptr) {
+  args.insert(args.begin(), plyctl_bin());
+  const std::string log = fx.tmp / "plyctl.log";
+  ::unlink(log.c_str());
+  int rc = run(args, log);
+  INFO(slurp(log));
+  REQUIRE(rc == 0);
+  if (out) *out = slurp(log);
+}
+
+// A strict JSON reader, enough to check that info.json is JSON: the whole
+// text must be one object; returns its members as their JSON text.
+class Json {
+ public:
+  explicit Json(std::string s) : s_(std::move(s)) {}
+  std::optional<std::map<std::string, std::string>> object() {
+    std::map<std::string, std::string> out;
+    ws();
+    if (!eat('{')) return std::nullopt;
+    ws();
+    if (!eat('}')) {
+      do {
+        ws();
+        auto k = str();
+        ws();
+        if (!k || !eat(':')) return std::nullopt;
+        ws();
+        const size_t start = p_;
+        if (!value()) return std::nullopt;
+        out[*k] = s_.substr(start, p_ - start);
+        ws();
+      } while (eat(','));
+      if (!eat('}')) return std::nullopt;
+    }
+    ws();
+    if (p_ != s_.size()) return std::nullopt;
+    return out;
+  }
+
+ private:
+  bool eat(char c) {
+    if (p_ < s_.size() && s_[p_] == c) return p_++, true;
+    return false;
+  }
+  void ws() {
+    while (p_ < s_.size() && std::strchr(" \t\r\n", s_[p_])) p_++;
+  }
+  std::optional<std::string> str() {
+    if (!eat('"')) return std::nullopt;
+    std::string o;
+    while (p_ < s_.size() && s_[p_] != '"') {
+      if (static_cast<unsigned char>(s_[p_]) < 0x20) return std::nullopt;
+      if (s_[p_] == '\\') p_++;
+      o += s_[p_++];
+    }
+    if (!eat('"')) return std::nullopt;
+    return o;
+  }
+  bool value() {
+    if (p_ >= s_.size()) return false;
+    const char c = s_[p_];
+    if (c == '"') return str().has_value();
+    if (c == '[') {
+      p_++;
+      ws();
+      if (eat(']')) return true;
+      do {
+        ws();
+        if (!value()) return false;
+        ws();
+      } while (eat(','));
+      return eat(']');
+    }
+    if (c == '{') return false;  // info.json has no nested object
+    for (const char* lit : {"true", "false", "null"})
+      if (s_.compare(p_, std::strlen(lit), lit) == 0) return p_ += std::strlen(lit), true;
+    const size_t start = p_;
+    eat('-');
+    while (p_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[p_]))) p_++;
+    return p_ > start && std::isdigit(static_cast<unsigned char>(s_[p_ - 1]));
+  }
+  std::string s_;
+  size_t p_ = 0;
+};
+
+std::map<std::string, std::string> info(const std::string& path) {
+  const std::string text = read_file(path);
+  auto o = Json(text).object();
+  INFO(path << ":\n" << text);
+  REQUIRE(o);
+  return *o;
+}
+
+ino_t ino_of(const std::string& p) {
+  struct stat st{};
+  INFO("stat " << p << ": " << std::strerror(errno));
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  return st.st_ino;
+}
+
+}  // namespace
+
+TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  fx.unmount();
+  plyctl(fx, {"layer", "create", fx.img, "a", "--on", "main"});
+  plyctl(fx, {"layer", "create", fx.img, "b", "--on", "main"});
+  fx.opts = {"layer=a"};
+  fx.mount();
+
+  // Looked up, never listed, and not a name the mounted view can take.
+  CHECK(list_dir(fx.root()) == std::vector<std::string>{"m"});
+  struct stat st{};
+  REQUIRE(::stat((fx / ".plyfs").c_str(), &st) == 0);
+  CHECK(S_ISDIR(st.st_mode));
+  CHECK(list_dir(fx / ".plyfs") == std::vector<std::string>{"layers"});
+  CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"a", "b", "main"});
+  CHECK(list_dir(fx / ".plyfs/layers/b") == std::vector<std::string>{"data", "info.json"});
+  REQUIRE_ERRNO(::mkdir((fx / ".plyfs").c_str(), 0755), EEXIST);
+  REQUIRE_ERRNO(::rmdir((fx / ".plyfs").c_str()), EBUSY);
+  REQUIRE_ERRNO(::rename((fx / ".plyfs").c_str(), (fx / "x").c_str()), EBUSY);
+
+  // info.json: JSON, the branch table's fields, read-only.
+  auto ib = info(fx / ".plyfs/layers/b/info.json");
+  CHECK(ib["name"] == "\"b\"");
+  CHECK(ib["id"] == "258");
+  CHECK(ib["parent"] == "\"main\"");
+  CHECK(ib["layer"] == "true");
+  CHECK(ib["read_only"] == "false");
+  CHECK(ib["writable"] == "true");
+  CHECK(ib["mounted"] == "false");
+  CHECK(ib["children"] == "[]");
+  CHECK(ib["stack"] == "[\"b\", \"main\"]");
+  CHECK(std::stoull(ib["created_generation"]) > 0);
+  auto im = info(fx / ".plyfs/layers/main/info.json");
+  CHECK(im["parent"] == "null");
+  CHECK(im["layer"] == "false");
+  CHECK(im["mounted"] == "true");
+  CHECK(im["children"] == "[\"a\", \"b\"]");
+  CHECK(info(fx / ".plyfs/layers/a/info.json")["mounted"] == "true");
+  const std::string ij = fx / ".plyfs/layers/b/info.json";
+  REQUIRE_ERRNO(::open(ij.c_str(), O_WRONLY), EACCES);
+  REQUIRE_ERRNO(::open(ij.c_str(), O_RDONLY | O_TRUNC), EACCES);
+  REQUIRE_ERRNO(::chmod(ij.c_str(), 0666), EPERM);
+  REQUIRE_ERRNO(::unlink(ij.c_str()), EPERM);
+  REQUIRE_ERRNO(::truncate(ij.c_str(), 0), EPERM);
+
+  // b's data: b over main, read and written while the mount shows a.
+  const std::string bd = fx / ".plyfs/layers/b/data";
+  CHECK(list_dir(bd) == std::vector<std::string>{"m"});
+  CHECK(read_file(bd + "/m") == "main");
+  const ino_t main_m = ino_of(fx / "m");
+  const ino_t b_m_before = ino_of(bd + "/m");
+  write_file(bd + "/m", "changed in b");
+  write_file(bd + "/new", "new in b");
+  REQUIRE(::mkdir((bd + "/dir").c_str(), 0755) == 0);
+  write_file(bd + "/dir/deep", "deep");
+  REQUIRE(::rename((bd + "/new").c_str(), (bd + "/dir/new").c_str()) == 0);
+  CHECK(read_file(bd + "/dir/new") == "new in b");
+  CHECK(list_dir(bd) == std::vector<std::string>{"dir", "m"});
+  CHECK(read_file(fx / "m") == "main");  // a's view: main's m, untouched
+  CHECK(list_dir(fx.root()) == std::vector<std::string>{"m"});
+  // Node ids: the mounted view keeps the inode number; each view numbers its
+  // own objects, the same number on every stat, distinct from other views'.
+  const ino_t b_m = ino_of(bd + "/m");
+  const ino_t a_m = ino_of(fx / ".plyfs/layers/a/data/m");
+  CHECK(ino_of(fx / "m") == main_m);
+  CHECK(b_m == b_m_before);  // the copy-up kept the number (format.md#fs-union)
+  CHECK(b_m == ino_of(bd + "/m"));
+  CHECK(b_m != main_m);
+  CHECK(a_m != main_m);
+  CHECK(a_m != b_m);
+  CHECK(main_m < (ino_t(1) << 63));
+  // Across views: a hard link or rename answers EXDEV.
+  REQUIRE_ERRNO(::link((bd + "/m").c_str(), (fx / "m2").c_str()), EXDEV);
+  REQUIRE_ERRNO(::rename((bd + "/m").c_str(), (fx / ".plyfs/layers/a/data/m3").c_str()), EXDEV);
+
+  // The mounted layer's own folder shares its branch with the mount: a file
+  // made there is in the mounted view at once, and the other way round.
+  write_file(fx / ".plyfs/layers/a/data/via-folder", "1");
+  CHECK(read_file(fx / "via-folder") == "1");
+  write_file(fx / "via-mount", "2");
+  CHECK(read_file(fx / ".plyfs/layers/a/data/via-mount") == "2");
+  CHECK(info(fx / ".plyfs/layers/main/info.json")["writable"] == "true");
+  fx.unmount();
+
+  fx.opts = {"layer=b"};
+  fx.mount();
+  CHECK(read_file(fx / "m") == "changed in b");
+  CHECK(read_file(fx / "dir/deep") == "deep");
+  CHECK(read_file(fx / "dir/new") == "new in b");
+  CHECK(list_dir(fx.root()) == std::vector<std::string>{"dir", "m"});
+  fx.unmount();
+  fx.opts = {"layer=a"};
+  fx.mount();
+  CHECK(list_dir(fx.root()) == std::vector<std::string>{"m", "via-folder", "via-mount"});
+  fx.unmount();
+}
+
+TEST_CASE("control folder: mkdir, rename and rmdir of layers, and their refusals", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  fx.unmount();
+  plyctl(fx, {"layer", "create", fx.img, "p", "--on", "main"});
+  plyctl(fx, {"layer", "create", fx.img, "q", "--on", "p"});
+  fx.mount();
+  const std::string L = fx / ".plyfs/layers/";
+
+  // mkdir: a new layer on the branch the mount writes to.
+  REQUIRE(::mkdir((L + "n1").c_str(), 0755) == 0);
+  auto i1 = info(L + "n1/info.json");
+  CHECK(i1["parent"] == "\"main\"");
+  CHECK(i1["layer"] == "true");
+  CHECK(read_file(L + "n1/data/m") == "main");
+  REQUIRE_ERRNO(::mkdir((L + "n1").c_str(), 0755), EEXIST);
+  REQUIRE_ERRNO(::mkdir((L + "main").c_str(), 0755), EEXIST);
+  REQUIRE_ERRNO(::mkdir((L + "a:b").c_str(), 0755), EINVAL);
+  REQUIRE_ERRNO(::mkdir((L + "a=rw").c_str(), 0755), EINVAL);
+  REQUIRE_ERRNO(::mkdir((L + std::string(33, 'x')).c_str(), 0755), ENAMETOOLONG);
+  REQUIRE_ERRNO(::mkdir((fx / ".plyfs/other").c_str(), 0755), EPERM);
+  REQUIRE_ERRNO(::mkdir((L + "n1/other").c_str(), 0755), EPERM);
+  REQUIRE_ERRNO(::open((L + "file").c_str(), O_CREAT | O_WRONLY, 0644), EPERM);
+
+  // rename: the layer keeps its data and tree; collisions are refused.
+  write_file(L + "n1/data/kept", "kept");
+  const std::string id = info(L + "n1/info.json")["id"];
+  REQUIRE(::rename((L + "n1").c_str(), (L + "n2").c_str()) == 0);
+  REQUIRE_ERRNO(::access((L + "n1").c_str(), F_OK), ENOENT);
+  CHECK(info(L + "n2/info.json")["id"] == id);
+  CHECK(read_file(L + "n2/data/kept") == "kept");
+  REQUIRE_ERRNO(::rename((L + "n2").c_str(), (L + "p").c_str()), ENOTEMPTY);
+  REQUIRE_ERRNO(::renameat2(AT_FDCWD, (L + "n2").c_str(), AT_FDCWD, (L + "p").c_str(), RENAME_NOREPLACE),
+                EEXIST);
+  REQUIRE_ERRNO(::rename((L + "n2").c_str(), (L + "bad:name").c_str()), EINVAL);
+  REQUIRE_ERRNO(::rename((L + "n2").c_str(), (fx / "n2").c_str()), EXDEV);
+  REQUIRE(::rename((L + "n2").c_str(), (L + "n3").c_str()) == 0);
+
+  // rmdir: refused for the mounted branch, one with a layer on it, one with
+  // a file open, and the folder's own directories.
+  REQUIRE_ERRNO(::rmdir((L + "main").c_str()), EBUSY);
+  REQUIRE_ERRNO(::rmdir((L + "p").c_str()), EBUSY);
+  CHECK(info(L + "p/info.json")["children"] == "[\"q\"]");
+  REQUIRE_ERRNO(::rmdir((L + "nosuch").c_str()), ENOENT);
+  REQUIRE_ERRNO(::rmdir((fx / ".plyfs/layers").c_str()), EBUSY);
+  REQUIRE_ERRNO(::rmdir((L + "q/data").c_str()), EBUSY);
+  write_file(L + "q/data/open", "open");
+  {
+    int fd = ::open((L + "q/data/open").c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE_ERRNO(::rmdir((L + "q").c_str()), EBUSY);
+    ::close(fd);
+  }
+  REQUIRE(::rmdir((L + "q").c_str()) == 0);
+  REQUIRE_ERRNO(::access((L + "q").c_str(), F_OK), ENOENT);
+  REQUIRE(::rmdir((L + "p").c_str()) == 0);  // no layer on it any more
+  CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main", "n3"});
+  // A new layer may take a deleted one's name.
+  REQUIRE(::mkdir((L + "q").c_str(), 0755) == 0);
+  CHECK(list_dir(L + "q/data") == std::vector<std::string>{"m"});
+  REQUIRE(::rmdir((L + "q").c_str()) == 0);
+  fx.unmount();
+
+  std::string out;
+  plyctl(fx, {"layer", "list", fx.img}, &out);
+  CHECK(out == "main (id 256)\n\u2514\u2500\u2500 n3 (id " + id + ")\n");
+  fx.opts = {"layer=n3"};
+  fx.mount();
+  CHECK(read_file(fx / "kept") == "kept");
+  CHECK(read_file(fx / "m") == "main");
+  fx.unmount();
+}
+
+TEST_CASE("control folder: a read-only mount changes nothing", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  fx.unmount();
+  plyctl(fx, {"layer", "create", fx.img, "a", "--on", "main"});
+  fx.opts = {"ro"};
+  fx.mount();
+  const std::string L = fx / ".plyfs/layers/";
+  CHECK(read_file(L + "a/data/m") == "main");
+  CHECK(info(L + "a/info.json")["writable"] == "false");
+  REQUIRE_ERRNO(::mkdir((L + "n").c_str(), 0755), EROFS);
+  REQUIRE_ERRNO(::rmdir((L + "a").c_str()), EROFS);
+  REQUIRE_ERRNO(::rename((L + "a").c_str(), (L + "b").c_str()), EROFS);
+  REQUIRE_ERRNO(::open((L + "a/data/m").c_str(), O_WRONLY), EROFS);
+  fx.unmount();
+}
+
+TEST_CASE("control folder: views follow an online snapshot", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  const std::string L = fx / ".plyfs/layers/";
+  CHECK(read_file(L + "main/data/m") == "main");  // main's view is open now
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  // main is now a new layer on s1, which is read-only; both folders show so.
+  CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main", "s1"});
+  CHECK(info(L + "s1/info.json")["writable"] == "false");
+  REQUIRE_ERRNO(::open((L + "s1/data/m").c_str(), O_WRONLY), EROFS);
+  CHECK(info(L + "main/info.json")["parent"] == "\"s1\"");
+  write_file(L + "main/data/after", "after");
+  CHECK(read_file(fx / "after") == "after");
+  CHECK(list_dir(L + "s1/data") == std::vector<std::string>{"m"});
+  fx.unmount();
+}
