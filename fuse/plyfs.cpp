@@ -130,7 +130,8 @@ void usage() {
       "                     default view, or the default branch read-write\n"
       "  -o branches=A=rw:B=ro:...\n"
       "                     show this stack of branches, leftmost first (dirs= works too)\n"
-      "  -o layer=NAME      show layer NAME over its ancestors (plyctl layer list)\n"
+      "  -o layer=NAME      show layer NAME over its ancestors (plyctl layer list);\n"
+      "                     every layer is also reachable in MOUNTPOINT/.plyfs/layers/\n"
       "  -o copyup=MODE     owner of copied-up files: owner (default), current, or\n"
       "                     const:UID:GID:MODE (octal mode)\n"
       "  -o snapshot_interval=SECONDS  snapshot the stack's writable branch every\n"
@@ -296,7 +297,10 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 }
 
 void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
-  if (is_ctl(ino)) return g->ctl->forget(ino, n), fuse_reply_none(req);
+  if (is_ctl(ino)) {
+    g->ctl->forget(ino, n);
+    return fuse_reply_none(req);
+  }
   auto r = fs().unpin(to_fs(ino), n);
   if (!r) (void)errno_of(r.error());
   fuse_reply_none(req);

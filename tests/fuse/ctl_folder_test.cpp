@@ -192,6 +192,14 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   REQUIRE_ERRNO(::link((bd + "/m").c_str(), (fx / "m2").c_str()), EXDEV);
   REQUIRE_ERRNO(::rename((bd + "/m").c_str(), (fx / ".plyfs/layers/a/data/m3").c_str()), EXDEV);
 
+  // mkdir makes a layer on the branch the mount writes to: a, here. The
+  // mounted layer cannot go.
+  REQUIRE(::mkdir((fx / ".plyfs/layers/c").c_str(), 0755) == 0);
+  CHECK(info(fx / ".plyfs/layers/c/info.json")["parent"] == "\"a\"");
+  CHECK(info(fx / ".plyfs/layers/c/info.json")["stack"] == "[\"c\", \"a\", \"main\"]");
+  REQUIRE(::rmdir((fx / ".plyfs/layers/c").c_str()) == 0);
+  REQUIRE_ERRNO(::rmdir((fx / ".plyfs/layers/a").c_str()), EBUSY);
+
   // The mounted layer's own folder shares its branch with the mount: a file
   // made there is in the mounted view at once, and the other way round.
   write_file(fx / ".plyfs/layers/a/data/via-folder", "1");
@@ -199,6 +207,14 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   write_file(fx / "via-mount", "2");
   CHECK(read_file(fx / ".plyfs/layers/a/data/via-mount") == "2");
   CHECK(info(fx / ".plyfs/layers/main/info.json")["writable"] == "true");
+  // A branch's own .plyfs (made where no control folder is: in a view) is
+  // shadowed at the mount root, neither listed nor reached there.
+  REQUIRE(::mkdir((fx / ".plyfs/layers/a/data/.plyfs").c_str(), 0755) == 0);
+  write_file(fx / ".plyfs/layers/a/data/.plyfs/own", "own");
+  CHECK(list_dir(fx.root()) == std::vector<std::string>{"m", "via-folder", "via-mount"});
+  CHECK(list_dir(fx / ".plyfs") == std::vector<std::string>{"layers"});
+  CHECK(list_dir(fx / ".plyfs/layers/a/data/.plyfs") == std::vector<std::string>{"own"});
+  REQUIRE_ERRNO(::rmdir((fx / ".plyfs").c_str()), EBUSY);
   fx.unmount();
 
   fx.opts = {"layer=b"};
@@ -211,6 +227,7 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   fx.opts = {"layer=a"};
   fx.mount();
   CHECK(list_dir(fx.root()) == std::vector<std::string>{"m", "via-folder", "via-mount"});
+  CHECK(read_file(fx / ".plyfs/layers/a/data/.plyfs/own") == "own");
   fx.unmount();
 }
 
