@@ -179,8 +179,29 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   CHECK(list_dir(fx.root()) == std::vector<std::string>{"m"});
   // Node ids: the mounted view keeps the inode number; each view numbers its
   // own objects, the same number on every stat, distinct from other views'.
+  // A file unlinked while open in the mount lives on when a's folder opens
+  // (it shares the mount's open branch, which holds the file).
+  const int gone = ::open((fx / "gone").c_str(), O_CREAT | O_RDWR, 0644);
+  REQUIRE(gone >= 0);
+  REQUIRE(::pwrite(gone, "still here", 10, 0) == 10);
+  REQUIRE(::fsync(gone) == 0);
+  REQUIRE(::unlink((fx / "gone").c_str()) == 0);
   const ino_t b_m = ino_of(bd + "/m");
   const ino_t a_m = ino_of(fx / ".plyfs/layers/a/data/m");
+  CHECK(list_dir(fx / ".plyfs/layers/a/data") == std::vector<std::string>{"m"});
+  {
+    // The reads go to the daemon, not to the kernel's cached pages.
+    char buf[16] = {};
+    REQUIRE(::posix_fadvise(gone, 0, 0, POSIX_FADV_DONTNEED) == 0);
+    CHECK(::pread(gone, buf, sizeof buf, 0) == 10);
+    CHECK(std::string(buf) == "still here");
+    write_file(fx / "after-gone", std::string(65536, 'x'));  // would take its freed blocks
+    REQUIRE(::posix_fadvise(gone, 0, 0, POSIX_FADV_DONTNEED) == 0);
+    CHECK(::pread(gone, buf, sizeof buf, 0) == 10);
+    CHECK(std::string(buf) == "still here");
+    ::close(gone);
+    REQUIRE(::unlink((fx / "after-gone").c_str()) == 0);
+  }
   CHECK(ino_of(fx / "m") == main_m);
   CHECK(b_m == b_m_before);  // the copy-up kept the number (format.md#fs-union)
   CHECK(b_m == ino_of(bd + "/m"));
