@@ -358,3 +358,32 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   CHECK(list_dir(L + "s1/data") == std::vector<std::string>{"m"});
   fx.unmount();
 }
+
+TEST_CASE("control folder: views follow an online merge and rollback", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  const std::string L = fx / ".plyfs/layers/";
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  write_file(L + "main/data/x", "x");
+  CHECK(read_file(L + "s1/data/m") == "main");
+  const int s1_fd = ::open((L + "s1/data/m").c_str(), O_RDONLY);
+  REQUIRE(s1_fd >= 0);
+  // The merge replaces both branches: their views end (ESTALE), and the
+  // names show the merged branch.
+  plyctl(fx, {"merge", fx.root(), "main"});
+  struct stat st{};
+  REQUIRE_ERRNO(::fstat(s1_fd, &st), ESTALE);
+  ::close(s1_fd);
+  CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
+  CHECK(list_dir(L + "main/data") == std::vector<std::string>{"m", "x"});
+  CHECK(info(L + "main/info.json")["layer"] == "false");
+  CHECK(read_file(fx / "x") == "x");
+  // A rollback discards what was written through the folder too.
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s2"});
+  write_file(L + "main/data/y", "y");
+  CHECK(read_file(L + "main/data/y") == "y");
+  plyctl(fx, {"rollback", fx.root(), "main"});
+  CHECK(list_dir(L + "main/data") == std::vector<std::string>{"m", "x"});
+  CHECK(list_dir(L + "s2/data") == std::vector<std::string>{"m", "x"});
+  fx.unmount();
+}
