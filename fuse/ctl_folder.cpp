@@ -81,10 +81,12 @@ Result<BranchMeta> ControlFolder::branch_named(std::string_view name) {
 }
 
 Result<std::vector<ViewLayer>> ControlFolder::stack_of(TreeId tree) {
-  BranchMeta b = PLY_TRY(Filesystem::branch(*h_.vol, tree));
-  if (b.doomed) return Error::io(ENOENT, "the branch is being dropped");
-  auto s = PLY_TRY(layer_stack(*h_.vol, b.name));
-  if (s.empty() || s[0].tree != tree) return Error::io(ENOENT, "the branch was renamed");
+  // A folder a merge or rollback dropped, reached through a name the
+  // kernel resolved just before: ESTALE makes it walk the path again.
+  auto b = Filesystem::branch(*h_.vol, tree);
+  if (!b || b->doomed) return Error::io(ESTALE, "the branch is gone");
+  auto s = PLY_TRY(layer_stack(*h_.vol, b->name));
+  if (s.empty() || s[0].tree != tree) return Error::io(ESTALE, "the branch is gone");
   if (h_.read_only)
     for (auto& l : s) l.writable = false;
   return s;
@@ -110,6 +112,7 @@ Result<size_t> ControlFolder::view_of(TreeId tree) {
     return Error::io(ENOSPC, "this mount has shown too many layers");
   auto v = std::make_unique<View>();
   v->layer = tree;
+  v->name = PLY_TRY(Filesystem::branch(*h_.vol, tree)).name;
   v->stack = std::move(s);
   v->u = std::make_unique<Union>(std::move(ub), h_.copyup, h_.del);
   v->u->set_kernel_times(kernel_times_);
@@ -119,9 +122,27 @@ Result<size_t> ControlFolder::view_of(TreeId tree) {
 }
 
 void ControlFolder::refresh() {
+  auto bs = Filesystem::branches(*h_.vol);
   for (size_t i = 0; i < views_.size(); i++) {
     View& v = *views_[i];
     if (!v.u) continue;
+    // A view follows its branch's name, as the catalog's views and the mount
+    // follow the branch they write to: after a snapshot the name is the new
+    // live layer's (on the frozen branch), after a merge the result's, after
+    // a rollback the fresh layer's. Files open in the view stay open.
+    TreeId now{0};
+    if (bs)
+      for (const auto& b : *bs)
+        if (!b.doomed && b.name == v.name) now = b.tree;
+    if (now != v.layer) {
+      slot_of_.erase(v.layer.v);
+      if (!now.v || slot_of_.count(now.v)) {  // gone, or another view shows it already
+        v.u.reset();  // C3: its nodes answer ESTALE from now on
+        continue;
+      }
+      v.layer = now;
+      slot_of_[now.v] = i + 1;
+    }
     auto s = stack_of(v.layer);
     bool same = s && s->size() == v.stack.size() &&
                 std::equal(s->begin(), s->end(), v.stack.begin(), [](const ViewLayer& a, const ViewLayer& b) {
@@ -207,10 +228,14 @@ Result<void> ControlFolder::rename_layer(std::string_view from, std::string_view
     return Error::io(ENOTEMPTY, "a branch named \"" + std::string(to) + "\" exists");
   }
   (void)PLY_TRY(rename_branch(*h_.vol, b.tree, to));
+  std::shared_lock lk(mu_);
+  for (auto& v : views_)
+    if (v->layer == b.tree) v->name = std::string(to);  // under ctl_mu, like refresh
   return ok();
 }
 
 Result<std::string> ControlFolder::info_json(TreeId tree) {
+  std::lock_guard cl(*h_.ctl_mu);  // C4
   auto bs = PLY_TRY(Filesystem::branches(*h_.vol));
   std::erase_if(bs, [](const BranchMeta& b) { return b.doomed; });
   auto name_of = [&](TreeId t) -> std::string {
@@ -228,12 +253,7 @@ Result<std::string> ControlFolder::info_json(TreeId tree) {
       children += json_str(c.name);
     }
   bool mounted = false;
-  std::vector<ViewLayer> main;
-  {
-    std::lock_guard cl(*h_.ctl_mu);
-    main = *h_.stack;
-  }
-  for (const auto& l : main) mounted |= l.tree == b.tree;
+  for (const auto& l : *h_.stack) mounted |= l.tree == b.tree;
   auto stack = PLY_TRY(stack_of(b.tree));
   std::string st;
   for (const auto& l : stack) {
@@ -319,6 +339,7 @@ Result<struct stat> ControlFolder::virtual_attr(fuse_ino_t ino) {
   if (ino == kRootNode || ino == kLayersNode) return virtual_stat(ino, 0);
   if (!is_folder(ino) && !is_info(ino)) return Error::io(ESTALE, "no such node");
   if (is_info(ino)) return virtual_stat(ino, PLY_TRY(info_json(tree_of(ino))).size());
+  std::lock_guard cl(*h_.ctl_mu);  // C4
   BranchMeta b = PLY_TRY(Filesystem::branch(*h_.vol, tree_of(ino)));
   if (b.doomed) return Error::io(ESTALE, "the branch is gone");
   return virtual_stat(ino, 0);
@@ -346,7 +367,11 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     return (void)fuse_reply_err(req, ENOENT);
   }
   if (parent == kLayersNode) {
-    auto b = branch_named(n);
+    Result<BranchMeta> b = Error::io(ENOENT, "");
+    {
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      b = branch_named(n);
+    }
     if (!b) return reply_err(req, b.error());
     if (b->tree.v > kMaxTree) return (void)fuse_reply_err(req, EOVERFLOW);
     return reply_virtual_entry(req, folder_node(b->tree), b->created.v);
@@ -531,9 +556,12 @@ void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, 
 
 void ControlFolder::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   if (is_info(ino)) {
+    // A copy: once the reply is written the kernel may send the release,
+    // which frees the text, before fuse_reply_buf has returned.
     const auto* s = reinterpret_cast<const std::string*>(fi->fh);
     const size_t at = std::min(size_t(off), s->size());
-    return (void)fuse_reply_buf(req, s->data() + at, std::min(size, s->size() - at));
+    const std::string part = s->substr(at, std::min(size, s->size() - at));
+    return (void)fuse_reply_buf(req, part.data(), part.size());
   }
   auto w = in_view(ino);
   if (!w) return reply_err(req, w.error());
@@ -609,7 +637,11 @@ void ControlFolder::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
     if (ino == kRootNode) {
       ents.emplace_back(kLayersDir, kLayersNode, S_IFDIR, 3);
     } else if (ino == kLayersNode) {
-      auto bs = Filesystem::branches(*h_.vol);
+      Result<std::vector<BranchMeta>> bs = Error::io(ENOENT, "");
+      {
+        std::lock_guard cl(*h_.ctl_mu);  // C4
+        bs = Filesystem::branches(*h_.vol);
+      }
       if (!bs) return reply_err(req, bs.error());
       std::sort(bs->begin(), bs->end(), [](const BranchMeta& a, const BranchMeta& b) { return a.tree.v < b.tree.v; });
       for (const auto& b : *bs)

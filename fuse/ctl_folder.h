@@ -27,7 +27,10 @@
 //     deletion, a snapshot, merge or rollback of the mount) holds the
 //     daemon's ctl_mu and then mu_ exclusive, so it never overlaps one;
 //  C3 a slot is never reused: once its layer is gone, its nodes answer
-//     ESTALE, and a new branch with the same tree id gets a new slot.
+//     ESTALE, and a new branch with the same tree id gets a new slot;
+//  C4 the branch table is read under the daemon's ctl_mu, like every change
+//     to it: a layer being made, or a tree a merge or rollback is dropping,
+//     is not a branch yet or any more (a half-made one reads as damage).
 #pragma once
 
 #ifndef FUSE_USE_VERSION
@@ -130,9 +133,10 @@ class ControlFolder {
 
   // A snapshot, merge or rollback of the mount changes branches the views
   // may use (C2): the daemon holds the returned lock, under ctl_mu, from
-  // before the change until after refresh(), which gives every view the
-  // stack its layer has now (or ends it, ESTALE, if the layer is gone). It
-  // runs before the daemon closes the branches the change replaced.
+  // before the change until after refresh(), which moves every view to the
+  // branch that has its branch's name now, with that branch's stack (or
+  // ends it, ESTALE, if no branch has the name). It runs before the daemon
+  // closes the branches the change replaced.
   std::unique_lock<std::shared_mutex> hold() { return std::unique_lock(mu_); }
   void refresh();
   // At unmount: frees the files unlinked while open in the views.
@@ -141,6 +145,7 @@ class ControlFolder {
  private:
   struct View {
     TreeId layer;
+    std::string name;                   // the branch's name (under ctl_mu): refresh follows it
     std::vector<ViewLayer> stack;
     std::unique_ptr<Union> u;           // null once the layer is gone (C3)
     std::atomic<uint64_t> open_files{0};  // open handles: rmdir refuses while any
@@ -155,9 +160,9 @@ class ControlFolder {
   Result<InView> in_view(fuse_ino_t ino);
   // The live view of a branch, made on first use (takes ctl_mu and mu_).
   Result<size_t> view_of(TreeId tree);
-  Result<std::vector<ViewLayer>> stack_of(TreeId tree);  // its layer stack, as this mount may write it
+  Result<std::vector<ViewLayer>> stack_of(TreeId tree);  // its layer stack, as this mount may write it (ctl_mu)
   Result<std::vector<UnionBranch>> branches_of(const std::vector<ViewLayer>& s);  // under ctl_mu
-  Result<BranchMeta> branch_named(std::string_view name);
+  Result<BranchMeta> branch_named(std::string_view name);  // under ctl_mu (C4)
   Result<std::string> info_json(TreeId tree);
 
   void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, h_.errno_of(e)); }

@@ -347,9 +347,19 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   write_file(fx / "m", "main");
   const std::string L = fx / ".plyfs/layers/";
   CHECK(read_file(L + "main/data/m") == "main");  // main's view is open now
+  const int fd = ::open((L + "main/data/m").c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  const ino_t m_ino = ino_of(L + "main/data/m");
   plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
   // main is now a new layer on s1, which is read-only; both folders show so.
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main", "s1"});
+  // The view follows the name, as the mount does: a file open in it writes
+  // on, into the new layer (a copy-up), with the same number.
+  REQUIRE(::pwrite(fd, "MAIN", 4, 0) == 4);
+  REQUIRE(::close(fd) == 0);
+  CHECK(read_file(L + "main/data/m") == "MAIN");
+  CHECK(ino_of(L + "main/data/m") == m_ino);
+  CHECK(read_file(L + "s1/data/m") == "main");
   CHECK(info(L + "s1/info.json")["writable"] == "false");
   REQUIRE_ERRNO(::open((L + "s1/data/m").c_str(), O_WRONLY), EROFS);
   CHECK(info(L + "main/info.json")["parent"] == "\"s1\"");
@@ -368,12 +378,20 @@ TEST_CASE("control folder: views follow an online merge and rollback", "[control
   CHECK(read_file(L + "s1/data/m") == "main");
   const int s1_fd = ::open((L + "s1/data/m").c_str(), O_RDONLY);
   REQUIRE(s1_fd >= 0);
+  const int x_fd = ::open((L + "main/data/x").c_str(), O_RDONLY);
+  REQUIRE(x_fd >= 0);
   // The merge replaces both branches: their views end (ESTALE), and the
   // names show the merged branch.
   plyctl(fx, {"merge", fx.root(), "main"});
   struct stat st{};
   REQUIRE_ERRNO(::fstat(s1_fd, &st), ESTALE);
   ::close(s1_fd);
+  // main's view shows the merged branch: its open file reads on.
+  char buf[4] = {};
+  REQUIRE(::posix_fadvise(x_fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  CHECK(::pread(x_fd, buf, sizeof buf, 0) == 1);
+  CHECK(buf[0] == 'x');
+  ::close(x_fd);
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
   CHECK(list_dir(L + "main/data") == std::vector<std::string>{"m", "x"});
   CHECK(info(L + "main/info.json")["layer"] == "false");
