@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 
@@ -199,6 +201,16 @@ Result<void> ControlFolder::delete_layer(std::string_view name) {
   for (const auto& view : PLY_TRY(list_views(*h_.vol)))
     for (const auto& l : view.layers)
       if (l.tree == b.tree) return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + b.name + "\"");
+  // close() returns before the kernel's release reaches the daemon: a
+  // release in flight gets a moment before the layer counts as busy.
+  auto open_files = [&] {
+    std::shared_lock lk(mu_);
+    uint64_t n = 0;
+    for (auto& v : views_)
+      if (v->layer == b.tree) n += v->open_files.load();
+    return n;
+  };
+  for (int i = 0; i < 500 && open_files() > 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::unique_lock lk(mu_);  // C2
   // The views that show it: its own (others would be of layers made on it).
   std::vector<View*> users;
@@ -332,6 +344,10 @@ struct stat ControlFolder::virtual_stat(fuse_ino_t ino, uint64_t size) const {
   }
   st.st_blksize = 4096;
   st.st_atim = st.st_mtim = st.st_ctim = started_;
+  // The kernel caches listings (no opendir: FOPEN_CACHE_DIR) until a
+  // directory's mtime changes. Branches change under it (plyctl on the
+  // mount, a snapshot): the folder's directories are always new.
+  if (S_ISDIR(st.st_mode)) clock_gettime(CLOCK_REALTIME, &st.st_mtim);
   return st;
 }
 
@@ -527,6 +543,7 @@ void ControlFolder::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   // Another view may have changed the file since the kernel cached it.
   fi->keep_cache = 0;
+  fi->fh = reinterpret_cast<uint64_t>(w->v);  // for release, which takes no lock
   w->v->open_files++;
   if (fuse_reply_open(req, fi) != 0) w->v->open_files--;
 }
@@ -547,6 +564,7 @@ void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, 
   e.attr = view_stat(*w->v, w->slot, *a);
   e.attr_timeout = e.entry_timeout = kTimeout;
   fi->keep_cache = 0;
+  fi->fh = reinterpret_cast<uint64_t>(w->v);
   w->v->open_files++;
   if (fuse_reply_create(req, &e, fi) != 0) {
     w->v->open_files--;
@@ -583,9 +601,10 @@ void ControlFolder::write(fuse_req_t req, fuse_ino_t ino, const char* data, size
 void ControlFolder::release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (is_info(ino)) {
     delete reinterpret_cast<std::string*>(fi->fh);
-  } else if (const size_t slot = slot_of(ino); slot != 0) {
-    std::shared_lock lk(mu_);  // a view is never freed (C3): count it down even if it ended
-    if (slot <= views_.size()) views_[slot - 1]->open_files--;
+  } else if (fi->fh) {
+    // Without mu_, which a snapshot or merge holds for a while: rmdir
+    // waits for this. A view is never freed (C3).
+    reinterpret_cast<View*>(fi->fh)->open_files--;
   }
   fuse_reply_err(req, 0);
 }

@@ -4,9 +4,12 @@
 // and plyfs -o layer= and fsck.
 #include <sys/xattr.h>
 
+#include <atomic>
 #include <cctype>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "fuse_util.h"
 
@@ -350,6 +353,8 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   const int fd = ::open((L + "main/data/m").c_str(), O_RDWR);
   REQUIRE(fd >= 0);
   const ino_t m_ino = ino_of(L + "main/data/m");
+  // Listed before and after: the kernel must not keep the first listing.
+  CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
   plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
   // main is now a new layer on s1, which is read-only; both folders show so.
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main", "s1"});
@@ -403,5 +408,125 @@ TEST_CASE("control folder: views follow an online merge and rollback", "[control
   plyctl(fx, {"rollback", fx.root(), "main"});
   CHECK(list_dir(L + "main/data") == std::vector<std::string>{"m", "x"});
   CHECK(list_dir(L + "s2/data") == std::vector<std::string>{"m", "x"});
+  fx.unmount();
+}
+
+TEST_CASE("control folder: views, layer changes and online snapshots and merges at once", "[control-folder]") {
+  Fixture fx;
+  const std::string L = fx / ".plyfs/layers/";
+  const auto end = Clock::now() + std::chrono::milliseconds(1500 * scale());
+  // What a race may answer: a path resolved just before a snapshot or
+  // merge reaches the branch it froze (EROFS) or dropped (ESTALE, ENOENT
+  // for a name the new branch does not hold yet). Anything else is a bug.
+  auto tolerated = [](int e) { return e == ESTALE || e == EROFS || e == ENOENT; };
+  std::mutex mu;
+  std::vector<std::string> bad;  // what failed, with its errno
+  auto fail = [&](const std::string& what, int e) {
+    std::lock_guard lk(mu);
+    bad.push_back(what + ": " + errstr(e));
+  };
+  // The call first, then errno (an argument list has no order).
+  auto note = [&](bool ok, const char* what) {
+    const int e = errno;
+    if (!ok && !tolerated(e)) fail(what, e);
+  };
+  std::vector<std::thread> ts;
+  struct Join {  // the threads stop at `end`, also when a REQUIRE fails
+    std::vector<std::thread>& ts;
+    ~Join() {
+      for (auto& t : ts)
+        if (t.joinable()) t.join();
+    }
+  } join{ts};
+  ts.emplace_back([&] {  // writes and reads through main's folder
+    for (int n = 0; Clock::now() < end; n++) {
+      const std::string p = L + "main/data/v" + std::to_string(n % 5);
+      int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+      note(fd >= 0, "folder create");
+      if (fd >= 0) {
+        note(::write(fd, "v", 1) == 1, "folder write");
+        note(::close(fd) == 0, "folder close");
+      }
+      fd = ::open(p.c_str(), O_RDONLY);
+      note(fd >= 0, "folder open");
+      if (fd >= 0) ::close(fd);
+      if (n % 5 == 3) note(::unlink(p.c_str()) == 0, "folder unlink");
+    }
+  });
+  ts.emplace_back([&] {  // the mounted view, the same branch
+    for (int n = 0; Clock::now() < end; n++) {
+      const std::string p = fx / ("m" + std::to_string(n % 5));
+      int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+      if (fd < 0 || ::write(fd, "m", 1) != 1 || ::close(fd) != 0) fail("mount I/O", errno);
+    }
+  });
+  ts.emplace_back([&] {  // layers made, renamed, written and deleted
+    for (int n = 0; Clock::now() < end; n++) {
+      if (::mkdir((L + "t1").c_str(), 0755) != 0) {
+        fail("mkdir", errno);
+        break;
+      }
+      int fd = ::open((L + "t1/data/x").c_str(), O_CREAT | O_WRONLY, 0644);
+      note(fd >= 0, "layer create");
+      if (fd >= 0) ::close(fd);
+      if (::rename((L + "t1").c_str(), (L + "t2").c_str()) != 0) fail("rename", errno);
+      // The release of x may still be on its way (the daemon waits 0.5 s
+      // for it), behind requests a merge holds up.
+      int rc = -1;
+      for (int i = 0; i < 20 && (rc = ::rmdir((L + "t2").c_str())) != 0 && errno == EBUSY; i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (rc != 0) fail("rmdir", errno);
+    }
+  });
+  ts.emplace_back([&] {  // listings and info.json
+    while (Clock::now() < end) {
+      DIR* d = ::opendir((fx / ".plyfs/layers").c_str());
+      if (!d) {
+        fail("opendir", errno);
+        continue;
+      }
+      std::vector<std::string> names;
+      while (dirent* e = ::readdir(d))
+        if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+      ::closedir(d);
+      for (const auto& n : names) {
+        int fd = ::open((L + n + "/info.json").c_str(), O_RDONLY);
+        note(fd >= 0, "info.json open");
+        if (fd >= 0) ::close(fd);
+      }
+    }
+  });
+  // Snapshots, each merged away again. A merge is refused while a layer
+  // made before the snapshot hangs on the frozen branch: then it is retried.
+  int snaps = 0;
+  bool pending = false;
+  const std::string log = fx.tmp / "plyctl.log";
+  auto merge = [&] {
+    ::unlink(log.c_str());
+    const int rc = run({plyctl_bin(), "merge", fx.root(), "main"}, log);
+    INFO(slurp(log));
+    if (rc != 0) REQUIRE(slurp(log).find("busy") != std::string::npos);
+    return rc == 0;
+  };
+  while (Clock::now() < end) {
+    if (!pending) {
+      ::unlink(log.c_str());
+      const int rc = run({plyctl_bin(), "snapshot", fx.root()}, log);
+      INFO(slurp(log));
+      REQUIRE(rc == 0);
+      pending = true;
+    }
+    if (merge()) pending = false, snaps++;
+  }
+  for (auto& t : ts) t.join();
+  for (int i = 0; pending && i < 100; i++) {
+    if (merge()) pending = false;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(!pending);
+  INFO(snaps << " snapshots merged");
+  CHECK(bad == std::vector<std::string>{});
+  CHECK(snaps > 0);
+  CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
   fx.unmount();
 }
