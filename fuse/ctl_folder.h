@@ -22,7 +22,8 @@
 //  C1 every view's union shares the daemon's one Filesystem per branch
 //     (Host::open_branch), so the views and the mounted union write one tree
 //     each, never two instances of it;
-//  C2 an operation in a view holds mu_ shared from start to reply; whatever
+//  C2 an operation in a view holds mu_ shared from start to reply (but
+//     release, which only counts open files down); whatever
 //     changes the branches a view uses (a view's creation, a layer's
 //     deletion, a snapshot, merge or rollback of the mount) holds the
 //     daemon's ctl_mu and then mu_ exclusive, so it never overlaps one;
@@ -148,7 +149,7 @@ class ControlFolder {
     std::string name;                   // the branch's name (under ctl_mu): refresh follows it
     std::vector<ViewLayer> stack;
     std::unique_ptr<Union> u;           // null once the layer is gone (C3)
-    std::atomic<uint64_t> open_files{0};  // open handles: rmdir refuses while any
+    std::atomic<uint64_t> open_files{0};  // open handles (fh: this View): rmdir refuses while any
   };
   // An operation's view and the union inode number it names, mu_ held shared.
   struct InView {
