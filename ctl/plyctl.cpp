@@ -523,20 +523,17 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
       auto c = clone_branch(v, src->tree, m.name, m.read_only);
       if (!c) return fail(c.error().message());
       m = *c;
+    } else if (has("--parent")) {
+      // The same function makes a layer online (mkdir in the control folder).
+      auto par = find_branch(v, p->opt["--parent"]);
+      if (!par) return fail(par.error().message());
+      auto l = create_layer(v, m.name, par->tree, m.read_only);
+      if (!l) return fail(l.error().message());
+      m = *l;
     } else {
       FsCreateOptions fo;
       fo.name = m.name;
       fo.read_only = m.read_only;
-      if (has("--parent")) {
-        auto par = find_branch(v, p->opt["--parent"]);
-        if (!par) return fail(par.error().message());
-        fo.parent = par->tree;
-        // A layer's root starts as its parent's root: same owner and mode.
-        auto pfs = Filesystem::open(v, par->tree);
-        if (!pfs) return fail(pfs.error().message());
-        auto ra = (*pfs)->getattr((*pfs)->root());
-        if (ra) fo.root_mode = ra->mode & 07777, fo.uid = ra->uid, fo.gid = ra->gid;
-      }
       auto id = Filesystem::create(v, fo);
       if (!id) return fail(id.error().message());
       m.tree = *id;

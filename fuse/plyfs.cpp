@@ -7,7 +7,9 @@
 // pass through unchanged except the root, which FUSE calls 1. Every reply
 // that hands the kernel an inode (lookup, create, readdirplus...) pins it,
 // and forget unpins it, so that a file unlinked while open stays readable
-// until the kernel lets it go.
+// until the kernel lets it go. The control folder (.plyfs at the root,
+// ctl_folder.h) serves node ids with bit 63 set: every branch's view beside
+// the mounted one.
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
@@ -46,6 +48,7 @@
 #include "union/union.h"
 #include "union/view.h"
 #include "control.h"
+#include "ctl_folder.h"
 #include "snap/snap.h"
 
 using namespace plyfs;
@@ -129,7 +132,8 @@ void usage() {
       "                     default view, or the default branch read-write\n"
       "  -o branches=A=rw:B=ro:...\n"
       "                     show this stack of branches, leftmost first (dirs= works too)\n"
-      "  -o layer=NAME      show layer NAME over its ancestors (plyctl layer list)\n"
+      "  -o layer=NAME      show layer NAME over its ancestors (plyctl layer list);\n"
+      "                     every layer is also reachable in MOUNTPOINT/.plyfs/layers/\n"
       "  -o copyup=MODE     owner of copied-up files: owner (default), current, or\n"
       "                     const:UID:GID:MODE (octal mode)\n"
       "  -o snapshot_interval=SECONDS  snapshot the stack's writable branch every\n"
@@ -172,6 +176,7 @@ struct Daemon {
   // because an operation that began before a restack may still use one.
   std::map<uint64_t, std::unique_ptr<Filesystem>> branches;
   std::unique_ptr<Union> u;
+  std::unique_ptr<ControlFolder> ctl;  // every branch's view, under .plyfs
   fuse_session* se = nullptr;
   std::mutex ctl_mu;                // one branch change at a time
   std::vector<ViewLayer> stack;     // what the union shows, under ctl_mu
@@ -264,6 +269,7 @@ void op_init(void*, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) {
     conn->want |= FUSE_CAP_WRITEBACK_CACHE;
     g->u->set_kernel_times(true);  // the kernel owns mtime/ctime of written files
+    g->ctl->set_kernel_times(true);
   }
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
@@ -280,6 +286,8 @@ void op_init(void*, fuse_conn_info* conn) {
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (is_ctl(parent)) return g->ctl->lookup(req, parent, name);
+  if (is_ctl_name(parent, name)) return g->ctl->lookup_root(req);  // shadows a branch's .plyfs
   auto a = fs().lookup(to_fs(parent), name);
   if (!a && a.error().code == ENOENT) {
     fuse_entry_param e{};  // a negative entry, cached like a positive one
@@ -291,6 +299,10 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 }
 
 void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
+  if (is_ctl(ino)) {
+    g->ctl->forget(ino, n);
+    return fuse_reply_none(req);
+  }
   auto r = fs().unpin(to_fs(ino), n);
   if (!r) (void)errno_of(r.error());
   fuse_reply_none(req);
@@ -298,6 +310,10 @@ void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
 
 void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* list) {
   for (size_t i = 0; i < count; i++) {
+    if (is_ctl(list[i].ino)) {
+      g->ctl->forget(list[i].ino, list[i].nlookup);
+      continue;
+    }
     auto r = fs().unpin(to_fs(list[i].ino), list[i].nlookup);
     if (!r) (void)errno_of(r.error());
   }
@@ -305,6 +321,7 @@ void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* list) {
 }
 
 void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  if (is_ctl(ino)) return g->ctl->getattr(req, ino);
   auto a = fs().getattr(to_fs(ino));
   if (!a) return reply_err(req, a.error());
   struct stat st = to_stat(*a);
@@ -312,61 +329,70 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 }
 
 void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int valid, fuse_file_info*) {
-  SetAttr s;
-  if (valid & FUSE_SET_ATTR_MODE) s.mode = st->st_mode;
-  if (valid & FUSE_SET_ATTR_UID) s.uid = st->st_uid;
-  if (valid & FUSE_SET_ATTR_GID) s.gid = st->st_gid;
-  if (valid & FUSE_SET_ATTR_SIZE) s.size = uint64_t(st->st_size);
-  if (valid & FUSE_SET_ATTR_ATIME_NOW) s.atime = timespec{0, UTIME_NOW};
-  else if (valid & FUSE_SET_ATTR_ATIME) s.atime = st->st_atim;
-  if (valid & FUSE_SET_ATTR_MTIME_NOW) s.mtime = timespec{0, UTIME_NOW};
-  else if (valid & FUSE_SET_ATTR_MTIME) s.mtime = st->st_mtim;
-  if (valid & FUSE_SET_ATTR_CTIME) s.ctime = st->st_ctim;
-  auto a = fs().setattr(to_fs(ino), s, caller(req));
+  if (is_ctl(ino)) return g->ctl->setattr(req, ino, st, valid);
+  auto a = fs().setattr(to_fs(ino), setattr_of(st, valid), caller(req));
   if (!a) return reply_err(req, a.error());
   struct stat out = to_stat(*a);
   fuse_reply_attr(req, &out, g->timeout);
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+  if (is_ctl(ino)) return g->ctl->readlink(req, ino);
   auto t = fs().readlink(to_fs(ino));
   if (!t) return reply_err(req, t.error());
   fuse_reply_readlink(req, t->c_str());
 }
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  if (is_ctl(parent)) return g->ctl->mknod(req, parent, name, mode, rdev);
+  if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
   reply_entry(req, fs().mknod(to_fs(parent), name, mode, rdev, caller(req)));
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  if (is_ctl(parent)) return g->ctl->mkdir(req, parent, name, mode);
+  if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
   reply_entry(req, fs().mkdir(to_fs(parent), name, mode, caller(req)));
 }
 
 void op_symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  if (is_ctl(parent)) return g->ctl->symlink(req, target, parent, name);
+  if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
   reply_entry(req, fs().symlink(to_fs(parent), name, target, caller(req)));
 }
 
 void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char* name) {
+  if (is_ctl(ino) || is_ctl(parent)) return g->ctl->link(req, ino, parent, name);
+  if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
   reply_entry(req, fs().link(to_fs(ino), to_fs(parent), name, caller(req)));
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (is_ctl(parent)) return g->ctl->unlink(req, parent, name);
+  if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EBUSY);
   auto r = fs().unlink(to_fs(parent), name);
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (is_ctl(parent)) return g->ctl->rmdir(req, parent, name);
+  if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EBUSY);
   auto r = fs().rmdir(to_fs(parent), name);
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
 void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
                const char* newname, unsigned flags) {
+  if (is_ctl(parent) || is_ctl(newparent))
+    return g->ctl->rename(req, parent, name, newparent, newname, flags);
+  if (is_ctl_name(parent, name) || is_ctl_name(newparent, newname))
+    return (void)fuse_reply_err(req, EBUSY);
   auto r = fs().rename(to_fs(parent), name, to_fs(newparent), newname, flags, caller(req));
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (is_ctl(ino)) return g->ctl->open(req, ino, fi);
   auto a = fs().getattr(to_fs(ino));
   if (!a) return reply_err(req, a.error());
   if (S_ISDIR(a->mode)) return (void)fuse_reply_err(req, EISDIR);
@@ -392,6 +418,8 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                fuse_file_info* fi) {
+  if (is_ctl(parent)) return g->ctl->create(req, parent, name, mode, fi);
+  if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
   auto a = fs().mknod(to_fs(parent), name, S_IFREG | (mode & 07777), 0, caller(req));
   if (!a) return reply_err(req, a.error());
   fuse_entry_param e = to_entry(*a);
@@ -399,7 +427,8 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   if (fuse_reply_create(req, &e, fi) != 0) (void)fs().unpin(a->ino);
 }
 
-void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  if (is_ctl(ino)) return g->ctl->read(req, ino, size, off, fi);
   thread_local std::vector<std::byte> buf;
   buf.resize(size);
   auto n = fs().read(to_fs(ino), uint64_t(off), buf);
@@ -409,6 +438,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
               fuse_file_info*) {
+  if (is_ctl(ino)) return g->ctl->write(req, ino, data, size, off);
   auto n = fs().write(to_fs(ino), uint64_t(off),
                       std::span(reinterpret_cast<const std::byte*>(data), size), caller(req));
   if (!n) return reply_err(req, n.error());
@@ -416,9 +446,13 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off
 }
 
 void op_flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
-void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (is_ctl(ino)) return g->ctl->release(req, ino, fi);
+  fuse_reply_err(req, 0);
+}
 
-void op_fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) {
+void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
+  if (is_ctl(ino)) return g->ctl->fsync(req, ino);
   auto r = fs().sync();
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
@@ -429,6 +463,7 @@ void op_fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) {
 // sent at all, two round trips fewer per directory listing.
 void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (g->no_opendir) return (void)fuse_reply_err(req, ENOSYS);
+  if (is_ctl(ino)) return g->ctl->opendir(req, ino, fi);
   auto a = fs().getattr(to_fs(ino));
   if (!a) return reply_err(req, a.error());
   if (!S_ISDIR(a->mode)) return (void)fuse_reply_err(req, ENOTDIR);
@@ -437,11 +472,15 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
+  if (is_ctl(ino)) return g->ctl->readdir(req, ino, size, off, plus);
+  // The root does not list the control folder (nor a branch's entry of that name).
+  const bool root = ino == FUSE_ROOT_ID;
   std::vector<char> buf(size);
   size_t used = 0;
   Result<void> r = ok();
   if (!plus) {
     r = fs().readdir(to_fs(ino), uint64_t(off), [&](const DirEntry& d) {
+      if (root && d.name == kControlFolder) return true;
       std::string name(d.name);
       struct stat st{};
       st.st_ino = to_fuse(d.ino);
@@ -457,6 +496,10 @@ void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool
     // a reference for each one accepted here: the kernel counts a lookup
     // for every entry it links.
     r = fs().readdirplus(to_fs(ino), uint64_t(off), [&](const DirEntry& d, const Attr* a) {
+      if (root && d.name == kControlFolder) {
+        if (a) (void)fs().unpin(a->ino);  // counted, not handed out
+        return true;
+      }
       std::string name(d.name);
       fuse_entry_param e{};
       if (a) {
@@ -501,6 +544,7 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
 
 void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value,
                  size_t size, int flags) {
+  if (is_ctl(ino)) return g->ctl->setxattr(req, ino, name, value, size, flags);
   auto r = fs().setxattr(to_fs(ino), name,
                          std::span(reinterpret_cast<const std::byte*>(value), size), flags,
                          caller(req));
@@ -508,6 +552,7 @@ void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* v
 }
 
 void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  if (is_ctl(ino)) return g->ctl->getxattr(req, ino, name, size);
   auto v = fs().getxattr(to_fs(ino), name);
   if (!v) return reply_err(req, v.error());
   if (size == 0) return (void)fuse_reply_xattr(req, v->size());
@@ -516,6 +561,7 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
 }
 
 void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  if (is_ctl(ino)) return g->ctl->listxattr(req, ino, size);
   auto names = fs().listxattr(to_fs(ino));
   if (!names) return reply_err(req, names.error());
   std::string all;
@@ -529,6 +575,7 @@ void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  if (is_ctl(ino)) return g->ctl->removexattr(req, ino, name);
   auto r = fs().removexattr(to_fs(ino), name, caller(req));
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
@@ -536,12 +583,14 @@ void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
 void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
                   fuse_file_info*) {
   if (off < 0 || len <= 0) return (void)fuse_reply_err(req, EINVAL);
+  if (is_ctl(ino)) return g->ctl->fallocate(req, ino, mode, off, len);
   auto r = fs().fallocate(to_fs(ino), mode, uint64_t(off), uint64_t(len), caller(req));
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
 void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
   if (off < 0) return (void)fuse_reply_err(req, ENXIO);
+  if (is_ctl(ino)) return g->ctl->lseek(req, ino, off, whence);
   auto r = fs().lseek(to_fs(ino), uint64_t(off), whence);
   if (!r) return reply_err(req, r.error());
   fuse_reply_lseek(req, off_t(*r));
@@ -550,6 +599,7 @@ void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_i
 void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_info*,
                         fuse_ino_t out, off_t off_out, fuse_file_info*, size_t len, int flags) {
   if (flags) return (void)fuse_reply_err(req, EINVAL);
+  if (is_ctl(in) || is_ctl(out)) return g->ctl->copy_file_range(req, in, off_in, out, off_out, len);
   auto r = fs().copy_range(to_fs(in), uint64_t(off_in), to_fs(out), uint64_t(off_out), len,
                            caller(req));
   if (!r) return reply_err(req, r.error());
@@ -602,6 +652,8 @@ Result<std::vector<UnionBranch>> union_branches(const std::vector<ViewLayer>& s)
 // at the next mount, after a crash).
 Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
   if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  // No operation of the control folder's views runs meanwhile (ctl_folder.h C2).
+  auto views_held = g->ctl->hold();
   // The mounted stack is checked like a view before anything changes (snap.h):
   // a merge needs the lower branch right below the upper one, a rollback
   // the branch in the stack.
@@ -651,6 +703,7 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
     return r.error();
   }
   g->stack = next;
+  g->ctl->refresh();  // before the replaced branches close
   // Once the restack returned, nothing uses the replaced branches: they go
   // now, and what only they held is free again.
   for (TreeId t : replaced) g->branches.erase(t.v);
@@ -1083,6 +1136,22 @@ int main(int argc, char** argv) {
   }
   d.read_only = cfg.ro;
   d.u = std::make_unique<Union>(std::move(ub), copyup, del);
+  ControlFolder::Host host;
+  host.vol = d.vol.get();
+  host.ctl_mu = &d.ctl_mu;
+  host.open_branch = [](TreeId t) -> Result<Filesystem*> {
+    auto& f = g->branches[t.v];
+    if (!f) f = PLY_TRY(Filesystem::open(*g->vol, t));
+    return f.get();
+  };
+  host.close_branch = [](TreeId t) { g->branches.erase(t.v); };
+  host.stack = &d.stack;
+  host.errno_of = errno_of;
+  host.caller = caller;
+  host.read_only = cfg.ro;
+  host.copyup = copyup;
+  host.del = del;
+  d.ctl = std::make_unique<ControlFolder>(std::move(host));
 
   fuse_opt_add_arg(&args, "-osubtype=plyfs");
   std::string fsname = std::string("-ofsname=") + cfg.image;
@@ -1143,11 +1212,13 @@ int main(int argc, char** argv) {
   int rc = (ret == 0 || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
   if (!d.vol->read_only() && !d.vol->failure()) {
     auto r = d.u->release_all();
+    if (r) r = d.ctl->release_all();
     if (!r) {
       log_error("freeing unlinked files failed: %s", r.error().message().c_str());
       rc = 1;
     }
   }
+  d.ctl.reset();
   d.u.reset();
   d.branches.clear();
   if (!d.vol->read_only() && !d.vol->failure())

@@ -269,6 +269,55 @@ Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name) {
   return s;
 }
 
+Result<void> check_branch_name(std::string_view name) {
+  if (name.empty()) return Error::invalid("a branch name has 1 to 32 bytes");
+  if (name.size() > 32) return Error::io(ENAMETOOLONG, "a branch name has 1 to 32 bytes");
+  for (char c : name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '/' || c == ':' || c == '=')
+      return Error::invalid("a branch name has no control character, '/', ':' or '='");
+  return ok();
+}
+
+namespace {
+// Whether a live branch other than `except` has the name (doomed trees have none).
+Result<bool> name_taken(Volume::Txn& t, std::string_view name, TreeId except = TreeId{0}) {
+  for (const auto& b : PLY_TRY(Filesystem::branches(t)))
+    if (!b.doomed && b.name == name && b.tree != except) return true;
+  return false;
+}
+}  // namespace
+
+Result<BranchMeta> create_layer(Volume& v, std::string_view name, TreeId parent, bool read_only) {
+  PLY_CHECK(check_branch_name(name));
+  FsCreateOptions fo;
+  fo.name = std::string(name);
+  fo.parent = parent;
+  fo.read_only = read_only;
+  {
+    // A reader: a mount may hold the parent open with files pinned.
+    auto pfs = PLY_TRY(Filesystem::open(v, parent, true));
+    Attr ra = PLY_TRY(pfs->getattr(pfs->root()));
+    fo.root_mode = ra.mode & 07777, fo.uid = ra.uid, fo.gid = ra.gid;
+  }
+  auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kCreateBlocks}));
+  if (PLY_TRY(Filesystem::branch(t, parent)).doomed) return Error::io(ENOENT, "the parent is being dropped");
+  if (PLY_TRY(name_taken(t, name))) return Error::io(EEXIST, "a branch named \"" + fo.name + "\" exists");
+  TreeId id = PLY_TRY(Filesystem::create(t, fo));
+  return Filesystem::branch(t, id);
+}
+
+Result<BranchMeta> rename_branch(Volume& v, TreeId tree, std::string_view name) {
+  PLY_CHECK(check_branch_name(name));
+  auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kSetBranchBlocks}));
+  BranchMeta b = PLY_TRY(Filesystem::branch(t, tree));
+  if (b.doomed) return Error::io(ENOENT, "no such branch");
+  if (b.name == name) return b;
+  if (PLY_TRY(name_taken(t, name, tree))) return Error::io(EEXIST, "a branch named \"" + std::string(name) + "\" exists");
+  b.name = std::string(name);
+  PLY_CHECK(Filesystem::set_branch(t, b));
+  return b;
+}
+
 std::vector<Problem> check_views(Volume& v) {
   std::vector<Problem> out;
   // repair_views can mend every problem but an unreadable catalog.

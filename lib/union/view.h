@@ -59,6 +59,18 @@ Result<std::vector<ViewLayer>> view_stack(Volume& v, std::string_view view);
 // up to and including the first ancestor that is not a layer.
 Result<bool> is_layer(Volume& v, const BranchMeta& b);
 Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name);
+// Whether `name` can name a new branch: 1 to 32 bytes (ENAMETOOLONG beyond),
+// no control character and none of '/', ':' and '=', which the stack syntax
+// uses (EINVAL).
+Result<void> check_branch_name(std::string_view name);
+// A new empty layer `name` over branch `parent` (plyctl layer create, and
+// mkdir in a mount's control folder, format.md#control-folder); its root
+// starts with the parent root's owner and mode. EEXIST when a branch has the
+// name. The check and the creation are one transaction, so one generation.
+Result<BranchMeta> create_layer(Volume& v, std::string_view name, TreeId parent, bool read_only);
+// Gives branch `tree` a new name, in one generation; EEXIST when another
+// branch has it. Views name branches by tree, so none changes.
+Result<BranchMeta> rename_branch(Volume& v, TreeId tree, std::string_view name);
 
 // A stack opened as a union, the way a mount serves it: its filesystems
 // (as readers beside another instance when `reader`, Filesystem::open) and

@@ -1,0 +1,190 @@
+// The control folder (format.md#control-folder): a hidden directory
+// ".plyfs" at the root of every mount that reaches every branch of the
+// image online, OLFS-style, with no API but the filesystem's own:
+//
+//   .plyfs/layers/NAME/info.json  what the branch is (read-only JSON)
+//   .plyfs/layers/NAME/data/      the layer's view: NAME over its ancestor
+//                                 chain, as plyfs -o layer=NAME shows it
+//   mkdir  .plyfs/layers/NEW      a new layer on the branch the mount writes to
+//   rmdir  .plyfs/layers/NAME     deletes the branch
+//   rename .plyfs/layers/A -> B   renames it
+//
+// Node ids. The mounted view keeps node id == union inode number (the fast
+// path; inode numbers stay below 2^63, format.md#fs-keys). Everything here
+// has bit 63 set: bits 40-62 are a slot, bits 0-39 a number. Slot 0 holds
+// the folder's own entries (1: .plyfs, 2: layers, tree << 2 | 1: a branch's
+// folder, tree << 2 | 2: its info.json); slot s > 0 is one layer's view, and
+// the number the union inode number in it. So a node id never changes while
+// the mount lasts, needs no table, and st_ino (the node id) is unique within
+// the mount: the same object seen in two views has two numbers.
+//
+// Invariants:
+//  C1 every view's union shares the daemon's one Filesystem per branch
+//     (Host::open_branch), so the views and the mounted union write one tree
+//     each, never two instances of it;
+//  C2 an operation in a view holds mu_ shared from start to reply (but
+//     release, which only counts open files down); whatever
+//     changes the branches a view uses (a view's creation, a layer's
+//     deletion, a snapshot, merge or rollback of the mount) holds the
+//     daemon's ctl_mu and then mu_ exclusive, so it never overlaps one;
+//  C3 a slot is never reused: once its layer is gone, its nodes answer
+//     ESTALE, and a new branch with the same tree id gets a new slot;
+//  C4 the branch table is read under the daemon's ctl_mu, like every change
+//     to it: a layer being made, or a tree a merge or rollback is dropping,
+//     is not a branch yet or any more (a half-made one reads as damage).
+#pragma once
+
+#ifndef FUSE_USE_VERSION
+#define FUSE_USE_VERSION 312
+#endif
+#include <fuse_lowlevel.h>
+
+#include <time.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "union/union.h"
+#include "union/view.h"
+
+namespace plyfs {
+
+inline constexpr const char* kControlFolder = ".plyfs";
+inline constexpr fuse_ino_t kCtlBit = fuse_ino_t(1) << 63;
+inline bool is_ctl(fuse_ino_t ino) { return (ino & kCtlBit) != 0; }
+// Whether (parent, name) is the control folder's own name at the mount root.
+inline bool is_ctl_name(fuse_ino_t parent, const char* name) {
+  return parent == FUSE_ROOT_ID && std::string_view(name) == kControlFolder;
+}
+
+// A FUSE setattr request as the union takes it (the mounted view's too).
+inline SetAttr setattr_of(const struct stat* st, int valid) {
+  SetAttr s;
+  if (valid & FUSE_SET_ATTR_MODE) s.mode = st->st_mode;
+  if (valid & FUSE_SET_ATTR_UID) s.uid = st->st_uid;
+  if (valid & FUSE_SET_ATTR_GID) s.gid = st->st_gid;
+  if (valid & FUSE_SET_ATTR_SIZE) s.size = uint64_t(st->st_size);
+  if (valid & FUSE_SET_ATTR_ATIME_NOW) s.atime = timespec{0, UTIME_NOW};
+  else if (valid & FUSE_SET_ATTR_ATIME) s.atime = st->st_atim;
+  if (valid & FUSE_SET_ATTR_MTIME_NOW) s.mtime = timespec{0, UTIME_NOW};
+  else if (valid & FUSE_SET_ATTR_MTIME) s.mtime = st->st_mtim;
+  if (valid & FUSE_SET_ATTR_CTIME) s.ctime = st->st_ctim;
+  return s;
+}
+
+class ControlFolder {
+ public:
+  // What the daemon lends the folder.
+  struct Host {
+    Volume* vol = nullptr;
+    std::mutex* ctl_mu = nullptr;                            // the daemon's branch-change lock
+    std::function<Result<Filesystem*>(TreeId)> open_branch;  // under ctl_mu (C1)
+    const std::vector<ViewLayer>* stack = nullptr;           // the mounted stack, under ctl_mu
+    std::function<void(TreeId)> close_branch;                // under ctl_mu: nothing uses it
+    std::function<int(const Error&)> errno_of;               // the one error mapping
+    std::function<Caller(fuse_req_t)> caller;
+    bool read_only = false;
+    CopyUpMode copyup;
+    DeleteMode del = DeleteMode::Whiteout;
+  };
+  explicit ControlFolder(Host h) : h_(std::move(h)) { clock_gettime(CLOCK_REALTIME, &started_); }
+
+  void set_kernel_times(bool on) { kernel_times_ = on; }
+  // The mount root's ".plyfs" (the daemon's lookup of that name).
+  void lookup_root(fuse_req_t req);
+
+  // FUSE operations on the folder's nodes (is_ctl). Two nodes of different
+  // views (or of a view and the mounted one) answer EXDEV.
+  void lookup(fuse_req_t req, fuse_ino_t parent, const char* name);
+  void forget(fuse_ino_t ino, uint64_t n);
+  void getattr(fuse_req_t req, fuse_ino_t ino);
+  void setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int valid);
+  void readlink(fuse_req_t req, fuse_ino_t ino);
+  void mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev);
+  void mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode);
+  void symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name);
+  void link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char* name);
+  void unlink(fuse_req_t req, fuse_ino_t parent, const char* name);
+  void rmdir(fuse_req_t req, fuse_ino_t parent, const char* name);
+  void rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+              const char* newname, unsigned flags);
+  void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+  void create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi);
+  void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
+  void write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off);
+  void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+  void fsync(fuse_req_t req, fuse_ino_t ino);
+  void opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+  void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus);
+  void setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+                int flags);
+  void getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size);
+  void listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+  void removexattr(fuse_req_t req, fuse_ino_t ino, const char* name);
+  void fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len);
+  void lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence);
+  void copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_ino_t out,
+                       off_t off_out, size_t len);
+
+  // A snapshot, merge or rollback of the mount changes branches the views
+  // may use (C2): the daemon holds the returned lock, under ctl_mu, from
+  // before the change until after refresh(), which moves every view to the
+  // branch that has its branch's name now, with that branch's stack (or
+  // ends it, ESTALE, if no branch has the name). It runs before the daemon
+  // closes the branches the change replaced.
+  std::unique_lock<std::shared_mutex> hold() { return std::unique_lock(mu_); }
+  void refresh();
+  // At unmount: frees the files unlinked while open in the views.
+  Result<void> release_all();
+
+ private:
+  struct View {
+    TreeId layer;
+    std::string name;                   // the branch's name (under ctl_mu): refresh follows it
+    std::vector<ViewLayer> stack;
+    std::unique_ptr<Union> u;           // null once the layer is gone (C3)
+    std::atomic<uint64_t> open_files{0};  // open handles (fh: this View): rmdir refuses while any
+  };
+  // An operation's view and the union inode number it names, mu_ held shared.
+  struct InView {
+    std::shared_lock<std::shared_mutex> lk;
+    View* v;
+    size_t slot;
+    uint64_t ino;
+  };
+  Result<InView> in_view(fuse_ino_t ino);
+  // The live view of a branch, made on first use (takes ctl_mu and mu_).
+  Result<size_t> view_of(TreeId tree);
+  Result<std::vector<ViewLayer>> stack_of(TreeId tree);  // its layer stack, as this mount may write it (ctl_mu)
+  Result<std::vector<UnionBranch>> branches_of(const std::vector<ViewLayer>& s);  // under ctl_mu
+  Result<BranchMeta> branch_named(std::string_view name);  // under ctl_mu (C4)
+  Result<std::string> info_json(TreeId tree);
+
+  void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, h_.errno_of(e)); }
+  void reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a);
+  struct stat view_stat(const View& v, size_t slot, const Attr& a) const;
+  struct stat virtual_stat(fuse_ino_t ino, uint64_t size) const;
+  Result<struct stat> virtual_attr(fuse_ino_t ino);
+  void reply_virtual_entry(fuse_req_t req, fuse_ino_t ino, uint64_t generation);
+  bool may_change(fuse_req_t req) const;
+
+  // Changes to the branch table (mkdir, rmdir, rename in .plyfs/layers).
+  Result<BranchMeta> make_layer(std::string_view name);
+  Result<void> delete_layer(std::string_view name);
+  Result<void> rename_layer(std::string_view from, std::string_view to, unsigned flags);
+
+  Host h_;
+  timespec started_{};  // the times of the folder's own nodes
+  std::atomic<bool> kernel_times_{false};
+  std::shared_mutex mu_;                   // C2
+  std::vector<std::unique_ptr<View>> views_;  // slot s is views_[s - 1]
+  std::map<uint64_t, size_t> slot_of_;     // live views by tree id
+};
+
+}  // namespace plyfs
