@@ -637,6 +637,23 @@ Result<void> Union::remove(uint64_t dir, const Node& d, std::string_view name, c
                            bool is_dir) {
   const int b = f.top_branch;
   if (del_ == DeleteMode::All) PLY_CHECK(remove_hidden(d, name, f));
+  if (!is_dir && f.attr.nlink > 1 && !br_[f.inst[0].first].writable) {
+    // A name of a hard-linked file of a read-only branch: the file's count
+    // must drop with the name, so the file is copied up first with the
+    // names the union shows (copy_links), and the name goes in the copy's
+    // branch. Each step but the last leaves the view as it was.
+    const int c = f.inst[0].first;
+    const int t = usable_writable(b, {dir});
+    if (t < 0) return Error::io(EROFS, "the name is in a read-only branch");
+    const uint64_t pd = PLY_TRY(dir_in(dir, t));
+    (void)PLY_TRY(br_[t].fs->copy_in(*br_[c].fs, f.attr.ino, pd, name));
+    {
+      std::lock_guard lk(nodes_mu_);
+      nodes_[f.attr.ino].inst = {{t, f.attr.ino}};
+    }
+    PLY_CHECK(copy_links(f.attr.ino, c, t));
+    return br_[t].fs->unlink(pd, name, PLY_TRY(below_has(PLY_TRY(node(dir)), t, name)));
+  }
   if (br_[b].writable) {
     uint64_t dino = 0;
     for (auto [bb, i] : d.inst)
@@ -819,11 +836,19 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
       return ok();
     }
     (void)PLY_TRY(br_[t].fs->copy_in(*br_[f.inst[0].first].fs, f.attr.ino, pd, name));
+    {
+      // The kernel's handle on the object now means the copy, as after any copy-up.
+      std::lock_guard lk(nodes_mu_);
+      if (auto it = nodes_.find(f.attr.ino); it != nodes_.end()) it->second.inst = {{t, f.attr.ino}};
+    }
     if (f.attr.nlink > 1) PLY_CHECK(copy_links(f.attr.ino, f.inst[0].first, t));
     return ok();
   };
   PLY_CHECK(bring(odir, oname, *src));
-  if (exchange) PLY_CHECK(bring(ndir, nname, *dst));
+  // The target goes too when it is a hard-linked file (its other names
+  // stay): brought into t first, so the rename there drops the count its
+  // remaining names show, instead of leaving a hidden name counted below.
+  if (exchange || (dst && !ddir && dst->attr.nlink > 1)) PLY_CHECK(bring(ndir, nname, *dst));
   const uint64_t opd = PLY_TRY(dir_in(odir, t));
   const uint64_t npd = PLY_TRY(dir_in(ndir, t));
   od = PLY_TRY(node(odir));

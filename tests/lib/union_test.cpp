@@ -842,6 +842,34 @@ TEST_CASE("union: a rename of a hard-linked lower file keeps its other names on 
   check_image(t.im);
 }
 
+TEST_CASE("union: deleting or replacing one name of a lower hard-linked file drops its count", "[union]") {
+  TwoLayer t([&](Filesystem& fs) {
+    Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
+    must(fs.write(f.ino, 0, bytes("F")));
+    must(fs.link(f.ino, fs.root(), "g"));
+    must(fs.link(f.ino, fs.root(), "h"));
+    Attr x = must(fs.mknod(fs.root(), "x", S_IFREG | 0644, 0, 0, 0));
+    must(fs.write(x.ino, 0, bytes("X")));
+  });
+  Union& u = *t.u;
+  const uint64_t f = must(u.lookup(u.root(), "f")).ino;
+  CHECK(must(u.getattr(f)).nlink == 3);
+  must(u.unlink(u.root(), "h"));  // a whiteout alone would leave the count at 3
+  CHECK(must(u.lookup(u.root(), "f")).nlink == 2);
+  must(u.rename(u.root(), "x", u.root(), "f", 0, kRoot));  // replaces one name
+  const Attr g = must(u.lookup(u.root(), "g"));
+  CHECK(g.ino == f);
+  CHECK(g.nlink == 1);
+  std::vector<std::byte> out(1);
+  must(u.read(f, 0, out));
+  CHECK(out == bytes("F"));
+  must(u.read(must(u.lookup(u.root(), "f")).ino, 0, out));
+  CHECK(out == bytes("X"));
+  CHECK(must(t.im.fs[1]->getattr(f)).nlink == 3);  // the read-only branch is untouched
+  must(t.im.vol->commit());
+  check_image(t.im);
+}
+
 TEST_CASE("union: a link whose name a whiteout hides in the file's branch goes further left", "[union]") {
   Image im = make_image(2);
   const uint64_t ino = must(im.fs[1]->mknod(im.fs[1]->root(), "f", S_IFREG | 0644, 0, 0, 0)).ino;
