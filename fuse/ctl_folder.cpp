@@ -723,20 +723,12 @@ void ControlFolder::getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, s
 }
 
 void ControlFolder::listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
-  std::string all;
-  if (slot_of(ino) != 0) {
-    auto w = in_view(ino);
-    if (!w) return reply_err(req, w.error());
-    auto names = w->v->u->listxattr(w->ino);
-    if (!names) return reply_err(req, names.error());
-    for (const auto& n : *names) {
-      all += n;
-      all.push_back('\0');
-    }
-  }
-  if (size == 0) return (void)fuse_reply_xattr(req, all.size());
-  if (size < all.size()) return (void)fuse_reply_err(req, ERANGE);
-  fuse_reply_buf(req, all.data(), all.size());
+  if (slot_of(ino) == 0) return reply_xattr_names(req, {}, size);  // the folder's own: none
+  auto w = in_view(ino);
+  if (!w) return reply_err(req, w.error());
+  auto names = w->v->u->listxattr(w->ino);
+  if (!names) return reply_err(req, names.error());
+  reply_xattr_names(req, *names, size);
 }
 
 void ControlFolder::removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {

@@ -78,6 +78,19 @@ inline SetAttr setattr_of(const struct stat* st, int valid) {
   return s;
 }
 
+// A listxattr reply (the mounted view's too): the names, each ended by a
+// NUL; its size when asked with size 0; ERANGE when the buffer is short.
+inline void reply_xattr_names(fuse_req_t req, const std::vector<std::string>& names, size_t size) {
+  std::string all;
+  for (const auto& n : names) {
+    all += n;
+    all.push_back('\0');
+  }
+  if (size == 0) return (void)fuse_reply_xattr(req, all.size());
+  if (size < all.size()) return (void)fuse_reply_err(req, ERANGE);
+  fuse_reply_buf(req, all.data(), all.size());
+}
+
 class ControlFolder {
  public:
   // What the daemon lends the folder.

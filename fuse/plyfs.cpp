@@ -564,14 +564,7 @@ void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   if (is_ctl(ino)) return g->ctl->listxattr(req, ino, size);
   auto names = fs().listxattr(to_fs(ino));
   if (!names) return reply_err(req, names.error());
-  std::string all;
-  for (const auto& n : *names) {
-    all += n;
-    all.push_back('\0');
-  }
-  if (size == 0) return (void)fuse_reply_xattr(req, all.size());
-  if (size < all.size()) return (void)fuse_reply_err(req, ERANGE);
-  fuse_reply_buf(req, all.data(), all.size());
+  reply_xattr_names(req, *names, size);
 }
 
 void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
