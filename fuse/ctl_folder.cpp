@@ -299,20 +299,7 @@ Result<std::string> ControlFolder::info_json(TreeId tree) {
 // --- replies ------------------------------------------------------------------------------
 
 struct stat ControlFolder::view_stat(const View& v, size_t slot, const Attr& a) const {
-  struct stat st{};
-  st.st_ino = node(slot, a.ino);
-  st.st_mode = a.mode;
-  st.st_nlink = a.nlink;
-  st.st_uid = a.uid;
-  st.st_gid = a.gid;
-  st.st_rdev = a.rdev;
-  st.st_size = off_t(a.size);
-  st.st_blocks = blkcnt_t(a.blocks);
-  st.st_blksize = blksize_t(v.u->block_size());
-  st.st_atim = a.atime;
-  st.st_mtim = a.mtime;
-  st.st_ctim = a.ctime;
-  return st;
+  return stat_of(a, node(slot, a.ino), v.u->block_size());
 }
 
 void ControlFolder::reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a) {

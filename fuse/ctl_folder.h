@@ -78,6 +78,25 @@ inline SetAttr setattr_of(const struct stat* st, int valid) {
   return s;
 }
 
+// A union object's attributes as FUSE reports them (the mounted view's
+// too), under the number the kernel knows it by.
+inline struct stat stat_of(const Attr& a, fuse_ino_t ino, uint32_t block_size) {
+  struct stat st{};
+  st.st_ino = ino;
+  st.st_mode = a.mode;
+  st.st_nlink = a.nlink;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
+  st.st_rdev = a.rdev;
+  st.st_size = off_t(a.size);
+  st.st_blocks = blkcnt_t(a.blocks);
+  st.st_blksize = blksize_t(block_size);
+  st.st_atim = a.atime;
+  st.st_mtim = a.mtime;
+  st.st_ctim = a.ctime;
+  return st;
+}
+
 // A listxattr reply (the mounted view's too): the names, each ended by a
 // NUL; its size when asked with size 0; ERANGE when the buffer is short.
 inline void reply_xattr_names(fuse_req_t req, const std::vector<std::string>& names, size_t size) {

@@ -224,22 +224,7 @@ int errno_of(const Error& e) {
 }
 void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, errno_of(e)); }
 
-struct stat to_stat(const Attr& a) {
-  struct stat st{};
-  st.st_ino = to_fuse(a.ino);
-  st.st_mode = a.mode;
-  st.st_nlink = a.nlink;
-  st.st_uid = a.uid;
-  st.st_gid = a.gid;
-  st.st_rdev = a.rdev;
-  st.st_size = off_t(a.size);
-  st.st_blocks = blkcnt_t(a.blocks);
-  st.st_blksize = blksize_t(fs().block_size());
-  st.st_atim = a.atime;
-  st.st_mtim = a.mtime;
-  st.st_ctim = a.ctime;
-  return st;
-}
+struct stat to_stat(const Attr& a) { return stat_of(a, to_fuse(a.ino), fs().block_size()); }
 
 fuse_entry_param to_entry(const Attr& a) {
   fuse_entry_param e{};
