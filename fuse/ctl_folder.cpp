@@ -526,6 +526,8 @@ void ControlFolder::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if ((fi->flags & O_TRUNC) && S_ISREG(a->mode)) {
     SetAttr s;
     s.size = 0;
+    if (auto k = kill_setid_before_change(u, w->ino, request_kills_setid(), h_.caller(req)); !k)
+      return reply_err(req, k.error());
     if (auto t = u.setattr(w->ino, s, h_.caller(req)); !t) return reply_err(req, t.error());
   }
   // Another view may have changed the file since the kernel cached it.
@@ -579,6 +581,8 @@ void ControlFolder::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 void ControlFolder::write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off) {
   auto w = in_view(ino);
   if (!w) return reply_err(req, w.error());
+  if (auto k = kill_setid_before_change(*w->v->u, w->ino, request_kills_setid(), h_.caller(req)); !k)
+    return reply_err(req, k.error());
   auto n = w->v->u->write(w->ino, uint64_t(off), std::span(reinterpret_cast<const std::byte*>(data), size),
                           h_.caller(req));
   if (!n) return reply_err(req, n.error());
@@ -728,6 +732,8 @@ void ControlFolder::removexattr(fuse_req_t req, fuse_ino_t ino, const char* name
 void ControlFolder::fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len) {
   auto w = in_view(ino);
   if (!w) return reply_err(req, w.error());
+  if (auto k = kill_setid_before_change(*w->v->u, w->ino, unprivileged(req), h_.caller(req)); !k)
+    return reply_err(req, k.error());
   auto r = w->v->u->fallocate(w->ino, mode, uint64_t(off), uint64_t(len), h_.caller(req));
   fuse_reply_err(req, r ? 0 : h_.errno_of(r.error()));
 }
@@ -747,6 +753,8 @@ void ControlFolder::copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in,
     return (void)fuse_reply_err(req, EXDEV);
   auto w = in_view(in);
   if (!w) return reply_err(req, w.error());
+  if (auto k = kill_setid_before_change(*w->v->u, num_of(out), unprivileged(req), h_.caller(req)); !k)
+    return reply_err(req, k.error());
   auto r = w->v->u->copy_range(w->ino, uint64_t(off_in), num_of(out), uint64_t(off_out), len, h_.caller(req));
   if (!r) return reply_err(req, r.error());
   fuse_reply_write(req, size_t(*r));

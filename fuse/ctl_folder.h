@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_io.h"
 #include "union/union.h"
 #include "union/view.h"
 
@@ -75,7 +76,34 @@ inline SetAttr setattr_of(const struct stat* st, int valid) {
   if (valid & FUSE_SET_ATTR_MTIME_NOW) s.mtime = timespec{0, UTIME_NOW};
   else if (valid & FUSE_SET_ATTR_MTIME) s.mtime = st->st_mtim;
   if (valid & FUSE_SET_ATTR_CTIME) s.ctime = st->st_ctim;
+  // A chown clears setuid/setgid (the kernel sends the new mode itself
+  // unless FUSE_HANDLE_KILLPRIV_V2 leaves it to us), and so does a truncate
+  // the kernel flags (kernel_io.h).
+  if (((valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) && !(valid & FUSE_SET_ATTR_MODE)) ||
+      request_kills_setid())
+    s.kill_setid = true;
   return s;
+}
+
+// fallocate and copy_file_range carry no such flag, and under KILLPRIV_V2
+// the kernel drops the clearing it would otherwise send: the daemon decides
+// alone, taking any caller but root to lack CAP_FSETID.
+inline bool unprivileged(fuse_req_t req) { return killpriv_v2() && fuse_req_ctx(req)->uid != 0; }
+
+// Before a write, fallocate, copy or O_TRUNC open of `ino` that must clear
+// its setuid/setgid bits (`kill`: the request's flag, kernel_io.h): clear
+// them first, as the kernel does for a local filesystem. True if the mode
+// changed: the kernel's cached attributes then need dropping, since these
+// replies carry none. Files without the bits cost one getattr.
+inline Result<bool> kill_setid_before_change(Union& u, uint64_t ino, bool kill, const Caller& c) {
+  if (!kill) return false;
+  Attr a = PLY_TRY(u.getattr(ino));
+  const bool setid = (a.mode & S_ISUID) || (a.mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP);
+  if (!S_ISREG(a.mode) || !setid) return false;
+  SetAttr s;
+  s.kill_setid = true;
+  (void)PLY_TRY(u.setattr(ino, s, c));
+  return true;
 }
 
 // A union object's attributes as FUSE reports them (the mounted view's

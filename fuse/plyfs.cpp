@@ -48,6 +48,7 @@
 #include "union/union.h"
 #include "union/view.h"
 #include "control.h"
+#include "kernel_io.h"
 #include "ctl_folder.h"
 #include "snap/snap.h"
 
@@ -248,6 +249,17 @@ Caller caller(fuse_req_t req) {
   return Caller{c->uid, c->gid, umask_of(c)};
 }
 
+// Clears setuid/setgid before a change when `kill` (kernel_io.h), and then
+// drops the kernel's cached attributes of the file: a write's or open's
+// reply carries none, and the kernel would show the old mode until its
+// attribute timeout. An attributes-only invalidation takes no lock the
+// request holds, so it is safe from inside the request.
+Result<void> kill_setid(fuse_req_t req, fuse_ino_t ino, bool kill) {
+  if (PLY_TRY(kill_setid_before_change(fs(), to_fs(ino), kill, caller(req))))
+    fuse_lowlevel_notify_inval_inode(g->se, ino, -1, 0);
+  return ok();
+}
+
 // --- operations ---------------------------------------------------------------------
 
 void op_init(void*, fuse_conn_info* conn) {
@@ -392,6 +404,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // libfuse turns on FUSE_CAP_ATOMIC_O_TRUNC by default: the kernel then
   // sends O_TRUNC here instead of a SETATTR, and trusts the open to truncate.
   if ((fi->flags & O_TRUNC) && S_ISREG(a->mode)) {
+    if (auto k = kill_setid(req, ino, request_kills_setid()); !k) return reply_err(req, k.error());
     SetAttr s;
     s.size = 0;
     auto t = fs().setattr(to_fs(ino), s, caller(req));
@@ -424,13 +437,18 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
               fuse_file_info*) {
   if (is_ctl(ino)) return g->ctl->write(req, ino, data, size, off);
+  if (auto k = kill_setid(req, ino, request_kills_setid()); !k) return reply_err(req, k.error());
   auto n = fs().write(to_fs(ino), uint64_t(off),
                       std::span(reinterpret_cast<const std::byte*>(data), size), caller(req));
   if (!n) return reply_err(req, n.error());
   fuse_reply_write(req, *n);
 }
 
-void op_flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+// No flush: the daemon holds no state per handle and no POSIX locks (the
+// kernel keeps those), and the kernel writes a file's cached pages back
+// before it would send FLUSH, reporting their errors at close, with or
+// without it. Unimplemented, libfuse answers ENOSYS once and the kernel
+// stops sending FLUSH: one round trip fewer per close(2).
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (is_ctl(ino)) return g->ctl->release(req, ino, fi);
   fuse_reply_err(req, 0);
@@ -562,6 +580,7 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
                   fuse_file_info*) {
   if (off < 0 || len <= 0) return (void)fuse_reply_err(req, EINVAL);
   if (is_ctl(ino)) return g->ctl->fallocate(req, ino, mode, off, len);
+  if (auto k = kill_setid(req, ino, unprivileged(req)); !k) return reply_err(req, k.error());
   auto r = fs().fallocate(to_fs(ino), mode, uint64_t(off), uint64_t(len), caller(req));
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
@@ -578,6 +597,7 @@ void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_i
                         fuse_ino_t out, off_t off_out, fuse_file_info*, size_t len, int flags) {
   if (flags) return (void)fuse_reply_err(req, EINVAL);
   if (is_ctl(in) || is_ctl(out)) return g->ctl->copy_file_range(req, in, off_in, out, off_out, len);
+  if (auto k = kill_setid(req, out, unprivileged(req)); !k) return reply_err(req, k.error());
   auto r = fs().copy_range(to_fs(in), uint64_t(off_in), to_fs(out), uint64_t(off_out), len,
                            caller(req));
   if (!r) return reply_err(req, r.error());
@@ -922,7 +942,6 @@ fuse_lowlevel_ops make_ops() {
   o.create = op_create;
   o.read = op_read;
   o.write = op_write;
-  o.flush = op_flush;
   o.release = op_release;
   o.fsync = op_fsync;
   o.opendir = op_opendir;
@@ -1147,6 +1166,8 @@ int main(int argc, char** argv) {
     report(status_fd, 32);
     return 32;
   }
+  // Before the first request (INIT) is read: see kernel_io.h.
+  if (!install_kernel_io(se)) log_error("cannot take the session's I/O: writes will cost a GETXATTR each");
   if (!cfg.foreground) {
     openlog("plyfs", LOG_PID, LOG_DAEMON);
     d.daemonized = true;

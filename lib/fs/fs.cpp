@@ -1184,6 +1184,10 @@ Result<Attr> Filesystem::setattr(uint64_t ino, const SetAttr& s) {
   if (s.mode) r.a.mode = (r.a.mode & S_IFMT) | (*s.mode & 07777);
   if (s.uid) r.a.uid = *s.uid;
   if (s.gid) r.a.gid = *s.gid;
+  if (s.kill_setid && !s.mode && !S_ISDIR(r.a.mode)) {
+    r.a.mode &= ~S_ISUID;
+    if (r.a.mode & S_IXGRP) r.a.mode &= ~S_ISGID;  // without g+x it marks locking
+  }
   if (s.atime) r.a.atime = s.atime->tv_nsec == UTIME_NOW ? n : *s.atime;
   if (s.mtime) r.a.mtime = s.mtime->tv_nsec == UTIME_NOW ? n : *s.mtime;
   if (s.opaque) {

@@ -56,6 +56,10 @@ struct SetAttr {
   std::optional<timespec> atime, mtime;  // tv_nsec == UTIME_NOW: now
   std::optional<timespec> ctime;         // default: now
   std::optional<bool> opaque;            // directories only
+  // Clear setuid, and setgid when the file is group-executable, unless
+  // `mode` sets the bits itself: what Linux does to a non-directory on
+  // chown, and on a write or truncate by a caller without CAP_FSETID.
+  bool kill_setid = false;
 };
 
 // A raw directory entry: what a name is in this tree, whiteouts included.

@@ -4,9 +4,11 @@
 #include <linux/falloc.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <grp.h>
 #include <sys/xattr.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -1010,5 +1012,111 @@ TEST_CASE("POSIX ACLs: inheritance and enforcement", "[e2e]") {
   CHECK(open_as(1000, fx / "d/f") == 0);
   CHECK(open_as(1001, fx / "d/f") == EACCES);
   CHECK((lstat_of(fx / "d/f").st_mode & 07777) == 0660);
+  fx.unmount();
+}
+
+namespace {
+// Runs `f` in a child as `uid` (and gid); the child's errno, or 0.
+int as_user(uid_t uid, const std::function<int()>& f) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0)
+      _exit(100);
+    _exit(f());
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 200;
+}
+int err_of(bool ok) { return ok ? 0 : errno; }
+}  // namespace
+
+// Linux clears setuid, and setgid of a group-executable file, when a caller
+// without CAP_FSETID writes or truncates the file, and on every chown. The
+// daemon takes FUSE_HANDLE_KILLPRIV_V2 (fuse/kernel_io.h), so these are its
+// job, not the kernel's: each case is what tmpfs and ext4 do.
+TEST_CASE("setuid and setgid bits are cleared the way Linux clears them", "[e2e]") {
+  Fixture fx("64M", {"default_permissions,allow_other"});
+  REQUIRE(::chmod(fx.tmp.path().c_str(), 0711) == 0);  // other users may pass through
+  REQUIRE(::chmod(fx.root().c_str(), 0777) == 0);
+  const uid_t nobody = 65534;
+  auto make = [&](const std::string& name, mode_t mode) {
+    const std::string p = fx / name;
+    write_file(p, "hello\n");
+    REQUIRE(::chown(p.c_str(), nobody, nobody) == 0);
+    REQUIRE(::chmod(p.c_str(), mode) == 0);
+    return p;
+  };
+  auto mode_of = [&](const std::string& name) { return lstat_of(fx / name).st_mode & 07777; };
+  auto append = [](const std::string& p) {
+    int fd = ::open(p.c_str(), O_WRONLY | O_APPEND);
+    if (fd < 0) return errno;
+    int e = err_of(::write(fd, "more\n", 5) == 5);
+    ::close(fd);
+    return e;
+  };
+
+  const std::string w = make("write", 06755), wg = make("write-gnox", 02745),
+                    wr = make("write-root", 06755), t = make("truncate", 06755),
+                    o = make("otrunc", 06755), c = make("chown", 06755),
+                    cg = make("chown-gnox", 02745), fa = make("fallocate", 06755),
+                    cp = make("copy", 06755), r = make("read", 06755);
+  CHECK(as_user(nobody, [&] { return append(w); }) == 0);
+  CHECK(as_user(nobody, [&] { return append(wg); }) == 0);
+  CHECK(append(wr) == 0);  // root has CAP_FSETID
+  CHECK(as_user(nobody, [&] { return err_of(::truncate(t.c_str(), 2) == 0); }) == 0);
+  CHECK(as_user(nobody, [&] {
+          int fd = ::open(o.c_str(), O_WRONLY | O_TRUNC);
+          if (fd < 0) return errno;
+          ::close(fd);
+          return 0;
+        }) == 0);
+  REQUIRE(::chown(c.c_str(), 0, 0) == 0);
+  REQUIRE(::chown(cg.c_str(), 0, 0) == 0);
+  CHECK(as_user(nobody, [&] {
+          int fd = ::open(fa.c_str(), O_WRONLY);
+          if (fd < 0) return errno;
+          int e = err_of(::fallocate(fd, 0, 0, 65536) == 0);
+          ::close(fd);
+          return e;
+        }) == 0);
+  write_file(fx / "src", "copied\n");
+  CHECK(as_user(nobody, [&] {
+          int in = ::open((fx / "src").c_str(), O_RDONLY), out = ::open(cp.c_str(), O_WRONLY);
+          if (in < 0 || out < 0) return errno;
+          int e = err_of(::copy_file_range(in, nullptr, out, nullptr, 7, 0) == 7);
+          ::close(in);
+          ::close(out);
+          return e;
+        }) == 0);
+  CHECK(as_user(nobody, [&] { return read_file(r) == "hello\n" ? 0 : EIO; }) == 0);
+
+  // A file capability goes when a caller without CAP_FSETID writes: the
+  // kernel still asks for it once (GETXATTR) and removes it (REMOVEXATTR).
+  const std::string cap = make("capability", 0755);
+  const char v2cap[] = "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00";
+  REQUIRE(::setxattr(cap.c_str(), "security.capability", v2cap, 20, 0) == 0);
+  REQUIRE(::getxattr(cap.c_str(), "security.capability", nullptr, 0) == 20);
+  CHECK(as_user(nobody, [&] { return append(cap); }) == 0);
+  CHECK(::getxattr(cap.c_str(), "security.capability", nullptr, 0) == -1);
+
+  auto check = [&] {
+    CHECK(mode_of("write") == 0755);
+    CHECK(mode_of("write-gnox") == 02745);  // setgid without g+x marks locking: kept
+    CHECK(mode_of("write-root") == 06755);
+    CHECK(mode_of("truncate") == 0755);
+    CHECK(mode_of("otrunc") == 0755);
+    CHECK(mode_of("chown") == 0755);
+    CHECK(mode_of("chown-gnox") == 02745);
+    CHECK(mode_of("fallocate") == 0755);
+    CHECK(mode_of("copy") == 0755);
+    CHECK(mode_of("read") == 06755);
+    CHECK(read_file(w) == "hello\nmore\n");
+    CHECK(read_file(fx / "copy").substr(0, 7) == "copied\n");
+  };
+  check();
+  fx.remount();
+  check();
+  CHECK(::getxattr(cap.c_str(), "security.capability", nullptr, 0) == -1);
   fx.unmount();
 }

@@ -91,6 +91,34 @@ TEST_CASE("fs: a new filesystem has an empty root directory", "[fs]") {
   require_fs_clean(*dev);
 }
 
+// kill_setid: what the FUSE daemon asks for on chown, and on writes and
+// truncates by callers without CAP_FSETID (fuse/kernel_io.h).
+TEST_CASE("fs: kill_setid clears setuid, and setgid only when group-executable", "[fs]") {
+  auto dev = fs_device();
+  auto m = mount(*dev);
+  const uint64_t r = m.fs->root();
+  auto mode_after = [&](const char* name, uint32_t mode, SetAttr s) {
+    Attr a = must(m.fs->mknod(r, name, S_IFREG | mode, 0, 0, 0));
+    s.kill_setid = true;
+    return must(m.fs->setattr(a.ino, s)).mode & 07777;
+  };
+  CHECK(mode_after("a", 06755, {}) == 0755);
+  CHECK(mode_after("b", 02745, {}) == 02745);  // setgid without g+x marks locking
+  CHECK(mode_after("c", 04644, {}) == 0644);
+  SetAttr explicit_mode;
+  explicit_mode.mode = 06711;  // a mode in the same request wins
+  CHECK(mode_after("d", 0755, explicit_mode) == 06711);
+  SetAttr trunc;
+  trunc.size = 0;
+  CHECK(mode_after("e", 06755, trunc) == 0755);
+  Attr d = must(m.fs->mkdir(r, "dir", 02775, 0, 0));
+  SetAttr k;
+  k.kill_setid = true;
+  CHECK((must(m.fs->setattr(d.ino, k)).mode & 07777) == 02775);  // directories keep setgid
+  unmount(m);
+  require_fs_clean(*dev);
+}
+
 TEST_CASE("fs: files grow from inline to extents and shrink back with zeroed tails", "[fs]") {
   auto dev = fs_device();
   auto m = mount(*dev);
