@@ -241,11 +241,11 @@ Result<void> add_record(RepairCtx& c, uint64_t dir, const std::string& name, uin
   });
 }
 
-// Out-of-line xattr values (format.md#fs-xattr): the chunks of value `id`
-// of object `ino`, those from byte `from` on.
-Result<void> erase_chunks(RepairCtx& c, uint64_t ino, uint64_t id, uint64_t from = 0) {
+// Out-of-line xattr values (format.md#fs-xattr): erases the chunks of
+// value `id` of object `ino`.
+Result<void> erase_chunks(RepairCtx& c, uint64_t ino, uint64_t id) {
   std::vector<Key> keys;
-  PLY_CHECK(c.t.scan(c.tree, xattr_chunk_key(ino, id, from),
+  PLY_CHECK(c.t.scan(c.tree, xattr_chunk_key(ino, id, 0),
                      xattr_chunk_key(ino, id, (1u << disk::kXattrOffsetBits) - 1),
                      [&](Key k, std::span<const std::byte>) {
                        keys.push_back(k);
@@ -277,11 +277,14 @@ Result<void> cut_chunks(RepairCtx& c, uint64_t ino, uint64_t id, uint64_t len) {
   std::vector<std::pair<Key, std::vector<std::byte>>> put;
   std::vector<Key> erase;
   uint64_t at = 0;
-  PLY_CHECK(c.t.scan(c.tree, xattr_chunk_key(ino, id, 0), xattr_chunk_key(ino, id, (1u << disk::kXattrOffsetBits) - 1),
+  PLY_CHECK(c.t.scan(c.tree, xattr_chunk_key(ino, id, 0),
+                     xattr_chunk_key(ino, id, (1u << disk::kXattrOffsetBits) - 1),
                      [&](Key k, std::span<const std::byte> v) {
-                       if (chunk_offset(k) != at || at >= len || v.empty()) erase.push_back(k);
-                       else if (at + v.size() > len) put.emplace_back(k, std::vector<std::byte>(v.begin(), v.begin() + long(len - at)));
-                       if (chunk_offset(k) == at && at < len) at += v.size();
+                       const bool next = chunk_offset(k) == at && at < len && !v.empty();
+                       if (!next) erase.push_back(k);
+                       else if (at + v.size() > len)
+                         put.emplace_back(k, std::vector<std::byte>(v.begin(), v.begin() + long(len - at)));
+                       if (next) at += v.size();
                        return true;
                      }));
   for (Key k : erase) (void)PLY_TRY(c.t.erase(c.tree, k));
@@ -946,7 +949,8 @@ class Checker {
       std::string why;
       if (n == 0) why = "has no chunks";
       else if (covered < o.length && !in_order) why = "has a chunk out of sequence at byte " + std::to_string(covered);
-      else if (covered < o.length) why = "has chunks for " + std::to_string(covered) + " of its " + std::to_string(o.length) + " bytes";
+      else if (covered < o.length)
+        why = "has chunks for " + std::to_string(covered) + " of its " + std::to_string(o.length) + " bytes";
       if (!why.empty()) {
         problem("F-xattr-value", o.ino, at + " (" + std::to_string(o.length) + " bytes out of line) " + why,
                 Repair::Lossy, 2, "removed xattrs whose value is damaged",
