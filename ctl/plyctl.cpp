@@ -94,6 +94,7 @@ void usage(FILE* out) {
                "  debug corrupt IMAGE STRUCT [LOCATOR] FIELD ACTION [--keep-checksum]\n"
                "  debug corrupt IMAGE fsinfo|inode|dirent|whiteout|xattr|extent|inline|orphan\n"
                "                BRANCH [INO [NAME|OFFSET]] FIELD ACTION\n"
+               "  debug corrupt IMAGE xattr-chunk BRANCH INO NAME OFFSET FIELD ACTION\n"
                "      STRUCT: superblock [SLOT], node BLOCK, space-item START, root-record TREE\n"
                "      ACTION: --set VALUE, --flip BIT, --zero or --add N\n"
                "      The checksum is recomputed unless --keep-checksum, so that the\n"
@@ -324,10 +325,13 @@ Result<Opened> open_volume(const std::string& image, bool write) {
 // tree id (a damaged info item may have no name left).
 int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptAction& act) {
   // What follows BRANCH: fsinfo nothing; inode and orphan INO; dirent,
-  // whiteout and xattr INO NAME; extent and inline INO OFFSET.
-  const size_t locators = f == FsStruct::FsInfo ? 0
-                          : f == FsStruct::Inode || f == FsStruct::Orphan ? 1 : 2;
-  static const char* what[] = {"", " INO", " INO NAME|OFFSET"};
+  // whiteout and xattr INO NAME; extent and inline INO OFFSET; xattr-chunk
+  // INO NAME OFFSET.
+  const size_t locators = f == FsStruct::FsInfo                             ? 0
+                          : f == FsStruct::Inode || f == FsStruct::Orphan   ? 1
+                          : f == FsStruct::XattrChunk                       ? 3
+                                                                            : 2;
+  static const char* what[] = {"", " INO", " INO NAME|OFFSET", " INO NAME OFFSET"};
   if (pos.size() != 4 + locators)
     return usage_error(std::string("usage: plyctl debug corrupt IMAGE ") + fs_struct_name(f) + " BRANCH" +
                        what[locators] + " FIELD ACTION");
@@ -344,7 +348,7 @@ int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptA
     if (!ino) return usage_error(ino.error().reason);
     t.ino = *ino;
   }
-  if (locators == 2) {
+  if (locators >= 2) {
     if (f == FsStruct::Extent || f == FsStruct::Inline) {
       auto off = number(pos[4], "offset");
       if (!off) return usage_error(off.error().reason);
@@ -352,6 +356,11 @@ int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptA
     } else {
       t.name = pos[4];
     }
+  }
+  if (locators == 3) {
+    auto off = number(pos[5], "offset");
+    if (!off) return usage_error(off.error().reason);
+    t.offset = *off;
   }
   t.field = pos.back();
   auto r = corrupt_fs(*o->vol, t, act);

@@ -12,10 +12,15 @@
 
 namespace plyfs {
 
-// Feature flags this build understands (format.md#features). None defined yet.
+// Feature flags this build understands (format.md#features). The layer that
+// uses a feature sets its bit (Volume::Txn::add_incompat) in the generation
+// that first writes what an older reader would misread.
+// incompat bit 0: out-of-line xattr values, XattrValue items (lib/fs,
+// format.md#fs-xattr).
+inline constexpr uint64_t kIncompatLargeXattr = 1ull << 0;
 inline constexpr uint64_t kCompatKnown = 0;
 inline constexpr uint64_t kRoCompatKnown = 0;
-inline constexpr uint64_t kIncompatKnown = 0;
+inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr;
 inline constexpr uint32_t kVersionMajor = 1;
 inline constexpr uint32_t kVersionMinor = 0;
 

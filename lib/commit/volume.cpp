@@ -390,6 +390,8 @@ Result<void> Volume::freeze(Generation g, std::vector<BlockCache::Ref>& dirty, S
   sb.data_blocks = c.data_blocks;
   sb.next_tree_id = next_tree_id_.load();
   sb.next_inode = next_inode_.load();
+  // A Txn of this generation that added a bit ended before the gate closed.
+  sb.incompat |= incompat_added_.load();
   sb.commit_time_ns = now_ns();
   return ok();
 }
@@ -741,6 +743,17 @@ Result<void> Volume::Txn::dec_extent(BlockNo start) {
 uint64_t Volume::Txn::take_inode_number() {
   s_.v->changed_ = true;
   return s_.v->next_inode_++;
+}
+
+void Volume::Txn::add_incompat(uint64_t bits) {
+  if ((s_.v->incompat() & bits) == bits) return;
+  s_.v->incompat_added_.fetch_or(bits);
+  s_.v->changed_ = true;
+}
+
+uint64_t Volume::incompat() const {
+  std::lock_guard lk(state_mu_);
+  return info_.incompat | incompat_added_.load();
 }
 
 void Volume::Txn::advance_inode_numbers(uint64_t n) {

@@ -138,6 +138,9 @@ class Volume {
   // The error that failed a commit and turned the volume read-only (C5).
   std::optional<Error> failure() const;
   uint32_t block_size() const { return info_.block_size; }
+  // The incompat feature bits the next superblock carries: the durable
+  // ones and those a Txn added since (format.md#features).
+  uint64_t incompat() const;
 
   // File data (format.md#fs-data): whole blocks of extents that tree values
   // reference, read and written straight to the device, not through the
@@ -200,6 +203,7 @@ class Volume {
   std::optional<Error> failure_;
   std::atomic<bool> changed_{false};  // the open generation has something to commit
   std::atomic<uint64_t> next_tree_id_{0}, next_inode_{0};
+  std::atomic<uint64_t> incompat_added_{0};  // Txn::add_incompat, folded in at each freeze
 
   std::shared_mutex trees_mu_;  // shared to find a slot, exclusive to add or remove one
   std::map<uint64_t, std::unique_ptr<Slot>> trees_;
@@ -253,6 +257,12 @@ class Volume::Txn {
   // the counter had not reached).
   void advance_inode_numbers(uint64_t n);
   uint64_t next_inode_number() const;
+
+  // Sets incompat feature bits (format.md#features) from this generation
+  // on: the superblock that makes this Txn's changes durable carries them,
+  // so an older build refuses the image before it could misread them. A
+  // bit is never cleared.
+  void add_incompat(uint64_t bits);
 
  private:
   friend class Volume;

@@ -1,4 +1,4 @@
-// Filesystem-object checks and repairs: F1-F8 and U1-U3 (check.h,
+// Filesystem-object checks and repairs: F1-F9 and U1-U3 (check.h,
 // format.md#fs-invariants, #fs-repair).
 //
 // One ordered scan of a filesystem tree collects what each object is and
@@ -153,16 +153,14 @@ std::vector<DirentRec> lenient_dirents(std::span<const std::byte> v) {
   return out;
 }
 
-// The xattr records up to the first malformed one.
+// The xattr records up to the first malformed one (an out-of-line record
+// whose XattrOutline is not one counts as malformed).
 std::vector<std::byte> lenient_xattrs(std::span<const std::byte> v, bool* bad) {
   size_t p = 0;
-  *bad = false;
   while (p < v.size()) {
-    if (v.size() - p < sizeof(disk::XattrEntry)) break;
-    const auto* d = view_as<disk::XattrEntry>(v, p);
-    const size_t n = d->name_len, m = d->value_len.get();
-    if (n == 0 || v.size() - p - sizeof(disk::XattrEntry) < n + m) break;
-    p += sizeof(disk::XattrEntry) + n + m;
+    const size_t next = decode_xattr_at(v, p, nullptr);
+    if (!next) break;
+    p = next;
   }
   *bad = p != v.size();
   return std::vector<std::byte>(v.begin(), v.begin() + long(p));
@@ -241,6 +239,57 @@ Result<void> add_record(RepairCtx& c, uint64_t dir, const std::string& name, uin
     r.push_back({ino, type, seq, name});
     return ok();
   });
+}
+
+// Out-of-line xattr values (format.md#fs-xattr): erases the chunks of
+// value `id` of object `ino`.
+Result<void> erase_chunks(RepairCtx& c, uint64_t ino, uint64_t id) {
+  std::vector<Key> keys;
+  PLY_CHECK(c.t.scan(c.tree, xattr_chunk_key(ino, id, 0),
+                     xattr_chunk_key(ino, id, (1u << disk::kXattrOffsetBits) - 1),
+                     [&](Key k, std::span<const std::byte>) {
+                       keys.push_back(k);
+                       return true;
+                     }));
+  for (Key k : keys) (void)PLY_TRY(c.t.erase(c.tree, k));
+  return ok();
+}
+
+// Removes xattr `name` from the item of hash `h` (its readable records
+// stay); with `chunks`, the chunks of its value `id` go too.
+Result<void> drop_xattr(RepairCtx& c, uint64_t ino, uint64_t h, const std::string& name, uint64_t id,
+                        bool chunks) {
+  const Key k = ikey(ino, ItemType::Xattr, h);
+  if (auto v = PLY_TRY(c.t.get(c.tree, k))) {
+    bool bad = false;
+    auto xs = PLY_TRY(decode_xattrs(k, lenient_xattrs(*v, &bad)));
+    std::erase_if(xs, [&](const XattrRec& x) { return x.name == name && x.outline && x.value_id == id; });
+    if (xs.empty()) (void)PLY_TRY(c.t.erase(c.tree, k));
+    else PLY_CHECK(c.t.put(c.tree, k, encode_xattrs(xs)));
+  }
+  return chunks ? erase_chunks(c, ino, id) : ok();
+}
+
+// Cuts value `id` to `len` bytes, which its chunks cover in order from 0:
+// the chunks in sequence stay (one across the end is shortened), the rest
+// go.
+Result<void> cut_chunks(RepairCtx& c, uint64_t ino, uint64_t id, uint64_t len) {
+  std::vector<std::pair<Key, std::vector<std::byte>>> put;
+  std::vector<Key> erase;
+  uint64_t at = 0;
+  PLY_CHECK(c.t.scan(c.tree, xattr_chunk_key(ino, id, 0),
+                     xattr_chunk_key(ino, id, (1u << disk::kXattrOffsetBits) - 1),
+                     [&](Key k, std::span<const std::byte> v) {
+                       const bool next = chunk_offset(k) == at && at < len && !v.empty();
+                       if (!next) erase.push_back(k);
+                       else if (at + v.size() > len)
+                         put.emplace_back(k, std::vector<std::byte>(v.begin(), v.begin() + long(len - at)));
+                       if (next) at += v.size();
+                       return true;
+                     }));
+  for (Key k : erase) (void)PLY_TRY(c.t.erase(c.tree, k));
+  for (auto& [k, v] : put) PLY_CHECK(c.t.put(c.tree, k, v));
+  return ok();
 }
 
 Result<void> patch_inode(RepairCtx& c, uint64_t ino, const std::function<void(Rec&)>& fn) {
@@ -355,8 +404,8 @@ constexpr uint64_t kMaxAdvance = 1ull << 32;
 
 class Checker {
  public:
-  Checker(TreeId t, uint32_t bs, Volume* data, uint64_t next_inode)
-      : tree_(t), bs_(bs), data_(data), next_inode_(next_inode) {}
+  Checker(TreeId t, uint32_t bs, Volume* data, uint64_t next_inode, uint64_t incompat)
+      : tree_(t), bs_(bs), data_(data), next_inode_(next_inode), incompat_(incompat) {}
 
   std::vector<Finding>& findings() { return out_; }
   uint64_t root() const { return root_; }
@@ -401,6 +450,7 @@ class Checker {
       case ItemType::Xattr: return xattrs(k, v);
       case ItemType::Inline: return inline_item(k, v);
       case ItemType::Extent: return extent(k, v);
+      case ItemType::XattrValue: return xattr_chunk(k, v);
       default:
         return problem("F-item", ino, "item of unknown type " + std::to_string(int(type)),
                        Repair::Lossy, 2, "removed items of unknown types", erase(k, v));
@@ -495,6 +545,7 @@ class Checker {
                 });
     for (auto& [ino, i] : inodes_)
       if (i.present) object(ino, i);
+    xattr_values();
     std::set<uint64_t> flag_set;
     for (const auto& [ino, off, k] : inline_)
       if (const InodeInfo* ip = inodes_.find(ino); ip && ip->present) {
@@ -801,13 +852,14 @@ class Checker {
     auto good = lenient_xattrs(v, &bad);
     if (auto xs = decode_xattrs(k, good)) {
       bool reserved = false;
-      for (size_t p = 0; p < good.size();) {
-        const auto* d = view_as<disk::XattrEntry>(std::span<const std::byte>(good), p);
-        reserved |= d->reserved != 0;
-        p += sizeof(disk::XattrEntry) + d->name_len + d->value_len.get();
+      for (const auto& x : *xs) {
+        reserved |= (x.flags & ~disk::kXattrOutline) || x.reserved;
+        // Out-of-line values are checked against their chunks in finish().
+        if (x.outline) outlines_.push_back(Outline{k.hi, x.value_id, off_of(k), x.length, x.name});
       }
       if (reserved)
-        problem("F-reserved", k.hi, "reserved field set in an xattr", Repair::Safe, 2, "cleared reserved fields",
+        problem("F-reserved", k.hi, "unknown flags or reserved field set in an xattr", Repair::Safe, 2,
+                "cleared reserved fields",
                 [k, xs = *xs](RepairCtx& c) { return c.t.put(c.tree, k, encode_xattrs(xs)); });
       for (const auto& x : *xs)
         if (name_hash(x.name) != off_of(k))
@@ -837,6 +889,85 @@ class Checker {
               if (good.empty()) return (void)PLY_TRY(c.t.erase(c.tree, k)), ok();
               return c.t.put(c.tree, k, good);
             });
+  }
+
+  // Chunks come after the Xattr items of their object (type 0x07 > 0x03),
+  // in value id and offset order; they are matched with the records in
+  // finish().
+  void xattr_chunk(Key k, std::span<const std::byte> v) {
+    chunks_.push_back(Chunk{k.hi, chunk_value_id(k), uint32_t(chunk_offset(k)), uint32_t(v.size())});
+  }
+
+  // F9 (format.md#fs-xattr): every out-of-line value's chunks cover
+  // [0, length) in order, each starting where the one before ends; every
+  // chunk belongs to a record; no two records share a value id; and the
+  // image carries the LARGE_XATTR feature bit.
+  void xattr_values() {
+    std::stable_sort(outlines_.begin(), outlines_.end(),
+                     [](const Outline& a, const Outline& b) { return std::tie(a.ino, a.id) < std::tie(b.ino, b.id); });
+    if (!outlines_.empty() && !(incompat_ & kIncompatLargeXattr))
+      problem("F-xattr-feature", outlines_[0].ino,
+              "xattr \"" + outlines_[0].name + "\" is out of line, but the image lacks the LARGE_XATTR feature flag",
+              Repair::Safe, 2, "set the LARGE_XATTR feature flag",
+              [](RepairCtx& c) { return c.t.add_incompat(kIncompatLargeXattr), ok(); });
+    size_t j = 0;  // chunks_ is in (ino, id, offset) order: the scan's
+    auto present = [&](uint64_t ino) { return inodes_.present(ino); };
+    auto orphan_chunks = [&](uint64_t ino, uint64_t id, size_t n) {
+      if (present(ino))  // else the object's items go whole (F6-orphan-item)
+        problem("F-xattr-chunk", ino, std::to_string(n) + " chunk item(s) of xattr value " + std::to_string(id) +
+                                          " that no xattr names",
+                Repair::Lossy, 2, "removed xattr chunks no xattr names",
+                [ino, id](RepairCtx& c) { return erase_chunks(c, ino, id); });
+    };
+    auto before = [](const Chunk& c, const Outline& o) { return std::tie(c.ino, c.id) < std::tie(o.ino, o.id); };
+    for (size_t i = 0; i < outlines_.size(); i++) {
+      const Outline& o = outlines_[i];
+      while (j < chunks_.size() && before(chunks_[j], o)) {
+        size_t n = 0;
+        const uint64_t ino = chunks_[j].ino, id = chunks_[j].id;
+        while (j < chunks_.size() && chunks_[j].ino == ino && chunks_[j].id == id) j++, n++;
+        orphan_chunks(ino, id, n);
+      }
+      if (!present(o.ino)) continue;
+      const std::string at = "xattr \"" + o.name + "\"";
+      if (i && outlines_[i - 1].ino == o.ino && outlines_[i - 1].id == o.id) {
+        problem("F-xattr-value", o.ino, at + " shares its value's chunks with xattr \"" + outlines_[i - 1].name + "\"",
+                Repair::Lossy, 2, "removed xattrs whose value is damaged",
+                [o](RepairCtx& c) { return drop_xattr(c, o.ino, o.hash, o.name, o.id, false); });
+        continue;
+      }
+      // The prefix of [0, length) the chunks cover in order.
+      uint64_t covered = 0;
+      bool in_order = true;
+      size_t n = 0;
+      for (; j < chunks_.size() && chunks_[j].ino == o.ino && chunks_[j].id == o.id; j++, n++) {
+        const Chunk& ch = chunks_[j];
+        if (!in_order) continue;
+        if (ch.off != covered || ch.len == 0) in_order = false;
+        else covered += ch.len;
+      }
+      std::string why;
+      if (n == 0) why = "has no chunks";
+      else if (covered < o.length && !in_order) why = "has a chunk out of sequence at byte " + std::to_string(covered);
+      else if (covered < o.length)
+        why = "has chunks for " + std::to_string(covered) + " of its " + std::to_string(o.length) + " bytes";
+      if (!why.empty()) {
+        problem("F-xattr-value", o.ino, at + " (" + std::to_string(o.length) + " bytes out of line) " + why,
+                Repair::Lossy, 2, "removed xattrs whose value is damaged",
+                [o](RepairCtx& c) { return drop_xattr(c, o.ino, o.hash, o.name, o.id, true); });
+      } else if (covered > o.length || !in_order) {
+        // Every byte of the value is there: what lies past it goes.
+        problem("F-xattr-value", o.ino, at + " has chunk bytes past its length " + std::to_string(o.length),
+                Repair::Lossy, 2, "cut xattr values to the length their record gives",
+                [o](RepairCtx& c) { return cut_chunks(c, o.ino, o.id, o.length); });
+      }
+    }
+    while (j < chunks_.size()) {
+      size_t n = 0;
+      const uint64_t ino = chunks_[j].ino, id = chunks_[j].id;
+      while (j < chunks_.size() && chunks_[j].ino == ino && chunks_[j].id == id) j++, n++;
+      orphan_chunks(ino, id, n);
+    }
   }
 
   void inline_item(Key k, std::span<const std::byte> v) {
@@ -1006,6 +1137,18 @@ class Checker {
   std::vector<DirentRec> recs_;             // scratch of dirents()
   std::vector<std::pair<std::string_view, size_t>> seen_;
   std::vector<std::tuple<uint64_t, uint64_t, Key>> inline_;  // ino, offset, key
+  uint64_t incompat_;  // the superblock's incompat features
+  struct Outline {     // an out-of-line xattr record
+    uint64_t ino, id, hash;
+    uint32_t length;
+    std::string name;
+  };
+  struct Chunk {       // an XattrValue item
+    uint64_t ino, id;
+    uint32_t off, len;
+  };
+  std::vector<Outline> outlines_;
+  std::vector<Chunk> chunks_;
 };
 
 // One scan of one filesystem tree.
@@ -1017,7 +1160,7 @@ std::vector<Finding> scan_tree(Volume& vol, TreeId id, bool data, uint64_t* root
   };
   auto t = vol.begin();
   if (!t) return fail(t.error(), "cannot read: ");
-  Checker c(id, vol.block_size(), data ? &vol : nullptr, t->next_inode_number());
+  Checker c(id, vol.block_size(), data ? &vol : nullptr, t->next_inode_number(), vol.incompat());
   auto r = t->scan(id, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
     c.item(k, v);
     return true;
@@ -1251,7 +1394,9 @@ class FedCheck : public ObjectChecker {
       }
       w.cv.notify_all();
       Tree& t = *ch.tree;
-      if (!c) c = std::make_unique<Checker>(t.id, vol_->block_size(), data_ ? vol_.get() : nullptr, next_inode_);
+      if (!c)
+        c = std::make_unique<Checker>(t.id, vol_->block_size(), data_ ? vol_.get() : nullptr, next_inode_,
+                                      vol_->incompat());
       for (size_t p = 0; p < ch.bytes.size();) {
         Key k;
         uint32_t len;

@@ -1,5 +1,5 @@
 // Checks and repairs of the filesystem objects in filesystem trees: the
-// invariants F1-F8 and U1-U3 of format.md#fs-invariants. fsck.plyfs runs
+// invariants F1-F9 and U1-U3 of format.md#fs-invariants. fsck.plyfs runs
 // the checks as its passes 5 and 6 through FsckOptions::object_checks, and
 // the repairs through FsckOptions::object_repair (format.md#fs-repair).
 #pragma once
@@ -16,7 +16,8 @@ namespace plyfs {
 // generation. Codes: F1-info, F2-dirent, F2-name, F2-hash, F2-dup,
 // F2-nlink, F2-dirsize, F2-unattached, F3-parent, F3-unattached, F4-extent,
 // F4-blocks, F5-inline, F6-orphan-item, F6-orphan-named, F8-ino, F-item (an
-// item that does not decode or has an unknown type), U1-whiteout,
+// item that does not decode or has an unknown type), F-xattr-value,
+// F-xattr-chunk, F-xattr-feature (F9, out-of-line xattr values), U1-whiteout,
 // U1-conflict, U2-opaque, U3-branch; with `data`, also F7-data: every data
 // block is read and compared with its checksum (fsck -c). Each problem says
 // what its repair costs (Problem::repair).

@@ -15,6 +15,7 @@ using namespace fsitems;
 struct Field {
   const char* name;
   size_t offset, size;  // within the record; size 0: the value's length
+  bool after_name = false;  // offset counts from the end of the record's name
 };
 
 #define F(S, m) Field{#m, offsetof(disk::S, m), sizeof(disk::S::m)}
@@ -31,12 +32,18 @@ const std::vector<Field>& fields_of(FsStruct s) {
                                         T(Inode, btime, reserved)};
   static const std::vector<Field> dirent{F(Dirent, ino), F(Dirent, type), F(Dirent, seq), F(Dirent, name_len),
                                          F(Dirent, reserved), Field{"name", sizeof(disk::Dirent), 1}};
-  static const std::vector<Field> xattr{F(XattrEntry, name_len), F(XattrEntry, reserved),
-                                        F(XattrEntry, value_len), Field{"name", sizeof(disk::XattrEntry), 1}};
+  // An out-of-line record's XattrOutline follows its name.
+  static const std::vector<Field> xattr{
+      F(XattrEntry, name_len), F(XattrEntry, flags), F(XattrEntry, value_len),
+      Field{"name", sizeof(disk::XattrEntry), 1},
+      Field{"outline.value_id", sizeof(disk::XattrEntry) + offsetof(disk::XattrOutline, value_id), 8, true},
+      Field{"outline.length", sizeof(disk::XattrEntry) + offsetof(disk::XattrOutline, length), 4, true},
+      Field{"outline.reserved", sizeof(disk::XattrEntry) + offsetof(disk::XattrOutline, reserved), 4, true}};
   static const std::vector<Field> extent{F(Extent, disk_start), F(Extent, disk_nblocks), F(Extent, offset),
                                          F(Extent, nblocks),    F(Extent, compression),  F(Extent, flags),
                                          F(Extent, reserved),   Field{"csum", sizeof(disk::Extent), 8}};
   static const std::vector<Field> inl{Field{"length", 0, 0}, Field{"data", 0, 1}};
+  static const std::vector<Field> chunk{Field{"length", 0, 0}, Field{"data", 0, 1}};
   static const std::vector<Field> orphan{};
   switch (s) {
     case FsStruct::FsInfo: return info;
@@ -46,6 +53,7 @@ const std::vector<Field>& fields_of(FsStruct s) {
     case FsStruct::Xattr: return xattr;
     case FsStruct::Extent: return extent;
     case FsStruct::Inline: return inl;
+    case FsStruct::XattrChunk: return chunk;
     case FsStruct::Orphan: return orphan;
   }
   return orphan;
@@ -82,9 +90,23 @@ Key key_of(const FsTarget& t) {
     case FsStruct::Xattr: return ikey(t.ino, ItemType::Xattr, name_hash(t.name));
     case FsStruct::Extent: return ikey(t.ino, ItemType::Extent, t.offset);
     case FsStruct::Inline: return ikey(t.ino, ItemType::Inline, t.offset);
+    case FsStruct::XattrChunk: break;  // its record gives the value id (chunk_key)
     case FsStruct::Orphan: return ikey(0, ItemType::Orphan, t.ino);
   }
   return Key{};
+}
+
+// The chunk at byte `offset` of the out-of-line value of xattr `name`.
+Result<Key> chunk_key(Volume::Txn& txn, const FsTarget& t) {
+  const Key k = ikey(t.ino, ItemType::Xattr, name_hash(t.name));
+  auto v = PLY_TRY(txn.get(t.tree, k));
+  if (v)
+    for (const auto& x : PLY_TRY(decode_xattrs(k, *v)))
+      if (x.name == t.name) {
+        if (!x.outline) return Error::invalid("xattr \"" + t.name + "\" is not out of line");
+        return xattr_chunk_key(t.ino, x.value_id, t.offset);
+      }
+  return Error::io(ENOENT, "no xattr named \"" + t.name + "\"");
 }
 
 // Where the named record starts in a Dirent or Xattr item.
@@ -114,8 +136,8 @@ Result<size_t> record_at(const FsTarget& t, std::span<const std::byte> v) {
 
 // The change itself, in one transaction that ends before the commit.
 Result<std::string> damage_item(Volume& vol, const FsTarget& t, const CorruptAction& a) {
-  const Key k = key_of(t);
   auto txn = PLY_TRY(vol.begin({.reserve_blocks = 40}));
+  const Key k = t.what == FsStruct::XattrChunk ? PLY_TRY(chunk_key(txn, t)) : key_of(t);
   auto got = PLY_TRY(txn.get(t.tree, k));
   if (!got) return Error::io(ENOENT, std::string("no ") + fs_struct_name(t.what) + " item there");
   std::vector<std::byte> v = std::move(*got);
@@ -136,6 +158,7 @@ Result<std::string> damage_item(Volume& vol, const FsTarget& t, const CorruptAct
     size_t base = 0;
     if (t.what == FsStruct::Dirent || t.what == FsStruct::Whiteout || t.what == FsStruct::Xattr)
       base = PLY_TRY(record_at(t, v));
+    if (f->after_name) base += t.name.size();
     if (f->size == 0) {  // the length of the value
       const uint64_t old = v.size(), n = damaged(old, 2, a);
       v.resize(n);
@@ -163,6 +186,7 @@ const char* fs_struct_name(FsStruct s) {
     case FsStruct::Xattr: return "xattr";
     case FsStruct::Extent: return "extent";
     case FsStruct::Inline: return "inline";
+    case FsStruct::XattrChunk: return "xattr-chunk";
     case FsStruct::Orphan: return "orphan";
   }
   return "?";
@@ -170,7 +194,7 @@ const char* fs_struct_name(FsStruct s) {
 
 Result<FsStruct> fs_struct_named(std::string_view s) {
   for (auto c : {FsStruct::FsInfo, FsStruct::Inode, FsStruct::Dirent, FsStruct::Whiteout, FsStruct::Xattr,
-                 FsStruct::Extent, FsStruct::Inline, FsStruct::Orphan})
+                 FsStruct::Extent, FsStruct::Inline, FsStruct::XattrChunk, FsStruct::Orphan})
     if (s == fs_struct_name(c)) return c;
   return Error::invalid("unknown structure '" + std::string(s) + "'");
 }

@@ -16,14 +16,16 @@
 
 namespace plyfs {
 
-enum class FsStruct { FsInfo, Inode, Dirent, Whiteout, Xattr, Extent, Inline, Orphan };
+// XattrChunk: a chunk of an out-of-line xattr value (format.md#fs-xattr),
+// found by the xattr's object and name and the chunk's byte offset.
+enum class FsStruct { FsInfo, Inode, Dirent, Whiteout, Xattr, Extent, Inline, XattrChunk, Orphan };
 
 struct FsTarget {
   FsStruct what = FsStruct::Inode;
   TreeId tree;
   uint64_t ino = 0;   // the object: the inode, the directory of an entry, the file of an extent
-  std::string name;   // an entry's, a whiteout's or an xattr's name
-  uint64_t offset = 0;  // an extent's file block, an inline chunk's byte offset
+  std::string name;   // an entry's, a whiteout's or an xattr's name (also of an xattr chunk)
+  uint64_t offset = 0;  // an extent's file block, an inline or xattr chunk's byte offset
   std::string field;    // a name from fs_corrupt_fields()
 };
 

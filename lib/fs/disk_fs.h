@@ -21,6 +21,9 @@ enum class ItemType : uint8_t {
   Inline = 0x04,  // offset = byte offset of the chunk: raw bytes
   Extent = 0x05,  // offset = file block: Extent
   Orphan = 0x06,  // object 0, offset = inode number: empty value
+  // offset = value id << 16 | byte offset: a chunk of an out-of-line xattr
+  // value (format.md#fs-xattr)
+  XattrValue = 0x07,
 };
 
 inline constexpr uint64_t kOffMask = (1ull << 56) - 1;  // the offset part of a key's lo
@@ -96,11 +99,30 @@ static_assert(sizeof(Dirent) == 12);
 
 struct XattrEntry {
   uint8_t name_len;  // 1..255, the full name with its namespace prefix
-  uint8_t reserved;
-  le16 value_len;
-  // name, then value
+  uint8_t flags;     // kXattrOutline, or 0 (a reserved byte before large xattrs)
+  le16 value_len;    // bytes after the name: the value, or sizeof(XattrOutline)
+  // name, then value (or an XattrOutline)
 };
 static_assert(sizeof(XattrEntry) == 4);
+
+// XattrEntry.flags: the value is out of line, in XattrValue items; an
+// XattrOutline follows the name. Set only when the records of one name hash
+// would not fit one B-tree value otherwise; images holding one carry the
+// superblock's LARGE_XATTR incompat bit (format.md#fs-xattr).
+inline constexpr uint8_t kXattrOutline = 1;
+
+struct XattrOutline {
+  le64 value_id;  // < 2^40: its chunks are the XattrValue items (ino, value_id << 16 | offset)
+  le32 length;    // the value's length, 1..kXattrSizeMax
+  le32 reserved;
+};
+static_assert(sizeof(XattrOutline) == 16);
+static_assert(std::is_trivially_copyable_v<XattrOutline>);
+
+inline constexpr uint32_t kXattrSizeMax = 65536;   // Linux's XATTR_SIZE_MAX
+inline constexpr unsigned kXattrOffsetBits = 16;   // a chunk's byte offset in its key
+inline constexpr uint64_t kXattrValueIds = 1ull << (56 - kXattrOffsetBits);
+static_assert(kXattrSizeMax - 1 < (1u << kXattrOffsetBits));
 
 inline constexpr uint8_t kExtentPrealloc = 1;  // flags: allocated, reads as zeros
 inline constexpr uint8_t kCompressNone = 0;

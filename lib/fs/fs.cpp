@@ -106,21 +106,26 @@ struct Filesystem::Ctx {
   }
 
   // Every item of object `ino` in `tree` but its inode and a directory's
-  // entries: xattrs, inline data and extents (for a copy between trees).
-  // Large files: it reserves as it goes, so that a copy fails cleanly with
-  // ENOSPC rather than halfway through a tree update.
+  // entries: xattrs (with out-of-line values' chunks), inline data and
+  // extents (for a copy between trees). Large files and large xattrs: it
+  // reserves as it goes, by items and by bytes, so that a copy fails
+  // cleanly with ENOSPC rather than halfway through a tree update.
   using Items = std::vector<std::pair<Key, std::vector<std::byte>>>;
   Result<Items> object_items(TreeId tree, uint64_t ino) {
     Items out;
     std::optional<Error> err;
+    uint64_t bytes = 0;
     PLY_CHECK(t.scan(tree, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
       if (type_of(k) == ItemType::Inode || type_of(k) == ItemType::Dirent) return true;
       out.emplace_back(k, std::vector<std::byte>(v.begin(), v.end()));
-      if (out.size() % 256 == 0)
+      bytes += v.size();
+      if (out.size() % 256 == 0 || bytes >= 8ull * fs.bs_) {
+        bytes = 0;
         if (auto rr = t.reserve(2 * kOpBlocks); !rr) {
           err = rr.error();
           return false;
         }
+      }
       return true;
     }));
     if (err) return *err;
@@ -301,22 +306,97 @@ struct Filesystem::Ctx {
     if (err) return *err;
     return out;
   }
-  Result<std::optional<std::vector<std::byte>>> xattr(uint64_t ino, std::string_view name) {
-    Key k = ikey(ino, ItemType::Xattr, name_hash(name));
+  // Extended attributes (format.md#fs-xattr). The records of one name hash
+  // share an Xattr item; a value too large for it lives out of line in
+  // XattrValue chunks that the record's value id finds.
+  static XattrRec xattr_rec(std::string_view name, std::span<const std::byte> value) {
+    XattrRec x;
+    x.name = std::string(name);
+    x.value.assign(value.begin(), value.end());
+    return x;
+  }
+  Result<std::vector<XattrRec>> xattr_item(uint64_t ino, uint64_t h) {
+    Key k = ikey(ino, ItemType::Xattr, h);
     auto v = PLY_TRY(t.get(fs.tree_, k));
-    if (v) {
-      auto xs = PLY_TRY(decode_xattrs(k, *v));
-      for (auto& x : xs)
-        if (x.name == name) return std::optional<std::vector<std::byte>>(std::move(x.value));
-    }
+    if (!v) return std::vector<XattrRec>{};
+    return decode_xattrs(k, *v);
+  }
+  // A record's value: its bytes, or its chunks read back. The chunks must
+  // cover [0, length) exactly, in order; anything else is damage.
+  Result<std::vector<std::byte>> xattr_value(uint64_t ino, XattrRec& x) {
+    if (!x.outline) return std::move(x.value);
+    std::vector<std::byte> out(x.length);
+    size_t at = 0;
+    bool bad = false;
+    PLY_CHECK(t.scan(fs.tree_, xattr_chunk_key(ino, x.value_id, 0),
+                     xattr_chunk_key(ino, x.value_id, (1u << disk::kXattrOffsetBits) - 1),
+                     [&](Key k, std::span<const std::byte> v) {
+                       if (chunk_offset(k) != at || v.empty() || v.size() > out.size() - at) return !(bad = true);
+                       std::memcpy(out.data() + at, v.data(), v.size());
+                       at += v.size();
+                       return true;
+                     }));
+    if (bad || at != out.size())
+      return Error::corrupt(Error::kNoBlock, "the value of xattr \"" + x.name + "\" of inode " +
+                                                 std::to_string(ino) + " is not whole");
+    return out;
+  }
+  Result<std::optional<std::vector<std::byte>>> xattr(uint64_t ino, std::string_view name) {
+    for (auto& x : PLY_TRY(xattr_item(ino, name_hash(name))))
+      if (x.name == name) return std::optional<std::vector<std::byte>>(PLY_TRY(xattr_value(ino, x)));
     return std::optional<std::vector<std::byte>>{};
   }
-  // Sets one xattr of a new inode (no other xattr with its hash yet).
-  Result<void> add_xattr(uint64_t ino, std::string_view name, std::span<const std::byte> value) {
-    std::vector<XattrRec> xs{{std::string(name), {value.begin(), value.end()}}};
-    auto enc = encode_xattrs(xs);
-    if (enc.size() > BTree::max_value_len(fs.bs_)) return Error::no_space("xattr too large");
-    return t.put(fs.tree_, ikey(ino, ItemType::Xattr, name_hash(name)), enc);
+  // Erases the chunks of out-of-line value `id`.
+  Result<void> erase_xattr_chunks(uint64_t ino, uint64_t id) {
+    std::vector<Key> keys;
+    PLY_CHECK(t.scan(fs.tree_, xattr_chunk_key(ino, id, 0),
+                     xattr_chunk_key(ino, id, (1u << disk::kXattrOffsetBits) - 1),
+                     [&](Key k, std::span<const std::byte>) {
+                       keys.push_back(k);
+                       return true;
+                     }));
+    for (Key k : keys) (void)PLY_TRY(t.erase(fs.tree_, k));
+    return ok();
+  }
+  // Blocks that writing `nbytes` of chunks may allocate: new leaves (a
+  // leaf keeps at least a quarter of its capacity, T4) and their parents.
+  uint64_t chunk_blocks(uint64_t nbytes) const {
+    const uint64_t n = (nbytes + xattr_chunk_len(fs.bs_) - 1) / xattr_chunk_len(fs.bs_);
+    return 2 * n + kOpBlocks;
+  }
+  // Puts the records of one hash's item. Records that fit_xattrs marked
+  // pending get a value id and their chunks first; the caller reserved for
+  // them (fit). The first value id tried comes from the name's
+  // hash; one in use (a collision, or another name of the item) is passed
+  // over, and chunk 0 of every value exists, so a probe is one lookup.
+  Result<void> put_xattrs(uint64_t ino, uint64_t h, std::vector<XattrRec>& xs) {
+    const Key k = ikey(ino, ItemType::Xattr, h);
+    if (xs.empty()) return (void)PLY_TRY(t.erase(fs.tree_, k)), ok();
+    const uint32_t cl = xattr_chunk_len(fs.bs_);
+    for (auto& x : xs) {
+      if (!x.outline || x.value.empty()) continue;
+      uint64_t id = name_hash(x.name) >> disk::kXattrOffsetBits;
+      while (PLY_TRY(t.get(fs.tree_, xattr_chunk_key(ino, id, 0)))) id = (id + 1) % disk::kXattrValueIds;
+      for (size_t o = 0; o < x.value.size(); o += cl)
+        PLY_CHECK(t.put(fs.tree_, xattr_chunk_key(ino, id, o),
+                        std::span(x.value).subspan(o, std::min<size_t>(cl, x.value.size() - o))));
+      x.value_id = id;
+      x.length = uint32_t(x.value.size());
+      x.value.clear();
+      t.add_incompat(kIncompatLargeXattr);  // in the generation that first needs it
+    }
+    return t.put(fs.tree_, k, encode_xattrs(xs));
+  }
+  // Makes the item fit (fit_xattrs), changing nothing yet: returns the
+  // bytes of chunks put_xattrs will write, for the caller to reserve
+  // (chunk_blocks) before its first change.
+  Result<uint64_t> fit(std::vector<XattrRec>& xs) {
+    if (!fit_xattrs(xs, BTree::max_value_len(fs.bs_)))
+      return Error::no_space("xattrs colliding in one name hash do not fit an item");
+    uint64_t pending = 0;
+    for (const auto& x : xs)
+      if (x.outline) pending += x.value.size();
+    return pending;
   }
   // Replaces the inline chunks by `data`.
   Result<void> set_inline(uint64_t ino, std::span<const std::byte> data, uint64_t old_size) {
@@ -529,18 +609,24 @@ Result<void> Filesystem::free_inode(uint64_t ino) {
     Ctx c{*this, std::move(t)};
     std::unique_lock lk(mu_);
     std::vector<std::pair<Key, std::optional<uint64_t>>> items;
+    // A batch ends after kPunchBatch items or, for large values (xattr
+    // chunks), after as many bytes as the reservation can shadow leaves of.
+    uint64_t bytes = 0;
+    bool more = false;
     PLY_CHECK(c.t.scan(tree_, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
       std::optional<uint64_t> ext;
       if (type_of(k) == ItemType::Extent && v.size() >= sizeof(disk::Extent))
         ext = view_as<disk::Extent>(v)->disk_start.get();
       items.push_back({k, ext});
-      return items.size() < kPunchBatch;
+      bytes += v.size();
+      more = items.size() >= kPunchBatch || bytes >= 16ull * bs_;
+      return !more;
     }));
     for (auto& [k, ext] : items) {
       (void)PLY_TRY(c.t.erase(tree_, k));
       if (ext && *ext) PLY_CHECK(c.t.dec_extent(BlockNo{*ext}));
     }
-    if (items.size() < kPunchBatch) {
+    if (!more) {
       (void)PLY_TRY(c.t.erase(tree_, ikey(0, ItemType::Orphan, ino)));
       return ok();
     }
@@ -673,6 +759,13 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
     if (dflt) acl = PLY_TRY(inherit_acl(*dflt, is_dir, r.a.mode));
     else r.a.mode &= ~(umask & 0777);
   }
+  // A large ACL goes out of line: its chunks are reserved for before the
+  // first change (format.md#fs-xattr).
+  std::vector<XattrRec> acc, dfl;
+  uint64_t pending = 0;
+  if (!acl.access.empty()) acc.push_back(Ctx::xattr_rec(kAclAccess, acl.access)), pending += PLY_TRY(c.fit(acc));
+  if (!acl.dflt.empty()) dfl.push_back(Ctx::xattr_rec(kAclDefault, acl.dflt)), pending += PLY_TRY(c.fit(dfl));
+  if (pending) PLY_CHECK(c.t.reserve(c.chunk_blocks(pending)));
   r.a.nlink = is_dir ? 2 : 1;
   r.a.rdev = (S_ISCHR(mode) || S_ISBLK(mode)) ? rdev : 0;
   r.a.generation = c.t.gen().v;
@@ -687,8 +780,8 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
   // under that name (format.md#fs-union).
   if (is_dir && PLY_TRY(c.find(dir, name))) r.a.opaque = true;
   PLY_CHECK(c.put_inode(r));
-  if (!acl.access.empty()) PLY_CHECK(c.add_xattr(r.a.ino, kAclAccess, acl.access));
-  if (!acl.dflt.empty()) PLY_CHECK(c.add_xattr(r.a.ino, kAclDefault, acl.dflt));
+  if (!acc.empty()) PLY_CHECK(c.put_xattrs(r.a.ino, name_hash(kAclAccess), acc));
+  if (!dfl.empty()) PLY_CHECK(c.put_xattrs(r.a.ino, name_hash(kAclDefault), dfl));
   (void)PLY_TRY(c.add_over_whiteout(dir, name, r.a.ino, dt_of(mode)));
   d.a.mtime = d.a.ctime = r.a.ctime;
   if (is_dir) d.a.nlink++;
@@ -1664,25 +1757,30 @@ Result<void> check_xattr_name(std::string_view name) {
 Result<void> Filesystem::setxattr(uint64_t ino, std::string_view name,
                                   std::span<const std::byte> value, int flags) {
   PLY_CHECK(check_xattr_name(name));
+  if (value.size() > disk::kXattrSizeMax) return Error::io(E2BIG, "xattr value larger than 64 KiB");
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = 4 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
   std::unique_lock lk(mu_);
   Rec r = PLY_TRY(c.inode(ino));
   const uint64_t h = name_hash(name);
-  Key k = ikey(ino, ItemType::Xattr, h);
-  auto v = PLY_TRY(c.t.get(tree_, k));
-  std::vector<XattrRec> xs;
-  if (v) xs = PLY_TRY(decode_xattrs(k, *v));
+  auto xs = PLY_TRY(c.xattr_item(ino, h));
   auto it = std::find_if(xs.begin(), xs.end(), [&](auto& x) { return x.name == name; });
   if (it != xs.end() && (flags & XATTR_CREATE)) return Error::io(EEXIST, "xattr exists");
   if (it == xs.end() && (flags & XATTR_REPLACE)) return Error::io(ENODATA, "no such xattr");
-  if (it == xs.end()) it = xs.insert(xs.end(), XattrRec{std::string(name), {}});
-  it->value.assign(value.begin(), value.end());
-  auto enc = encode_xattrs(xs);
-  if (value.size() > 0xffff || enc.size() > BTree::max_value_len(bs_))
-    return Error::io(ENOSPC, "xattr value too large for this block size");
-  PLY_CHECK(c.t.put(tree_, k, enc));
+  // The old value's chunks go; the new value goes inline if the item then
+  // fits, else out of line under a value id of its own.
+  std::optional<uint64_t> old_id;
+  uint64_t old_len = 0;
+  if (it == xs.end()) it = xs.insert(xs.end(), Ctx::xattr_rec(name, value));
+  else {
+    if (it->outline) old_id = it->value_id, old_len = it->length;
+    *it = Ctx::xattr_rec(name, value);
+  }
+  const uint64_t pending = PLY_TRY(c.fit(xs));
+  if (pending || old_id) PLY_CHECK(c.t.reserve(c.chunk_blocks(pending + old_len)));
+  if (old_id) PLY_CHECK(c.erase_xattr_chunks(ino, *old_id));
+  PLY_CHECK(c.put_xattrs(ino, h, xs));
   r.a.ctime = now();
   return c.put_inode(r);
 }
@@ -1693,14 +1791,9 @@ Result<std::vector<std::byte>> Filesystem::getxattr(uint64_t ino, std::string_vi
   Ctx c{*this, std::move(t)};
   std::shared_lock lk(mu_);
   (void)PLY_TRY(c.inode(ino));
-  Key k = ikey(ino, ItemType::Xattr, name_hash(name));
-  auto v = PLY_TRY(c.t.get(tree_, k));
-  if (v) {
-    auto xs = PLY_TRY(decode_xattrs(k, *v));
-    for (auto& x : xs)
-      if (x.name == name) return std::move(x.value);
-  }
-  return Error::io(ENODATA, "no such xattr");
+  auto v = PLY_TRY(c.xattr(ino, name));
+  if (!v) return Error::io(ENODATA, "no such xattr");
+  return std::move(*v);
 }
 
 Result<std::vector<std::string>> Filesystem::listxattr(uint64_t ino) {
@@ -1731,15 +1824,17 @@ Result<void> Filesystem::removexattr(uint64_t ino, std::string_view name) {
   Ctx c{*this, std::move(t)};
   std::unique_lock lk(mu_);
   Rec r = PLY_TRY(c.inode(ino));
-  Key k = ikey(ino, ItemType::Xattr, name_hash(name));
-  auto v = PLY_TRY(c.t.get(tree_, k));
-  if (!v) return Error::io(ENODATA, "no such xattr");
-  auto xs = PLY_TRY(decode_xattrs(k, *v));
+  const uint64_t h = name_hash(name);
+  auto xs = PLY_TRY(c.xattr_item(ino, h));
   auto it = std::find_if(xs.begin(), xs.end(), [&](auto& x) { return x.name == name; });
   if (it == xs.end()) return Error::io(ENODATA, "no such xattr");
+  // Erasing a value's chunks shadows the leaves that hold them.
+  if (it->outline) {
+    PLY_CHECK(c.t.reserve(c.chunk_blocks(it->length)));
+    PLY_CHECK(c.erase_xattr_chunks(ino, it->value_id));
+  }
   xs.erase(it);
-  if (xs.empty()) (void)PLY_TRY(c.t.erase(tree_, k));
-  else PLY_CHECK(c.t.put(tree_, k, encode_xattrs(xs)));
+  PLY_CHECK(c.put_xattrs(ino, h, xs));
   r.a.ctime = now();
   return c.put_inode(r);
 }

@@ -216,7 +216,9 @@ class Filesystem {
   Result<uint64_t> copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
                               uint64_t len);
 
-  // flags: XATTR_CREATE, XATTR_REPLACE.
+  // flags: XATTR_CREATE, XATTR_REPLACE. Values up to 64 KiB (E2BIG
+  // beyond); one too large for the name's item goes out of line
+  // (format.md#fs-xattr).
   Result<void> setxattr(uint64_t ino, std::string_view name, std::span<const std::byte> value,
                         int flags);
   Result<std::vector<std::byte>> getxattr(uint64_t ino, std::string_view name);

@@ -199,45 +199,131 @@ inline std::vector<std::byte> encode_dirents(const std::vector<DirentRec>& es) {
   return v;
 }
 
+// One xattr record (format.md#fs-xattr). An out-of-line record holds no
+// bytes of its value here: `length` and `value_id` find its XattrValue
+// chunks. A record the layer is about to put out of line (fit_xattrs) is
+// `outline` with its bytes still in `value`, until they are written.
 struct XattrRec {
   std::string name;
   std::vector<std::byte> value;
+  bool outline = false;
+  uint64_t value_id = 0;  // outline: its chunks' key base
+  uint32_t length = 0;    // outline: the value's length
+  uint8_t flags = 0;      // as read, unknown bits included (fsck reports them)
+  uint32_t reserved = 0;  // the XattrOutline's, as read
+  size_t size() const { return outline && value.empty() ? length : value.size(); }
 };
+
+// The record at byte `p` of an Xattr item: its end, or 0 if it is
+// malformed (truncated, an empty name, an out-of-line record whose
+// XattrOutline is not one). Every length is checked against the item.
+inline size_t decode_xattr_at(std::span<const std::byte> v, size_t p, XattrRec* out) {
+  if (v.size() - p < sizeof(disk::XattrEntry)) return 0;
+  const auto* d = view_as<disk::XattrEntry>(v, p);
+  const size_t n = d->name_len, m = d->value_len.get();
+  if (n == 0 || v.size() - p - sizeof(disk::XattrEntry) < n + m) return 0;
+  const std::byte* base = v.data() + p + sizeof(disk::XattrEntry);
+  const bool outline = d->flags & disk::kXattrOutline;
+  if (outline) {
+    if (m != sizeof(disk::XattrOutline)) return 0;
+    const auto* o = view_as<disk::XattrOutline>(v, p + sizeof(disk::XattrEntry) + n);
+    if (o->length.get() == 0 || o->length.get() > disk::kXattrSizeMax ||
+        o->value_id.get() >= disk::kXattrValueIds)
+      return 0;
+    if (out) {
+      out->value.clear();
+      out->value_id = o->value_id.get();
+      out->length = o->length.get();
+      out->reserved = o->reserved.get();
+    }
+  } else if (out) {
+    out->value.assign(base + n, base + n + m);
+    out->value_id = out->length = out->reserved = 0;
+  }
+  if (out) {
+    out->name.assign(reinterpret_cast<const char*>(base), n);
+    out->outline = outline;
+    out->flags = d->flags;
+  }
+  return p + sizeof(disk::XattrEntry) + n + m;
+}
 
 inline Result<std::vector<XattrRec>> decode_xattrs(Key k, std::span<const std::byte> v) {
   std::vector<XattrRec> out;
   size_t p = 0;
   while (p < v.size()) {
-    if (v.size() - p < sizeof(disk::XattrEntry))
-      return Error::corrupt(Error::kNoBlock, "truncated xattr in inode " + std::to_string(k.hi));
-    const auto* d = view_as<disk::XattrEntry>(v, p);
-    size_t n = d->name_len, m = d->value_len.get();
-    if (n == 0 || v.size() - p - sizeof(disk::XattrEntry) < n + m)
-      return Error::corrupt(Error::kNoBlock, "bad xattr in inode " + std::to_string(k.hi));
-    const std::byte* base = v.data() + p + sizeof(disk::XattrEntry);
-    out.push_back({std::string(reinterpret_cast<const char*>(base), n),
-                   std::vector<std::byte>(base + n, base + n + m)});
-    p += sizeof(disk::XattrEntry) + n + m;
+    XattrRec x;
+    const size_t next = decode_xattr_at(v, p, &x);
+    if (!next) return Error::corrupt(Error::kNoBlock, "bad xattr in inode " + std::to_string(k.hi));
+    out.push_back(std::move(x));
+    p = next;
   }
   return out;
 }
 
+// Bytes one record takes in its item.
+inline size_t xattr_record_size(const XattrRec& x) {
+  return sizeof(disk::XattrEntry) + x.name.size() + (x.outline ? sizeof(disk::XattrOutline) : x.value.size());
+}
+
+// Writes known flags only and zero reserved fields. A pending out-of-line
+// record (bytes still in `value`) must have been given its value id.
 inline std::vector<std::byte> encode_xattrs(const std::vector<XattrRec>& xs) {
   std::vector<std::byte> v;
   for (const auto& x : xs) {
     size_t p = v.size();
-    v.resize(p + sizeof(disk::XattrEntry) + x.name.size() + x.value.size());
+    v.resize(p + xattr_record_size(x));
     auto* d = view_as<disk::XattrEntry>(std::span(v), p);
     d->name_len = uint8_t(x.name.size());
-    d->reserved = 0;
-    d->value_len.set(uint16_t(x.value.size()));
+    d->flags = x.outline ? disk::kXattrOutline : 0;
     std::memcpy(v.data() + p + sizeof(disk::XattrEntry), x.name.data(), x.name.size());
-    if (!x.value.empty())
-      std::memcpy(v.data() + p + sizeof(disk::XattrEntry) + x.name.size(), x.value.data(),
-                  x.value.size());
+    const size_t at = p + sizeof(disk::XattrEntry) + x.name.size();
+    if (x.outline) {
+      d->value_len.set(uint16_t(sizeof(disk::XattrOutline)));
+      auto* o = view_as<disk::XattrOutline>(std::span(v), at);
+      o->value_id.set(x.value_id);
+      o->length.set(uint32_t(x.size()));
+      o->reserved.set(0);
+    } else {
+      d->value_len.set(uint16_t(x.value.size()));
+      if (!x.value.empty()) std::memcpy(v.data() + at, x.value.data(), x.value.size());
+    }
   }
   return v;
 }
+
+// Chooses which records of one item go out of line so that the item fits
+// `max` bytes (one B-tree value): none if it fits as it is, so that what
+// fits is stored as before large xattrs existed; else the largest inline
+// values first. Marks them pending (outline, bytes kept); false if even
+// then the item does not fit (long names colliding in one 56-bit hash).
+inline bool fit_xattrs(std::vector<XattrRec>& xs, size_t max) {
+  auto total = [&] {
+    size_t t = 0;
+    for (const auto& x : xs) t += xattr_record_size(x);
+    return t;
+  };
+  for (size_t t = total(); t > max; t = total()) {
+    XattrRec* big = nullptr;
+    for (auto& x : xs)
+      if (!x.outline && x.value.size() > sizeof(disk::XattrOutline) && (!big || x.value.size() > big->value.size()))
+        big = &x;
+    if (!big) return false;
+    big->outline = true;
+    big->length = uint32_t(big->value.size());
+  }
+  return true;
+}
+
+// The key of the chunk at byte `off` of out-of-line value `id`.
+inline Key xattr_chunk_key(uint64_t ino, uint64_t id, uint64_t off) {
+  return ikey(ino, ItemType::XattrValue, id << disk::kXattrOffsetBits | off);
+}
+inline uint64_t chunk_value_id(Key k) { return off_of(k) >> disk::kXattrOffsetBits; }
+inline uint64_t chunk_offset(Key k) { return off_of(k) & ((1ull << disk::kXattrOffsetBits) - 1); }
+// Bytes per chunk: one whole B-tree value, so that a leaf holds as many as
+// it can (format.md#fs-xattr).
+inline uint32_t xattr_chunk_len(uint32_t block_size) { return BTree::max_value_len(block_size); }
 
 
 }  // namespace plyfs::fsitems

@@ -673,6 +673,8 @@ std::vector<FsOp> fs_instances() {
       {K::Rollback},                           // 21 rollback main
       {K::AddBranch, "b2"},                    // 22 a new branch
       {K::DelBranch, "spare"},                 // 23 delete a branch
+      {K::Setxattr, "up", "", 0, 65536},       // 24 a 64 KiB xattr: out of line, its chunks and
+                                               //    the LARGE_XATTR bit in one generation
   };
 }
 
@@ -774,7 +776,7 @@ FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
     else if (r < 64) w.ops.push_back({K::Unlink, name()});
     else if (r < 68) w.ops.push_back({K::Mkdir, name()});
     else if (r < 72) w.ops.push_back({K::Rmdir, name()});
-    else if (r < 76) w.ops.push_back({K::Setxattr, name(), "", 0, 1 + rng() % 300});
+    else if (r < 76) w.ops.push_back({K::Setxattr, name(), "", 0, rng() % 4 ? 1 + rng() % 300 : 1 + rng() % 65536});
     else if (r < 80) w.ops.push_back({K::Fallocate, name(), "", rng() % 8192, 1 + rng() % 16384});
     else if (r < 83) w.ops.push_back({K::CopyUp, name()});
     else if (r < 86) w.ops.push_back({K::Snapshot, numbered("rs", branches++)});

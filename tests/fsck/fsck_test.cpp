@@ -167,6 +167,12 @@ bool undetectable(const Case& c, const Nodes& n) {
                                            "commit_time_ns", "version_minor", "compat",
                                            "ro_compat", "next_inode", "next_tree_id",
                                            "reserve_blocks"};
+  // A known incompat bit on an image that does not use the feature is no
+  // damage either: LARGE_XATTR (bit 0) allows out-of-line xattr values and
+  // requires none (format.md#features).
+  if (c.target.what == CorruptStruct::Superblock && c.target.field == "incompat" &&
+      c.action.how == Damage::Flip && c.action.bit == 0 && c.action.fix_checksum)
+    return true;
   if (c.target.what == CorruptStruct::Superblock) return sb.count(c.target.field) > 0;
   if (c.target.what == CorruptStruct::RootRecord)
     return c.target.field == "cloned_from" || c.target.field == "created_gen" ||

@@ -2,7 +2,8 @@
 // (issue 5): crafted damage to the items of filesystem trees and to the
 // catalog, each on a fresh copy of one image that holds every kind of
 // object: directories, inline and extent files, hard links, a symlink, a
-// device node, xattrs, and a layer with a whiteout and an opaque directory,
+// device node, xattrs (one of them 64 KiB, out of line), and a layer with a
+// whiteout and an opaque directory,
 // shown by a view. Every case checks what `fsck -n` reports, that `-p`
 // repairs exactly the repairs that lose nothing, that `-y` repairs the rest,
 // that a repaired image checks clean, and what the repaired tree holds.
@@ -19,10 +20,12 @@
 #include "../lib/test_util.h"
 #include "fs/check.h"
 #include "fs/corrupt_fs.h"
+#include "commit/superblock.h"
 #include "fsck/corrupt.h"
 #include "snap/snap.h"
 #include "fs/disk_fs.h"
 #include "fs/fs.h"
+#include "fs/items.h"
 #include "union/union.h"
 #include "union/view.h"
 #include "util/checksum.h"
@@ -76,6 +79,7 @@ const Image& base_image() {
       must(fs->write(im.linked, 0, pattern(9000, 3)));
       must(fs->link(im.linked, im.dir, "link2"));
       must(fs->setxattr(im.linked, "user.colour", bytes("blue"), 0));
+      must(fs->setxattr(im.linked, "user.big", pattern(65536, 5), 0));  // out of line
       im.sym = must(fs->symlink(im.root, "sym", "dir/small", 0, 0)).ino;
       im.node = must(fs->mknod(im.root, "fifo", S_IFIFO | 0644, 0, 0, 0)).ino;
       for (int i = 0; i < 40; i++) must(fs->mknod(im.sub, "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0));
@@ -588,6 +592,127 @@ TEST_CASE("fsck objects: roots, inline flags, damaged data and view records", "[
   }
 }
 
+namespace {
+
+// The out-of-line record of xattr `name` of `ino` (format.md#fs-xattr).
+fsitems::XattrRec outline_of(Edit& d, TreeId t, uint64_t ino, const std::string& name) {
+  const Key k = ikey(ino, ItemType::Xattr, name_hash(name));
+  for (auto& x : must(fsitems::decode_xattrs(k, d.get(t, k))))
+    if (x.name == name) {
+      REQUIRE(x.outline);
+      return x;
+    }
+  FAIL("no xattr " << name);
+  return {};
+}
+Key chunk(uint64_t ino, uint64_t id, uint64_t off) { return fsitems::xattr_chunk_key(ino, id, off); }
+
+}  // namespace
+
+TEST_CASE("fsck objects: out-of-line xattr values and their chunks (F9)", "[fsck][objects]") {
+  const Image& im = base_image();
+  Edit d(im);
+  const auto x = outline_of(d, im.base, im.linked, "user.big");
+  REQUIRE(x.length == 65536);
+  const uint64_t last = 66 * 984;  // 67 chunks of 984 bytes at 4 KiB blocks, the last 592
+  auto lost = [&](std::unique_ptr<MemDevice> dev) {
+    Reader r(*dev, im.base);
+    CHECK(r.fs->getxattr(im.linked, "user.big").error().code == ENODATA);
+    CHECK(must(r.fs->getxattr(im.linked, "user.colour")) == bytes("blue"));
+    CHECK(r.content(im.linked) == pattern(9000, 3));
+  };
+  SECTION("chunks no record names go") {
+    d.put(im.base, chunk(im.linked, 12345, 0), pattern(984, 1));
+    d.put(im.base, chunk(im.linked, 12345, 984), pattern(10, 1));
+    auto dev = cycle(d.done(), "F-xattr-chunk", false);
+    Reader r(*dev, im.base);
+    CHECK(must(r.fs->getxattr(im.linked, "user.big")) == pattern(65536, 5));
+    auto t = must(r.vol->begin());
+    CHECK(!must(t.get(im.base, chunk(im.linked, 12345, 0))));
+  }
+  SECTION("a value whose chunks are all missing goes") {
+    for (uint64_t o = 0; o <= last; o += 984) d.erase(im.base, chunk(im.linked, x.value_id, o));
+    lost(cycle(d.done(), "F-xattr-value", false));
+  }
+  SECTION("a value cut short goes") {
+    d.erase(im.base, chunk(im.linked, x.value_id, last));
+    lost(cycle(d.done(), "F-xattr-value", false));
+  }
+  SECTION("a value with a gap goes, with its other chunks") {
+    d.erase(im.base, chunk(im.linked, x.value_id, 984 * 10));
+    auto dev = cycle(d.done(), "F-xattr-value", false);
+    Reader r(*dev, im.base);
+    auto t = must(r.vol->begin());
+    CHECK(!must(t.get(im.base, chunk(im.linked, x.value_id, 0))));
+    lost(std::move(dev));
+  }
+  SECTION("a chunk numbered out of sequence") {
+    auto v = d.get(im.base, chunk(im.linked, x.value_id, 984));
+    d.erase(im.base, chunk(im.linked, x.value_id, 984));
+    d.put(im.base, chunk(im.linked, x.value_id, 985), v);
+    lost(cycle(d.done(), "F-xattr-value", false));
+  }
+  SECTION("chunk bytes past the value's length are cut; the value stays") {
+    auto v = d.get(im.base, chunk(im.linked, x.value_id, last));
+    REQUIRE(v.size() == 592);
+    v.resize(700);
+    d.put(im.base, chunk(im.linked, x.value_id, last), v);
+    d.put(im.base, chunk(im.linked, x.value_id, 65000), pattern(100, 9));
+    auto dev = cycle(d.done(), "F-xattr-value", false);
+    Reader r(*dev, im.base);
+    CHECK(must(r.fs->getxattr(im.linked, "user.big")) == pattern(65536, 5));
+  }
+  SECTION("two records with one value id: the later goes") {
+    {
+      auto fs = must(Filesystem::open(*d.vol, im.base));
+      must(fs->setxattr(im.linked, "user.two", pattern(20000, 6), 0));
+    }
+    const Key k = ikey(im.linked, ItemType::Xattr, name_hash("user.two"));
+    auto xs = must(fsitems::decode_xattrs(k, d.get(im.base, k)));
+    REQUIRE(xs.size() == 1);
+    const uint64_t own = xs[0].value_id;
+    xs[0].value_id = x.value_id;
+    d.put(im.base, k, fsitems::encode_xattrs(xs));
+    auto dev = cycle(d.done(), "F-xattr-value", false);
+    Reader r(*dev, im.base);
+    // Its own chunks, which nothing named any more, went too (F-xattr-chunk).
+    auto t = must(r.vol->begin());
+    CHECK(!must(t.get(im.base, chunk(im.linked, own, 0))));
+    const bool kept_big = bool(r.fs->getxattr(im.linked, "user.big"));
+    const bool kept_two = bool(r.fs->getxattr(im.linked, "user.two"));
+    CHECK(kept_big != kept_two);  // one record stays, reading the shared chunks
+    if (kept_big) CHECK(must(r.fs->getxattr(im.linked, "user.big")) == pattern(65536, 5));
+  }
+  SECTION("the OUTLINE flag on an inline record") {
+    const Key k = ikey(im.linked, ItemType::Xattr, name_hash("user.colour"));
+    auto v = d.get(im.base, k);
+    v[1] = std::byte{disk::kXattrOutline};
+    d.put(im.base, k, v);
+    auto dev = cycle(d.done(), "F-item", false);
+    Reader r(*dev, im.base);
+    CHECK(r.fs->getxattr(im.linked, "user.colour").error().code == ENODATA);
+    CHECK(must(r.fs->getxattr(im.linked, "user.big")) == pattern(65536, 5));
+  }
+  SECTION("unknown flag bits and a reserved field are cleared") {
+    const Key k = ikey(im.linked, ItemType::Xattr, name_hash("user.big"));
+    auto v = d.get(im.base, k);
+    v[1] = std::byte{disk::kXattrOutline | 0x40};
+    v[v.size() - 1] = std::byte{1};  // XattrOutline.reserved
+    d.put(im.base, k, v);
+    auto dev = cycle(d.done(), "F-reserved", true);
+    CHECK(must(Reader(*dev, im.base).fs->getxattr(im.linked, "user.big")) == pattern(65536, 5));
+  }
+  SECTION("an out-of-line value on an image without LARGE_XATTR") {
+    auto dev = d.done();
+    REQUIRE((must(read_superblocks(*dev)).info.incompat & kIncompatLargeXattr));
+    must(corrupt(*dev, CorruptTarget{CorruptStruct::Superblock, -1, 0, "incompat"},
+                 CorruptAction{Damage::Zero, 0, 0, true}));
+    dev = cycle(std::move(dev), "F-xattr-feature", true);
+    CHECK((must(read_superblocks(*dev)).info.incompat & kIncompatLargeXattr));
+    CHECK(must(Reader(*dev, im.base).fs->getxattr(im.linked, "user.big")) == pattern(65536, 5));
+  }
+}
+
 TEST_CASE("fsck objects: a structural repair is followed by the object repairs", "[fsck][objects]") {
   // A leaf of the base tree becomes unreadable: -y rebuilds the tree from
   // what is readable, then (R4) checks again and mends the objects the lost
@@ -676,6 +801,7 @@ int walk_all(Volume& vol, TreeId tree) {
       }
       errors += !(*fs)->listxattr(a->ino);
       errors += !(*fs)->getxattr(a->ino, "user.colour") && true;
+      errors += !(*fs)->getxattr(a->ino, "user.big") && true;
       if (S_ISDIR(a->mode)) todo.push_back(a->ino);
       else if (S_ISLNK(a->mode)) errors += !(*fs)->readlink(a->ino);
       else if (S_ISREG(a->mode)) {
@@ -713,6 +839,9 @@ std::vector<Target> every_structure(const Image& im, Volume& vol) {
       tg(FsStruct::Dirent, im.base, im.root, "sym", 0, "entry of a symlink"),
       tg(FsStruct::Whiteout, im.layer, layer_root, "fifo", 0, "whiteout"),
       tg(FsStruct::Xattr, im.base, im.linked, "user.colour", 0, "xattr"),
+      tg(FsStruct::Xattr, im.base, im.linked, "user.big", 0, "out-of-line xattr"),
+      tg(FsStruct::XattrChunk, im.base, im.linked, "user.big", 0, "first chunk of an xattr value"),
+      tg(FsStruct::XattrChunk, im.base, im.linked, "user.big", 66 * 984, "last chunk of an xattr value"),
       tg(FsStruct::Extent, im.base, im.big, "", 0, "extent"),
       tg(FsStruct::Inline, im.base, im.small, "", 0, "inline data"),
       tg(FsStruct::Inline, im.base, im.sym, "", 0, "symlink target"),
@@ -818,13 +947,14 @@ TEST_CASE("fsck objects: every field of every filesystem structure, damaged in t
       }
   // Damage no check can tell from a change a program could have made: times,
   // owners, permission bits, sizes, names, a sequence number, a flag a
-  // program may set, an item moved to another object that has none.
+  // program may set, an item moved to another object that has none, the
+  // bytes of an xattr value.
   const std::set<std::string> free_fields{
       "dirent.seq",     "fsinfo.branch_flags", "fsinfo.created_ns", "fsinfo.name",    "fsinfo.parent",
       "fsinfo.version", "inline.data",         "inode.atime.sec",   "inode.ctime.sec", "inode.flags",
       "inode.generation", "inode.gid",         "inode.mode",        "inode.mtime.nsec", "inode.parent",
       "inode.rdev",     "inode.size",          "inode.uid",         "whiteout.key.hi", "whiteout.seq",
-      "xattr.key.hi"};
+      "xattr.key.hi",   "xattr-chunk.data"};
   std::string list;
   for (const auto& [f, c] : undetected) {
     list += f + " x" + std::to_string(c) + "\n";

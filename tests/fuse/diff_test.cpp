@@ -220,11 +220,17 @@ Op random_op(std::mt19937_64& rng, const std::vector<std::string>& paths, const 
       op.data.resize(n);
       break;
     }
-    case Op::SetXattr:
-      op.data = random_bytes(rng, rng() % 4 == 0 ? 0 : rng() % 300);
+    case Op::SetXattr: {
+      // Mostly small; one in eight large (out of line in plyfs), up to one
+      // byte past XATTR_SIZE_MAX (E2BIG on both sides).
+      const size_t large = std::vector<size_t>{1000, 4096, 20000, 65536, 65537}[rng() % 5];
+      op.data = random_bytes(rng, rng() % 8 == 0   ? (rng() % 2 ? large : 985 + rng() % 64552)
+                                  : rng() % 4 == 0 ? 0
+                                                   : rng() % 300);
       op.b = "user.x" + std::to_string(rng() % 4);
       op.flags = std::vector<int>{0, 0, XATTR_CREATE, XATTR_REPLACE}[rng() % 4];
       break;
+    }
     case Op::RemoveXattr:
       op.b = "user.x" + std::to_string(rng() % 4);
       break;

@@ -106,8 +106,8 @@ TEST_CASE("a corrupt data block reads as EIO and turns the mount read-only", "[e
 namespace {
 
 // Everything under `dir`, read the way a user would (stat, readdir,
-// read, readlink, listxattr): returns how many calls failed, and the
-// errnos they failed with.
+// read, readlink, listxattr, getxattr): returns how many calls failed, and
+// the errnos they failed with.
 int walk(const std::string& dir, std::set<int>& errs, int depth = 0) {
   int failed = 0;
   DIR* d = ::opendir(dir.c_str());
@@ -130,7 +130,12 @@ int walk(const std::string& dir, std::set<int>& errs, int depth = 0) {
       continue;
     }
     char buf[65536];
-    if (::llistxattr(p.c_str(), buf, sizeof buf) < 0) errs.insert(errno), failed++;
+    const ssize_t nl = ::llistxattr(p.c_str(), buf, sizeof buf);
+    if (nl < 0) errs.insert(errno), failed++;
+    std::vector<std::string> xnames;
+    for (ssize_t i = 0; i < nl; i += ssize_t(std::strlen(buf + i)) + 1) xnames.emplace_back(buf + i);
+    for (const auto& x : xnames)
+      if (::lgetxattr(p.c_str(), x.c_str(), buf, sizeof buf) < 0) errs.insert(errno), failed++;
     if (S_ISDIR(st.st_mode) && depth < 8) {
       failed += walk(p, errs, depth + 1);
     } else if (S_ISLNK(st.st_mode)) {
@@ -165,6 +170,8 @@ TEST_CASE("a mount of an image with damaged filesystem items answers EIO and doe
   write_file(fx / "d/big", random_bytes(rng, 300000));
   REQUIRE(::symlink("d/small", (fx / "sym").c_str()) == 0);
   REQUIRE(::setxattr((fx / "d/big").c_str(), "user.k", "v", 1, 0) == 0);
+  const std::string large = random_bytes(rng, 20000);  // out of line, 21 chunks
+  REQUIRE(::setxattr((fx / "d/big").c_str(), "user.L", large.data(), large.size(), 0) == 0);
   const uint64_t d = lstat_of(fx / "d").st_ino, small = lstat_of(fx / "d/small").st_ino,
                  big = lstat_of(fx / "d/big").st_ino, sym = lstat_of(fx / "sym").st_ino;
   fx.unmount();
@@ -179,6 +186,9 @@ TEST_CASE("a mount of an image with damaged filesystem items answers EIO and doe
       {"dirent", "main", std::to_string(d), "big", "ino", "--set", "99999"},
       {"dirent", "main", std::to_string(d), "small", "name_len", "--set", "255"},
       {"xattr", "main", std::to_string(big), "user.k", "value_len", "--set", "65535"},
+      {"xattr", "main", std::to_string(big), "user.L", "outline.length", "--set", "70000"},
+      {"xattr", "main", std::to_string(big), "user.L", "outline.value_id", "--add", "1"},
+      {"xattr-chunk", "main", std::to_string(big), "user.L", "984", "length", "--set", "100"},
       {"extent", "main", std::to_string(big), "0", "nblocks", "--set", "4000000000"},
       {"extent", "main", std::to_string(big), "0", "disk_start", "--set", "1152921504606846976"},
       {"inline", "main", std::to_string(small), "0", "length", "--set", "600"},

@@ -1,9 +1,10 @@
 // The filesystem image fuzzer (issue 5): the same patches as fuzz_image.cpp,
 // applied to an image of filesystem trees (directories, inline and extent
-// files, hard links, a symlink, xattrs, a layer with a whiteout and an opaque
-// directory, a clone, a view), so that mutations reach the filesystem layer,
-// the union's readers and fsck's passes 5-6 with their repairs (the walk-fed
-// object checks, their worker threads, lost+found, holes for bad data).
+// files, hard links, a symlink, xattrs, one of them out of line, a layer
+// with a whiteout and an opaque directory, a clone, a view), so that
+// mutations reach the filesystem layer, the union's readers and fsck's
+// passes 5-6 with their repairs (the walk-fed object checks, their worker
+// threads, lost+found, holes for bad data).
 // Nothing may crash, hang or leak; an image fsck -y says it corrected must
 // check clean after, with the object passes.
 #include <sys/stat.h>
@@ -56,6 +57,9 @@ std::unique_ptr<MemDevice> build_fs_base() {
     (void)f.write(big->ino, 0, fill(3 * 4096 + 10, 2));
     (void)f.link(small->ino, dir->ino, "hard");
     (void)f.setxattr(small->ino, "user.k", fill(40, 3), 0);
+    // Out of line (format.md#fs-xattr): 5 chunks, so that mutations reach
+    // the chunk decoding and fsck's F9 checks.
+    (void)f.setxattr(big->ino, "user.big", fill(4500, 5), 0);
     (void)f.symlink(root, "sym", "dir/big", 0, 0);
   }
   FsCreateOptions lo;
@@ -105,6 +109,7 @@ void read_all(Volume& vol) {
         if (!a) continue;
         (void)(*fs)->listxattr(a->ino);
         (void)(*fs)->getxattr(a->ino, "user.k");
+        (void)(*fs)->getxattr(a->ino, "user.big");
         if (S_ISDIR(a->mode)) todo.push_back(a->ino);
         else if (S_ISLNK(a->mode)) (void)(*fs)->readlink(a->ino);
         else if (S_ISREG(a->mode)) {

@@ -9,10 +9,13 @@
 
 #include <set>
 
+#include "commit/superblock.h"
 #include "fs/check.h"
+#include "fs/disk_fs.h"
 #include "fs/fs.h"
 #include "fsck/fsck.h"
 #include "test_util.h"
+#include "util/checksum.h"
 
 namespace plyfs::test {
 namespace {
@@ -245,6 +248,211 @@ TEST_CASE("fs: a default ACL is inherited and narrows the mode instead of the um
   CHECK((plain.mode & 07777) == 0644);
   CHECK(fs.getxattr(plain.ino, "system.posix_acl_access").error().code == ENODATA);
   unmount(m);
+}
+
+// --- large xattrs (format.md#fs-xattr) -----------------------------------------
+
+std::unique_ptr<MemDevice> fs_device_bs(uint32_t bs) {
+  auto dev = std::make_unique<MemDevice>(256ull << 20);
+  FormatOptions fo;
+  fo.block_size = bs;
+  must(format_filesystem(*dev, fo, FsCreateOptions{}));
+  return dev;
+}
+
+// The items of object `ino` of type `type` (format.md#fs-keys).
+size_t items_of(Mounted& m, uint64_t ino, disk::ItemType type) {
+  size_t n = 0;
+  for (const auto& [k, v] : dump(*m.vol, m.fs->tree()))
+    n += k.hi == ino && disk::ItemType(k.lo >> 56) == type;
+  return n;
+}
+size_t chunks_of(Mounted& m, uint64_t ino) { return items_of(m, ino, disk::ItemType::XattrValue); }
+
+// An Xattr item as the format stored it before large xattrs existed: one
+// record, flags byte 0, the value inline.
+std::vector<std::byte> legacy_record(const std::string& name, const std::vector<std::byte>& value) {
+  std::vector<std::byte> v{std::byte(name.size()), std::byte{0}, std::byte(value.size() & 0xff),
+                           std::byte(value.size() >> 8)};
+  for (char c : name) v.push_back(std::byte(c));
+  v.insert(v.end(), value.begin(), value.end());
+  return v;
+}
+std::optional<std::vector<std::byte>> xattr_item(Mounted& m, uint64_t ino, const std::string& name) {
+  uint64_t h = xxh3(name.data(), name.size()) & disk::kOffMask;
+  auto t = must(m.vol->begin());
+  return must(t.get(m.fs->tree(), Key{ino, uint64_t(disk::ItemType::Xattr) << 56 | (h ? h : 1)}));
+}
+
+// Two names whose 56-bit name hashes collide, so that they share one Xattr
+// item (found offline by Brent's cycle finding over the hash of
+// "user.c" + 14 hex digits; both hash to 0x7b40f2a9875735).
+constexpr const char* kCollideA = "user.c686d7fc93c05fc";
+constexpr const char* kCollideB = "user.c4021611ef787d5";
+
+TEST_CASE("fs: xattr values of any size up to 64 KiB, inline while they fit, out of line beyond", "[fs][xattr]") {
+  for (uint32_t bs : {4096u, 16384u}) {
+    INFO("block size " << bs);
+    auto dev = fs_device_bs(bs);
+    uint64_t used0;
+    {
+      auto m = mount(*dev);
+      used0 = m.vol->space_stats().used_blocks;
+      unmount(m);
+    }
+    auto m = mount(*dev);
+    Filesystem& fs = *m.fs;
+    const uint32_t chunk = BTree::max_value_len(bs);
+    Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
+    // Names of 11 bytes: the item of a value of chunk - 15 bytes is full.
+    const std::vector<size_t> sizes{0, 1, 900, 901, chunk - 4 - 11, chunk - 4 - 10, 4096, 16384, 65536};
+    std::map<std::string, std::vector<std::byte>> want;
+    size_t expect = 0;  // chunks: whole B-tree values
+    for (size_t n : sizes) {
+      char name_buf[16];
+      std::snprintf(name_buf, sizeof name_buf, "user.s%05zu", n);
+      const std::string name = name_buf;
+      INFO(name);
+      want[name] = pattern(n, n + bs);
+      must(fs.setxattr(f.ino, name, want[name], XATTR_CREATE));
+      REQUIRE(must(fs.getxattr(f.ino, name)) == want[name]);
+      // What fits an item is stored exactly as before: one inline record.
+      const bool fits = 4 + name.size() + n <= chunk;
+      if (fits) CHECK(*xattr_item(m, f.ino, name) == legacy_record(name, want[name]));
+      else CHECK(xattr_item(m, f.ino, name)->size() == 4 + name.size() + sizeof(disk::XattrOutline));
+      if (!fits) expect += (n + chunk - 1) / chunk;
+      CHECK(chunks_of(m, f.ino) == expect);
+      // The feature flag comes with the first out-of-line value.
+      CHECK(bool(m.vol->incompat() & kIncompatLargeXattr) == (expect > 0));
+    }
+    CHECK((m.vol->incompat() & kIncompatLargeXattr));
+    // Linux's limit: a value over XATTR_SIZE_MAX is E2BIG, and nothing changes.
+    CHECK(fs.setxattr(f.ino, "user.toobig", pattern(65537, 1), 0).error().code == E2BIG);
+    CHECK(fs.getxattr(f.ino, "user.toobig").error().code == ENODATA);
+    auto names = must(fs.listxattr(f.ino));
+    CHECK(std::set<std::string>(names.begin(), names.end()).size() == sizes.size());
+
+    // Replace large by small and back, with the flags' rules.
+    Attr g = must(fs.mknod(fs.root(), "g", S_IFREG | 0644, 0, 0, 0));
+    must(fs.setxattr(g.ino, "user.v", pattern(65536, 1), 0));
+    CHECK(chunks_of(m, g.ino) == (65536 + chunk - 1) / chunk);
+    CHECK(fs.setxattr(g.ino, "user.v", pattern(5, 2), XATTR_CREATE).error().code == EEXIST);
+    CHECK(must(fs.getxattr(g.ino, "user.v")) == pattern(65536, 1));
+    must(fs.setxattr(g.ino, "user.v", pattern(10, 3), XATTR_REPLACE));
+    CHECK(must(fs.getxattr(g.ino, "user.v")) == pattern(10, 3));
+    CHECK(chunks_of(m, g.ino) == 0);
+    CHECK(*xattr_item(m, g.ino, "user.v") == legacy_record("user.v", pattern(10, 3)));
+    must(fs.setxattr(g.ino, "user.v", pattern(20000, 4), XATTR_REPLACE));
+    CHECK(chunks_of(m, g.ino) == (20000 + chunk - 1) / chunk);
+    must(fs.setxattr(g.ino, "user.v", pattern(30000, 5), 0));  // large over large
+    CHECK(chunks_of(m, g.ino) == (30000 + chunk - 1) / chunk);
+    CHECK(must(fs.getxattr(g.ino, "user.v")) == pattern(30000, 5));
+    CHECK(fs.setxattr(g.ino, "user.w", pattern(70000, 6), XATTR_REPLACE).error().code == E2BIG);
+    CHECK(fs.setxattr(g.ino, "user.w", pattern(7000, 6), XATTR_REPLACE).error().code == ENODATA);
+    must(fs.removexattr(g.ino, "user.v"));
+    CHECK(fs.getxattr(g.ino, "user.v").error().code == ENODATA);
+    CHECK(chunks_of(m, g.ino) == 0);
+    CHECK(items_of(m, g.ino, disk::ItemType::Xattr) == 0);
+    must(fs.setxattr(g.ino, "user.v", pattern(40000, 7), 0));
+
+    // Persistence across a remount; the durable superblock carries the flag.
+    unmount(m);
+    require_fs_clean(*dev);
+    CHECK((must(read_superblocks(*dev)).info.incompat & kIncompatLargeXattr));
+    m = mount(*dev);
+    for (const auto& [name, v] : want) {
+      INFO(name);
+      CHECK(must(m.fs->getxattr(f.ino, name)) == v);
+    }
+    CHECK(must(m.fs->getxattr(g.ino, "user.v")) == pattern(40000, 7));
+    // Deleting the files frees every chunk and block: one by unlink, one by
+    // a rename over it.
+    Attr h = must(m.fs->mknod(m.fs->root(), "h", S_IFREG | 0644, 0, 0, 0));
+    must(m.fs->unlink(m.fs->root(), "f"));
+    must(m.fs->rename(m.fs->root(), "h", m.fs->root(), "g", 0));
+    must(m.fs->unlink(m.fs->root(), "g"));
+    for (const auto& [k, v] : dump(*m.vol, m.fs->tree())) CHECK((k.hi != f.ino && k.hi != g.ino && k.hi != h.ino));
+    must(m.fs->sync());
+    must(m.fs->sync());  // what the deletions freed is free once durable
+    CHECK(m.vol->space_stats().used_blocks <= used0 + 4);
+    unmount(m);
+    require_fs_clean(*dev);
+  }
+}
+
+TEST_CASE("fs: xattrs whose names share a hash share an item, large or small", "[fs][xattr]") {
+  REQUIRE((xxh3(kCollideA, 20) & disk::kOffMask) == (xxh3(kCollideB, 20) & disk::kOffMask));
+  auto dev = fs_device();
+  auto m = mount(*dev);
+  Filesystem& fs = *m.fs;
+  Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
+  auto both = [&](const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+    CHECK(must(fs.getxattr(f.ino, kCollideA)) == a);
+    CHECK(must(fs.getxattr(f.ino, kCollideB)) == b);
+    CHECK(items_of(m, f.ino, disk::ItemType::Xattr) == 1);
+    CHECK(must(fs.listxattr(f.ino)).size() == 2);
+  };
+  must(fs.setxattr(f.ino, kCollideA, pattern(10, 1), 0));
+  must(fs.setxattr(f.ino, kCollideB, pattern(10, 2), 0));
+  both(pattern(10, 1), pattern(10, 2));
+  CHECK(*xattr_item(m, f.ino, kCollideA) ==
+        [&] {
+          auto v = legacy_record(kCollideA, pattern(10, 1));
+          auto w = legacy_record(kCollideB, pattern(10, 2));
+          v.insert(v.end(), w.begin(), w.end());
+          return v;
+        }());
+  // Both large: each its own chunks (the second value id probes past the first).
+  must(fs.setxattr(f.ino, kCollideA, pattern(65536, 3), 0));
+  both(pattern(65536, 3), pattern(10, 2));
+  must(fs.setxattr(f.ino, kCollideB, pattern(65536, 4), 0));
+  both(pattern(65536, 3), pattern(65536, 4));
+  CHECK(chunks_of(m, f.ino) == 2 * 67);
+  // One shrinks: the other's chunks stay.
+  must(fs.setxattr(f.ino, kCollideA, pattern(5, 5), 0));
+  both(pattern(5, 5), pattern(65536, 4));
+  CHECK(chunks_of(m, f.ino) == 67);
+  // Two values that fit alone but not together: the larger goes out of line.
+  must(fs.setxattr(f.ino, kCollideB, pattern(800, 6), 0));
+  both(pattern(5, 5), pattern(800, 6));
+  CHECK(chunks_of(m, f.ino) == 0);
+  must(fs.setxattr(f.ino, kCollideA, pattern(900, 7), 0));
+  both(pattern(900, 7), pattern(800, 6));
+  CHECK(chunks_of(m, f.ino) == 1);
+  unmount(m);
+  require_fs_clean(*dev);
+  m = mount(*dev);
+  Filesystem& fs2 = *m.fs;
+  CHECK(must(fs2.getxattr(f.ino, kCollideA)) == pattern(900, 7));
+  CHECK(must(fs2.getxattr(f.ino, kCollideB)) == pattern(800, 6));
+  must(fs2.removexattr(f.ino, kCollideA));
+  CHECK(must(fs2.getxattr(f.ino, kCollideB)) == pattern(800, 6));
+  CHECK(fs2.getxattr(f.ino, kCollideA).error().code == ENODATA);
+  must(fs2.removexattr(f.ino, kCollideB));
+  CHECK(items_of(m, f.ino, disk::ItemType::Xattr) + chunks_of(m, f.ino) == 0);
+  unmount(m);
+  require_fs_clean(*dev);
+}
+
+TEST_CASE("fs: a large default ACL is inherited out of line", "[fs][xattr]") {
+  auto dev = fs_device();
+  auto m = mount(*dev);
+  Filesystem& fs = *m.fs;
+  // default_acl() with 300 named-user entries more: 2444 bytes.
+  auto acl = default_acl();
+  std::vector<std::byte> users;
+  for (uint32_t u = 0; u < 300; u++)
+    for (uint32_t x : {0x02u | 5u << 16, 2000 + u})
+      for (int i = 0; i < 4; i++) users.push_back(std::byte(x >> (8 * i)));
+  acl.insert(acl.begin() + 4 + 8, users.begin(), users.end());  // after u::, in tag order
+  Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
+  must(fs.setxattr(d.ino, "system.posix_acl_default", acl, 0));
+  Attr sub = must(fs.mkdir(d.ino, "sub", 0777, 0, 0, 022));
+  CHECK(must(fs.getxattr(sub.ino, "system.posix_acl_default")) == acl);
+  CHECK(must(fs.getxattr(sub.ino, "system.posix_acl_access")).size() == acl.size());
+  CHECK(chunks_of(m, sub.ino) == 2 * ((acl.size() + 983) / 984));
+  unmount(m);
+  require_fs_clean(*dev);
 }
 
 TEST_CASE("fs: readdir cookies are stable across insertions, deletions and remounts", "[fs]") {

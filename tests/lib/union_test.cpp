@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <sys/xattr.h>
 
 #include <map>
 #include <set>
@@ -672,6 +673,53 @@ TEST_CASE("union: copy-up is O(1), shares extents and keeps st_ino, owner, mode,
   t.u.reset();
   t.im.close();
   REQUIRE(check_filesystems(*t.im.dev).empty());
+}
+
+std::vector<std::byte> xpattern(size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = std::byte((i * 31 + size_t(seed) * 7 + i / 251) & 0xff);
+  return v;
+}
+
+// Large xattrs (format.md#fs-xattr) are items of the object like the rest:
+// copy-up copies the chunks with the record, and the copy owes nothing to
+// the branch it came from.
+TEST_CASE("union: copy-up keeps a 64 KiB xattr; the copy outlives its lower branch", "[union][xattr]") {
+  uint64_t ino = 0;
+  TwoLayer t([&](Filesystem& fs) {
+    ino = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0)).ino;
+    must(fs.write(ino, 0, bytes("data")));
+    must(fs.setxattr(ino, "user.big", xpattern(65536, 1), 0));
+    must(fs.setxattr(ino, "user.small", bytes("s"), 0));
+  });
+  Union& u = *t.u;
+  ino = must(u.lookup(u.root(), "f")).ino;  // the union's number of it
+  must(u.open(ino, true, kRoot));           // copy-up
+  REQUIRE(u.branch_of(ino) == 0);
+  CHECK(must(u.getxattr(ino, "user.big")) == xpattern(65536, 1));
+  CHECK(must(t.im.fs[0]->same_content(*t.im.fs[1], ino)));  // item for item, chunks included
+  // The copy's value changes alone; written back, the items are the same again.
+  must(u.setxattr(ino, "user.big", xpattern(40000, 2), 0, kRoot));
+  CHECK(must(t.im.fs[1]->getxattr(ino, "user.big")) == xpattern(65536, 1));
+  CHECK(!must(t.im.fs[0]->same_content(*t.im.fs[1], ino)));
+  must(u.setxattr(ino, "user.big", xpattern(65536, 1), 0, kRoot));
+  CHECK(must(t.im.fs[0]->same_content(*t.im.fs[1], ino)));
+  must(u.setxattr(ino, "user.big", xpattern(65536, 3), XATTR_REPLACE, kRoot));
+  t.u.reset();
+  // The lower branch goes; the upper one still holds every byte.
+  const TreeId upper = t.im.trees[0], lower = t.im.trees[1];
+  t.im.close();
+  t.im.trees = {upper};
+  t.im.open();
+  must(delete_branch(*t.im.vol, lower));
+  must(t.im.vol->commit());
+  CHECK(must(t.im.fs[0]->getxattr(ino, "user.big")) == xpattern(65536, 3));
+  CHECK(must(t.im.fs[0]->getxattr(ino, "user.small")) == bytes("s"));
+  t.im.close();
+  check_image(t.im);
+  t.im.open();
+  CHECK(must(t.im.fs[0]->getxattr(ino, "user.big")) == xpattern(65536, 3));
+  t.im.close();
 }
 
 TEST_CASE("union: copy-up modes set the owner and mode of copies", "[union]") {
@@ -1495,6 +1543,67 @@ TEST_CASE("snap: a layer diff reports a rename as R", "[snap]") {
         "+ /hl3\n"
         "+ /hl4\n"
         "+ /new\n");
+  mt.u.reset();
+  im.close();
+  check_image(im);
+}
+
+// Large xattrs in the snapshot operations: a clone diff sees one byte of a
+// 64 KiB value change (its chunks are items); a layer diff pairs a renamed
+// copy-up with its original only while its chunks are the same; a merge
+// carries the values down, on files and on directories.
+TEST_CASE("snap: diffs and merges see large xattrs", "[snap][xattr]") {
+  Image im = make_image(1);
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  Union& u0 = *mt.u;
+  for (const char* n : {"f", "g", "h"}) {
+    const uint64_t ino = must(u0.mknod(u0.root(), n, S_IFREG | 0644, 0, kRoot)).ino;
+    must(u0.setxattr(ino, "user.big", xpattern(65536, 1), 0, kRoot));
+  }
+  const uint64_t d = must(u0.mkdir(u0.root(), "d", 0755, kRoot)).ino;
+  must(u0.setxattr(d, "user.big", xpattern(30000, 1), 0, kRoot));
+  auto show = [](const std::vector<DiffEntry>& es) {
+    std::string s;
+    for (const auto& e : es)
+      s += std::string(1, char(e.change)) + " " + e.path + (e.new_path.empty() ? "" : " -> " + e.new_path) + "\n";
+    return s;
+  };
+  {
+    // The last byte of f's value, in a clone.
+    auto c = must(clone_branch(*im.vol, mt.stack[0].tree, "c", false));
+    auto cfs = must(Filesystem::open(*im.vol, c.tree));
+    auto v = xpattern(65536, 1);
+    v.back() ^= std::byte{1};
+    const uint64_t f = must(cfs->lookup(cfs->root(), "f")).ino;
+    must(cfs->setxattr(f, "user.big", v, XATTR_REPLACE));
+    CHECK(show(must(diff(*im.vol, mt.stack[0].tree, c.tree))) == "M /f\n");
+    cfs.reset();
+    must(delete_branch(*im.vol, c.tree));
+  }
+  auto sn = must(snapshot(*im.vol, mt.stack, "s1"));
+  mt.remount(sn.stack);
+  Union& u = *mt.u;
+  const uint64_t root = u.root();
+  must(u.setxattr(must(resolve(u, "f")), "user.big", xpattern(65536, 2), 0, kRoot));
+  must(u.rename(root, "g", root, "g2", 0, kRoot));  // a copy-up, same chunks: R only
+  must(u.rename(root, "h", root, "h2", 0, kRoot));  // and a changed chunk: R and M
+  auto v = xpattern(65536, 1);
+  v[40000] ^= std::byte{1};
+  must(u.setxattr(must(resolve(u, "h2")), "user.big", v, 0, kRoot));
+  must(u.setxattr(must(resolve(u, "d")), "user.big", xpattern(50000, 2), 0, kRoot));
+  const std::string shown = show(must(diff(*im.vol, sn.frozen.tree, sn.live.tree)));
+  CHECK(shown.find("M /f\n") != std::string::npos);
+  CHECK(shown.find("R /g -> /g2\n") != std::string::npos);
+  CHECK(shown.find("M /g2\n") == std::string::npos);
+  CHECK(shown.find("R /h -> /h2\nM /h2\n") != std::string::npos);
+  auto mg = must(merge(*im.vol, sn.live.tree, im.fs[0].get()));
+  mt.remount({{mg.merged.tree, true}});
+  CHECK(must(mt.u->getxattr(must(resolve(*mt.u, "f")), "user.big")) == xpattern(65536, 2));
+  CHECK(must(mt.u->getxattr(must(resolve(*mt.u, "g2")), "user.big")) == xpattern(65536, 1));
+  CHECK(must(mt.u->getxattr(must(resolve(*mt.u, "h2")), "user.big")) == v);
+  CHECK(must(mt.u->getxattr(must(resolve(*mt.u, "d")), "user.big")) == xpattern(50000, 2));
   mt.u.reset();
   im.close();
   check_image(im);
