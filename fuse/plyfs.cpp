@@ -1207,8 +1207,12 @@ int main(int argc, char** argv) {
 
   // Whatever the kernel still held is gone now: free the orphans and commit.
   // The session loop returns the number of the signal that ended it: a
-  // SIGTERM, SIGINT or SIGHUP is a requested, clean unmount.
-  int rc = (ret == 0 || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
+  // SIGTERM, SIGINT or SIGHUP is a requested, clean unmount. -ECONNABORTED
+  // is an unmount too: a thread took a request off the queue just as the
+  // unmount shut the connection (a release of a file closed right before
+  // it, say), and the kernel answers that read so instead of with ENODEV,
+  // which libfuse counts as the clean end.
+  int rc = (ret == 0 || ret == -ECONNABORTED || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
   if (!d.vol->read_only() && !d.vol->failure()) {
     auto r = d.u->release_all();
     if (r) r = d.ctl->release_all();

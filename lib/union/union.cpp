@@ -98,6 +98,12 @@ Result<std::pair<int, uint64_t>> Union::top(uint64_t ino) {
   return it->second.inst.front();
 }
 
+Attr Union::entry_of(Attr a) {
+  std::shared_lock lk(nodes_mu_);
+  if (auto it = nodes_.find(a.ino); it != nodes_.end()) a.generation += it->second.incarnation;
+  return a;
+}
+
 void Union::remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
                      bool count) {
   {
@@ -245,7 +251,7 @@ Result<Attr> Union::lookup(uint64_t dir, std::string_view name) {
   auto f = PLY_TRY(resolve(d, name));
   if (!f) return Error::io(ENOENT, "no such entry");
   remember(f->attr.ino, dir, name, *f, true);
-  return f->attr;
+  return entry_of(f->attr);
 }
 
 // --- readdir ------------------------------------------------------------------------------
@@ -369,7 +375,8 @@ Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
       leftmost_copy(f);
     }
     merged_nlink(f.attr, f.inst.size());
-    if (!fn(DirEntry{m.name, f.attr.ino, m.type, e.next}, &f.attr)) return false;
+    const Attr ea = entry_of(f.attr);
+    if (!fn(DirEntry{m.name, f.attr.ino, m.type, e.next}, &ea)) return false;
     remember(f.attr.ino, dir, m.name, f, true);
     return true;
   });
@@ -555,7 +562,7 @@ Result<Attr> Union::create(uint64_t dir, std::string_view name,
   if (is_dir && PLY_TRY(below_has(d, t, name))) PLY_CHECK(br_[t].fs->whiteout(pd, name));
   Attr a = PLY_TRY(make(*br_[t].fs, pd));
   remember(a.ino, dir, name, Found{a, {{t, a.ino}}, t}, true);
-  return a;
+  return entry_of(a);
 }
 
 Result<Attr> Union::mknod(uint64_t dir, std::string_view name, uint32_t mode, uint64_t rdev,
@@ -612,12 +619,12 @@ Result<Attr> Union::link(uint64_t ino, uint64_t dir, std::string_view name, cons
     PLY_CHECK(copy_links(ino, t, lt));
     a = PLY_TRY(br_[lt].fs->getattr(ino));
     remember(ino, dir, name, Found{a, {{lt, ino}}, lt}, true);
-    return a;
+    return entry_of(a);
   }
   const uint64_t pd = PLY_TRY(dir_in(dir, t));
   Attr a = PLY_TRY(br_[t].fs->link(ino, pd, name));
   remember(ino, dir, name, Found{a, {{t, ino}}, t}, true);
-  return a;
+  return entry_of(a);
 }
 
 Result<void> Union::unlink(uint64_t dir, std::string_view name) {
@@ -996,6 +1003,18 @@ std::vector<Union::Known> Union::known() {
   return out;
 }
 
+// Whether the kernel may hold attributes of `ino` from its instance in
+// `from` that the one in `to` does not have. With the writeback cache it
+// keeps its own size, mtime and ctime of a regular file while it keeps the
+// inode; the rest it takes from every reply, and the pages a restack drops.
+static bool kernel_keeps_other(Filesystem& from, Filesystem& to, uint64_t ino) {
+  auto a = from.getattr(ino);
+  auto b = to.getattr(ino);
+  if (!a || !b) return true;
+  auto same = [](const timespec& x, const timespec& y) { return x.tv_sec == y.tv_sec && x.tv_nsec == y.tv_nsec; };
+  return S_ISREG(b->mode) && (a->size != b->size || !same(a->mtime, b->mtime) || !same(a->ctime, b->ctime));
+}
+
 Result<void> Union::restack(std::vector<UnionBranch> nb) {
   return restack([&]() -> Result<std::vector<UnionBranch>> { return std::move(nb); });
 }
@@ -1118,6 +1137,9 @@ Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>
       }
       for (size_t b = 0; b < br_.size() && n.inst.empty(); b++)
         if (br_[b].fs == was[ino] && br_[b].fs->getattr(ino)) n.inst = {{int(b), ino}};
+      if (!n.inst.empty() && was[ino] && br_[n.inst.front().first].fs != was[ino] &&
+          kernel_keeps_other(*was[ino], *br_[n.inst.front().first].fs, ino))
+        n.incarnation++;
       continue;
     }
     auto p = nodes_.find(n.parent);

@@ -83,9 +83,14 @@ class Union {
   // operation overlaps (format.md#fs-union, "Live branch changes"). What the
   // kernel references is found again in the new stack: a file in the
   // leftmost branch that holds its number, a directory by its name under its
-  // parent; one that no branch shows any more answers ESTALE. When it
-  // returns, no operation uses a branch that left the stack any more: the
-  // caller may close it.
+  // parent; one that no branch shows any more answers ESTALE. A file shown
+  // from another instance than before, with another size or other times,
+  // is reported with a new generation from then on (Attr::generation in
+  // lookup, readdirplus, link): the kernel keeps its own size and times of
+  // a file it writes back for as long as it keeps the inode (held open, or
+  // a release still on its way), and only a new generation makes it drop
+  // that inode for a fresh one. When it returns, no operation uses a branch
+  // that left the stack any more: the caller may close it.
   Result<void> restack(std::vector<UnionBranch> branches);
   // The same, with `prepare` run first while nothing else runs, not even a
   // data change that resolved its branch earlier: a snapshot or merge of a
@@ -178,6 +183,10 @@ class Union {
     // one); anything else: one, the leftmost branch holding the object.
     std::vector<std::pair<int, uint64_t>> inst;
     uint64_t refs = 0;
+    // Added to the inode's generation in what lookups report (entry_of):
+    // raised by a restack that shows the number from another instance with
+    // another size or times, so that the kernel retires the inode it holds.
+    uint64_t incarnation = 0;
   };
   struct Found {          // one name resolved in a merged directory
     Attr attr;
@@ -195,6 +204,8 @@ class Union {
   Result<std::pair<int, uint64_t>> top(uint64_t ino);
   // The same as a Part, safe without mu_: the filesystem outlives a restack.
   Result<Part> part(uint64_t ino);
+  // `a` as a lookup reports it: the generation with the node's incarnation.
+  Attr entry_of(Attr a);
   // Records what the union knows of `ino`; `count`: one more reference.
   void remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
                 bool count = false);

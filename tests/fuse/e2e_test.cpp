@@ -650,8 +650,8 @@ TEST_CASE("attributes: chmod, chown, utimensat with nanoseconds", "[e2e]") {
   CHECK(d0.st_mtim.tv_sec == d1.st_mtim.tv_sec);
   CHECK(d0.st_mtim.tv_nsec == d1.st_mtim.tv_nsec);
   CHECK(w0.st_blocks == w1.st_blocks);
-  // Known to fail (see the report): with the writeback cache the kernel
-  // keeps its own mtime for a write, and the daemon stores its own later one.
+  // With the writeback cache the kernel keeps its own mtime for a write and
+  // sends it at close (SETATTR): the daemon stores that one, not its own.
   CHECK(w0.st_mtim.tv_sec == w1.st_mtim.tv_sec);
   CHECK(w0.st_mtim.tv_nsec == w1.st_mtim.tv_nsec);
   fx.unmount();

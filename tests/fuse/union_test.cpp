@@ -262,6 +262,61 @@ TEST_CASE("union mount: branches change while mounted (plyctl on the mount point
   fx.unmount();
 }
 
+// With the writeback cache the kernel keeps its own size and times of a file
+// for as long as it keeps the inode, whatever the daemon answers later. A file
+// held open across a live change (or whose release is still on its way, as
+// after any close) keeps its inode: the new stack's version of the file,
+// another instance of the same number with another size, must still show
+// whole, not cut or padded to the old size.
+TEST_CASE("union mount: a live change shows another instance's size while the file is open",
+          "[union-fuse]") {
+  Fixture fx;
+  write_file(fx / "f", "short");
+  fx.unmount();
+  plyctl(fx, {"branch", "create", fx.img, "top", "--parent", "main"});
+  plyctl(fx, {"branch", "create", fx.img, "w"});
+  fx.opts = {"branches=top=rw:main=ro"};
+  fx.mount();
+  const std::string longer = "a much longer content";
+  write_file(fx / "f", longer);  // a copy-up: the same number in top
+  const ino_t ino = lstat_of(fx / "f").st_ino;
+  auto ctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {plyctl_bin(), "branch"});
+    const std::string log = fx.tmp / "ctl.log";
+    ::unlink(log.c_str());
+    const int rc = run(args, log);
+    INFO(slurp(log));
+    REQUIRE(rc == 0);
+  };
+  int fd = ::open((fx / "f").c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  ctl({"remove", fx.root(), "top"});  // main's instance: 5 bytes
+  CHECK(lstat_of(fx / "f").st_ino == ino);
+  CHECK(lstat_of(fx / "f").st_size == 5);
+  CHECK(read_file(fx / "f") == "short");
+  ::close(fd);
+  fd = ::open((fx / "f").c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  ctl({"add", fx.root(), "top", "--at", "0"});  // top's again: 21 bytes
+  CHECK(lstat_of(fx / "f").st_ino == ino);
+  CHECK(lstat_of(fx / "f").st_size == off_t(longer.size()));
+  CHECK(read_file(fx / "f") == longer);
+  ::close(fd);
+  // Changes that keep the instance keep the kernel's inode, looked up again
+  // or not: a file open for writing writes on (into w, a copy-up).
+  fd = ::open((fx / "f").c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  ctl({"set", fx.root(), "top", "--ro"});
+  ctl({"add", fx.root(), "w", "--at", "0"});
+  CHECK(lstat_of(fx / "f").st_size == off_t(longer.size()));
+  REQUIRE(::pwrite(fd, "A", 1, 0) == 1);
+  REQUIRE(::fsync(fd) == 0);
+  REQUIRE(::close(fd) == 0);
+  CHECK(read_file(fx / "f") == "A" + longer.substr(1));
+  CHECK(lstat_of(fx / "f").st_ino == ino);
+  fx.unmount();
+}
+
 TEST_CASE("union mount: layer trees (plyctl layer, -o layer=)", "[union-fuse]") {
   Fixture fx;
   write_file(fx / "m", "main");

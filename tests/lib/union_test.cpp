@@ -1908,5 +1908,44 @@ TEST_CASE("union: a branch that turns read-only keeps serving a file unlinked wh
   REQUIRE(check_filesystems(*im.dev).empty());
 }
 
+TEST_CASE("union: a restack that shows a file from an instance of another size gives it a new generation",
+          "[union]") {
+  // With FUSE's writeback cache the kernel keeps its own size and times of a
+  // file while it holds the inode; only a new generation makes it take new ones.
+  Image im = make_image(3);
+  Attr f = must(im.fs[1]->mknod(im.fs[1]->root(), "f", S_IFREG | 0644, 0, 0, 0));
+  must(im.fs[1]->write(f.ino, 0, bytes("short")));
+  Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}});
+  const uint64_t gen = must(u.lookup(u.root(), "f")).generation;
+  must(u.write(f.ino, 0, bytes("a longer content"), kRoot));  // a copy-up: same number, in fs[0]
+  CHECK(must(u.lookup(u.root(), "f")).generation == gen);
+  auto listed = [&] {
+    uint64_t g = 0;
+    must(u.readdirplus(u.root(), 0, [&](const DirEntry& e, const Attr* a) {
+      if (e.name == "f") g = a->generation;
+      return true;
+    }));
+    return g;
+  };
+  // fs[0] leaves: fs[1]'s 5 bytes show under the number the kernel holds.
+  must(u.restack({{im.fs[1].get(), false}}));
+  Attr a = must(u.lookup(u.root(), "f"));
+  CHECK(a.size == 5);
+  CHECK(a.generation == gen + 1);
+  CHECK(listed() == gen + 1);
+  // The same instance, another mode or an empty branch beside it: no change.
+  must(u.restack({{im.fs[2].get(), true}, {im.fs[1].get(), true}}));
+  CHECK(must(u.lookup(u.root(), "f")).generation == gen + 1);
+  // Back to fs[0]'s 16 bytes; a hard link reports what lookup does.
+  must(u.restack({{im.fs[0].get(), true}, {im.fs[1].get(), false}}));
+  a = must(u.lookup(u.root(), "f"));
+  CHECK(a.size == 16);
+  CHECK(a.generation == gen + 2);
+  CHECK(must(u.link(f.ino, u.root(), "g", kRoot)).generation == gen + 2);
+  must(u.release_all());
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
+}
+
 }  // namespace
 }  // namespace plyfs::test
