@@ -17,6 +17,7 @@ namespace {
 void plyctl(const Fixture& fx, std::vector<std::string> args) {
   args.insert(args.begin(), plyctl_bin());
   const std::string log = fx.tmp / "plyctl.log";
+  ::unlink(log.c_str());  // the failure message shows this call's output alone
   int rc = run(args, log);
   INFO(slurp(log));
   REQUIRE(rc == 0);
@@ -281,12 +282,8 @@ TEST_CASE("union mount: a live change shows another instance's size while the fi
   write_file(fx / "f", longer);  // a copy-up: the same number in top
   const ino_t ino = lstat_of(fx / "f").st_ino;
   auto ctl = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {plyctl_bin(), "branch"});
-    const std::string log = fx.tmp / "ctl.log";
-    ::unlink(log.c_str());
-    const int rc = run(args, log);
-    INFO(slurp(log));
-    REQUIRE(rc == 0);
+    args.insert(args.begin(), "branch");
+    plyctl(fx, std::move(args));
   };
   int fd = ::open((fx / "f").c_str(), O_RDONLY);
   REQUIRE(fd >= 0);
@@ -454,12 +451,8 @@ TEST_CASE("union mount: any live stack change shows what a fresh mount of the ne
     return s;
   };
   auto ctl = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {plyctl_bin(), "branch"});
-    const std::string log = fx.tmp / "ctl.log";
-    ::unlink(log.c_str());
-    const int rc = run(args, log);
-    INFO(slurp(log));
-    REQUIRE(rc == 0);
+    args.insert(args.begin(), "branch");
+    plyctl(fx, std::move(args));
   };
   fx.opts = {spec()};
   fx.mount();

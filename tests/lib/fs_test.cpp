@@ -63,6 +63,14 @@ void unmount(Mounted& m) {
   m.vol.reset();
 }
 
+// The blocks in use on an unmounted filesystem, as a mount sees them.
+uint64_t used_blocks(BlockDevice& dev) {
+  auto m = mount(dev);
+  const uint64_t n = m.vol->space_stats().used_blocks;
+  unmount(m);
+  return n;
+}
+
 std::vector<std::byte> pattern(size_t n, uint64_t seed) {
   std::vector<std::byte> v(n);
   std::mt19937_64 r(seed);
@@ -294,12 +302,7 @@ TEST_CASE("fs: xattr values of any size up to 64 KiB, inline while they fit, out
   for (uint32_t bs : {4096u, 16384u}) {
     INFO("block size " << bs);
     auto dev = fs_device_bs(bs);
-    uint64_t used0;
-    {
-      auto m = mount(*dev);
-      used0 = m.vol->space_stats().used_blocks;
-      unmount(m);
-    }
+    const uint64_t used0 = used_blocks(*dev);
     auto m = mount(*dev);
     Filesystem& fs = *m.fs;
     const uint32_t chunk = BTree::max_value_len(bs);
@@ -494,12 +497,7 @@ TEST_CASE("fs: readdir cookies are stable across insertions, deletions and remou
 
 TEST_CASE("fs: an unlinked open file lives until unpinned, or until the next mount after a crash", "[fs]") {
   auto dev = fs_device();
-  uint64_t used_before;
-  {
-    auto m = mount(*dev);
-    used_before = m.vol->space_stats().used_blocks;
-    unmount(m);
-  }
+  const uint64_t used_before = used_blocks(*dev);
   auto m = mount(*dev);
   Filesystem& fs = *m.fs;
   Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
