@@ -17,16 +17,6 @@ using namespace plyfs::fusetest;
 
 namespace {
 
-void plyctl(const Fixture& fx, std::vector<std::string> args, std::string* out = nullptr) {
-  args.insert(args.begin(), plyctl_bin());
-  const std::string log = fx.tmp / "plyctl.log";
-  ::unlink(log.c_str());
-  int rc = run(args, log);
-  INFO(slurp(log));
-  REQUIRE(rc == 0);
-  if (out) *out = slurp(log);
-}
-
 // A strict JSON reader, enough to check that info.json is JSON: the whole
 // text must be one object; returns its members as their JSON text.
 class Json {

@@ -323,6 +323,23 @@ struct Fixture {
   const std::string& root() const { return m->path(); }
 };
 
+// Runs plyctl with `args`; its exit status. Its output goes to `out` if
+// given, and is shown with the next check (which fails when it should not).
+inline int plyctl_status(const Fixture& fx, std::vector<std::string> args, std::string* out = nullptr) {
+  args.insert(args.begin(), plyctl_bin());
+  const std::string log = fx.tmp / "plyctl.log";
+  ::unlink(log.c_str());  // the output of this call alone
+  const int rc = run(args, log);
+  if (out) *out = slurp(log);
+  UNSCOPED_INFO("plyctl " << (args.size() > 1 ? args[1] : "") << ": " << slurp(log));
+  return rc;
+}
+
+// Runs plyctl, which must succeed.
+inline void plyctl(const Fixture& fx, std::vector<std::string> args, std::string* out = nullptr) {
+  REQUIRE(plyctl_status(fx, std::move(args), out) == 0);
+}
+
 // --- file helpers ------------------------------------------------------------
 
 inline std::string errstr(int e) { return std::string(strerrorname_np(e) ? strerrorname_np(e) : "?"); }

@@ -16,17 +16,6 @@ using namespace plyfs::fusetest;
 
 namespace {
 
-// Runs plyctl; returns its exit status and output.
-int plyctl(const Fixture& fx, std::vector<std::string> args, std::string* out = nullptr) {
-  args.insert(args.begin(), plyctl_bin());
-  const std::string log = fx.tmp / "plyctl.log";
-  ::unlink(log.c_str());
-  const int rc = run(args, log);
-  if (out) *out = slurp(log);
-  UNSCOPED_INFO("plyctl " << args[1] << ": " << slurp(log));
-  return rc;
-}
-
 // One request over a mount's control channel (fuse/control.h), raw: the
 // ioctl's result, the answer and the daemon's status.
 struct Answer {
@@ -122,7 +111,7 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   pwrite_all(fd, "AAAA", 4, 0);  // before the snapshot: plyctl flushes it first
   const ino_t f_ino = lstat_of(fx / "f").st_ino;
   std::string out;
-  REQUIRE(plyctl(fx, {"snapshot", fx.root(), "--name", "s1"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"snapshot", fx.root(), "--name", "s1"}, &out) == 0);
   CHECK(out == "main=rw:s1=ro\n");
   // Writes after it land in the new branch, through the descriptor opened
   // before it too.
@@ -150,7 +139,7 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   // snapshot's blocks that nothing else uses come back.
   int rfd = ::open((fx / "g").c_str(), O_RDONLY);
   REQUIRE(rfd >= 0);
-  REQUIRE(plyctl(fx, {"merge", fx.root(), "main"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"merge", fx.root(), "main"}, &out) == 0);
   CHECK(out == "main=rw\n");
   char buf[8] = {};
   CHECK(::pread(rfd, buf, 5, 0) == 5);
@@ -161,49 +150,49 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   write_file(fx / "h", "merged");
 
   // Online rollback: a snapshot, a change, the change discarded.
-  REQUIRE(plyctl(fx, {"snapshot", fx.root(), "--name", "s2"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"snapshot", fx.root(), "--name", "s2"}, &out) == 0);
   write_file(fx / "scratch", "throw away");
   REQUIRE(::unlink((fx / "h").c_str()) == 0);
-  REQUIRE(plyctl(fx, {"rollback", fx.root(), "main"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"rollback", fx.root(), "main"}, &out) == 0);
   CHECK(out == "main=rw:s2=ro\n");
   CHECK(::lstat((fx / "scratch").c_str(), &st) != 0);
   CHECK(read_file(fx / "h") == "merged");
   // Refusals: clear errors, conventional exit codes.
-  CHECK(plyctl(fx, {"merge", fx.root(), "s2"}) == 1);       // s2 is a base, no layer
-  CHECK(plyctl(fx, {"merge", fx.root(), "nope"}) == 1);     // no such branch
-  CHECK(plyctl(fx, {"merge", fx.root()}) == 2);             // usage
-  CHECK(plyctl(fx, {"delete", fx.root(), "s2"}) == 1);      // shown by this mount
-  CHECK(plyctl(fx, {"merge", fx.root(), "two words"}) == 2);  // no spaces online
+  CHECK(plyctl_status(fx, {"merge", fx.root(), "s2"}) == 1);       // s2 is a base, no layer
+  CHECK(plyctl_status(fx, {"merge", fx.root(), "nope"}) == 1);     // no such branch
+  CHECK(plyctl_status(fx, {"merge", fx.root()}) == 2);             // usage
+  CHECK(plyctl_status(fx, {"delete", fx.root(), "s2"}) == 1);      // shown by this mount
+  CHECK(plyctl_status(fx, {"merge", fx.root(), "two words"}) == 2);  // no spaces online
   // Online clone and delete of a branch the mount never showed.
-  REQUIRE(plyctl(fx, {"clone", fx.root(), "main", "c0", "--ro"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"clone", fx.root(), "main", "c0", "--ro"}, &out) == 0);
   CHECK(out == "cloned \"main\" as \"c0\"\n");
-  REQUIRE(plyctl(fx, {"delete", fx.root(), "c0", "--json"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"delete", fx.root(), "c0", "--json"}, &out) == 0);
   CHECK(out == "{\"result\": \"deleted \\\"c0\\\"\"}\n");
-  CHECK(plyctl(fx, {"diff", fx.root(), "s2", "nope"}) == 1);  // no such branch
-  CHECK(plyctl(fx, {"diff", fx.root(), "s2"}) == 2);          // usage
+  CHECK(plyctl_status(fx, {"diff", fx.root(), "s2", "nope"}) == 1);  // no such branch
+  CHECK(plyctl_status(fx, {"diff", fx.root(), "s2"}) == 2);          // usage
   fx.unmount();  // fsck clean: the replaced branches were dropped
 
   // Offline: diff, clone, delete, merge, all on the image.
-  REQUIRE(plyctl(fx, {"branch", "list", fx.img}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"branch", "list", fx.img}, &out) == 0);
   CHECK(out.find("s1") == std::string::npos);
   fx.mount();
   write_file(fx / "k", "new");
   REQUIRE(::rename((fx / "f").c_str(), (fx / "f2").c_str()) == 0);
   fx.unmount();
-  REQUIRE(plyctl(fx, {"diff", fx.img, "s2", "main"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"diff", fx.img, "s2", "main"}, &out) == 0);
   CHECK(out.find("+\t/k\n") != std::string::npos);
   // A layer holds the rename as a copy-up and a whiteout: paired back, one R.
   CHECK(out.find("R\t/f -> /f2\n") != std::string::npos);
   CHECK(out.find("\t/f2\n") == std::string::npos);
-  REQUIRE(plyctl(fx, {"clone", fx.img, "main", "c1", "--ro"}) == 0);
-  REQUIRE(plyctl(fx, {"diff", fx.img, "c1", "main"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"clone", fx.img, "main", "c1", "--ro"}) == 0);
+  REQUIRE(plyctl_status(fx, {"diff", fx.img, "c1", "main"}, &out) == 0);
   CHECK(out.empty());
-  REQUIRE(plyctl(fx, {"delete", fx.img, "c1"}) == 0);
-  REQUIRE(plyctl(fx, {"merge", fx.img, "main", "--json"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"delete", fx.img, "c1"}) == 0);
+  REQUIRE(plyctl_status(fx, {"merge", fx.img, "main", "--json"}, &out) == 0);
   CHECK(out.find("\"merged\": {\"name\": \"main\"") != std::string::npos);
-  REQUIRE(plyctl(fx, {"snapshot", fx.img, "--json"}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"snapshot", fx.img, "--json"}, &out) == 0);
   CHECK(out.find("\"snapshot\": {\"name\": \"main@") != std::string::npos);
-  CHECK(plyctl(fx, {"delete", fx.img, "main"}) == 1);  // a view shows it
+  CHECK(plyctl_status(fx, {"delete", fx.img, "main"}) == 1);  // a view shows it
   require_fsck_clean(fx.img, fx.tmp / "fsck.log");
   fx.mount();
   CHECK(read_file(fx / "f2") == "BBBB");
@@ -219,7 +208,7 @@ TEST_CASE("snapshots: space comes back when a snapshot is merged away", "[snap-f
   write_file(fx / "big", big);
   fx.remount();
   const uint64_t free0 = free_blocks(fx.root());
-  REQUIRE(plyctl(fx, {"snapshot", fx.root(), "--name", "snap"}) == 0);
+  REQUIRE(plyctl_status(fx, {"snapshot", fx.root(), "--name", "snap"}) == 0);
   {
     int fd = ::open((fx / "big").c_str(), O_RDWR);
     REQUIRE(fd >= 0);
@@ -236,7 +225,7 @@ TEST_CASE("snapshots: space comes back when a snapshot is merged away", "[snap-f
   }
   const uint64_t free1 = free_blocks(fx.root());
   CHECK(free1 + 4000 < free0);  // 16 MiB more: 4096 blocks
-  REQUIRE(plyctl(fx, {"merge", fx.root(), "main"}) == 0);
+  REQUIRE(plyctl_status(fx, {"merge", fx.root(), "main"}) == 0);
   const uint64_t free2 = free_blocks(fx.root());  // at once, not at unmount
   INFO("free before " << free0 << ", with the snapshot " << free1 << ", after the merge " << free2);
   CHECK(free2 + 64 >= free0);
@@ -253,7 +242,7 @@ TEST_CASE("snapshots: automatic snapshots every second, keeping two", "[snap-fus
     ::usleep(500 * 1000);
   }
   std::string out;
-  REQUIRE(plyctl(fx, {"branch", "list", fx.root()}, &out) == 0);
+  REQUIRE(plyctl_status(fx, {"branch", "list", fx.root()}, &out) == 0);
   INFO(out);
   CHECK(out.rfind("main=rw:main@", 0) == 0);
   size_t snaps = 0;
@@ -350,7 +339,7 @@ TEST_CASE("snapshots: an online diff spans many chunks and equals the offline on
   Fixture fx("512M");
   ::mkdir((fx / "lower").c_str(), 0755);
   for (int i = 0; i < 200; i++) write_file(fx / ("lower/f" + std::to_string(i)), "lower " + std::to_string(i));
-  REQUIRE(plyctl(fx, {"snapshot", fx.root(), "--name", "s1"}) == 0);
+  REQUIRE(plyctl_status(fx, {"snapshot", fx.root(), "--name", "s1"}) == 0);
   // Enough changes that the text fills many answers (3063 bytes each).
   ::mkdir((fx / "new").c_str(), 0755);
   for (int i = 0; i < 2500; i++) write_file(fx / ("new/file-with-a-longer-name-" + std::to_string(i)), "x");
@@ -358,8 +347,8 @@ TEST_CASE("snapshots: an online diff spans many chunks and equals the offline on
   for (int i = 50; i < 100; i++) REQUIRE(::unlink((fx / ("lower/f" + std::to_string(i))).c_str()) == 0);
   write_file(fx / "quote\"and\\back", "json escapes");
   std::string on_text, on_json, off_text, off_json;
-  REQUIRE(plyctl(fx, {"diff", fx.root(), "s1", "main"}, &on_text) == 0);
-  REQUIRE(plyctl(fx, {"diff", fx.root(), "s1", "main", "--json"}, &on_json) == 0);
+  REQUIRE(plyctl_status(fx, {"diff", fx.root(), "s1", "main"}, &on_text) == 0);
+  REQUIRE(plyctl_status(fx, {"diff", fx.root(), "s1", "main", "--json"}, &on_json) == 0);
   CHECK(on_text.size() > 20 * 3063);
   CHECK(on_text.find("+\t/new/file-with-a-longer-name-2499\n") != std::string::npos);
   CHECK(on_text.find("M\t/lower/f0\n") != std::string::npos);
@@ -396,15 +385,15 @@ TEST_CASE("snapshots: an online diff spans many chunks and equals the offline on
   // nothing out.
   for (int i = 0; i < 3; i++) {
     std::string none;
-    REQUIRE(plyctl(fx, {"diff", fx.root(), "s1", "s1"}, &none) == 0);
+    REQUIRE(plyctl_status(fx, {"diff", fx.root(), "s1", "s1"}, &none) == 0);
     CHECK(none.empty());
   }
   CHECK(control(fx.root(), "read " + tokens[3] + " 0").status == 0);
   CHECK(control(fx.root(), "diff s1 nope").status == ENOENT);
   fx.unmount();
 
-  REQUIRE(plyctl(fx, {"diff", fx.img, "s1", "main"}, &off_text) == 0);
-  REQUIRE(plyctl(fx, {"diff", fx.img, "s1", "main", "--json"}, &off_json) == 0);
+  REQUIRE(plyctl_status(fx, {"diff", fx.img, "s1", "main"}, &off_text) == 0);
+  REQUIRE(plyctl_status(fx, {"diff", fx.img, "s1", "main", "--json"}, &off_json) == 0);
   REQUIRE_SAME(on_text, off_text);
   REQUIRE_SAME(on_json, off_json);
   auto entries = parse_diff_json(on_json);

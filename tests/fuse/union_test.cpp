@@ -12,19 +12,6 @@
 
 using namespace plyfs::fusetest;
 
-namespace {
-
-void plyctl(const Fixture& fx, std::vector<std::string> args) {
-  args.insert(args.begin(), plyctl_bin());
-  const std::string log = fx.tmp / "plyctl.log";
-  ::unlink(log.c_str());  // the failure message shows this call's output alone
-  int rc = run(args, log);
-  INFO(slurp(log));
-  REQUIRE(rc == 0);
-}
-
-}  // namespace
-
 TEST_CASE("union mount: a layer over a read-only branch", "[union-fuse]") {
   Fixture fx;
   REQUIRE(::mkdir((fx / "d").c_str(), 0755) == 0);
