@@ -578,26 +578,25 @@ Result<void> Filesystem::sync() {
 
 // --- orphans ----------------------------------------------------------------
 
+Result<void> Filesystem::for_each_orphan(const std::function<void(uint64_t)>& fn) {
+  auto t = PLY_TRY(vol_.begin());
+  return t.scan(tree_, ikey(0, ItemType::Orphan, 0), ikey(0, ItemType::Orphan, kOffMask),
+                [&](Key k, std::span<const std::byte>) {
+                  fn(off_of(k));
+                  return true;
+                });
+}
+
 Result<void> Filesystem::free_orphans() {
   std::vector<uint64_t> inos;
-  {
-    auto t = PLY_TRY(vol_.begin());
-    PLY_CHECK(t.scan(tree_, ikey(0, ItemType::Orphan, 0), ikey(0, ItemType::Orphan, kOffMask),
-                     [&](Key k, std::span<const std::byte>) {
-                       inos.push_back(off_of(k));
-                       return true;
-                     }));
-  }
+  PLY_CHECK(for_each_orphan([&](uint64_t ino) { inos.push_back(ino); }));
   for (uint64_t ino : inos) PLY_CHECK(free_inode(ino));
   return ok();
 }
 
 size_t Filesystem::orphan_count() {
   size_t n = 0;
-  auto t = vol_.begin();
-  if (!t) return 0;
-  (void)t->scan(tree_, ikey(0, ItemType::Orphan, 0), ikey(0, ItemType::Orphan, kOffMask),
-                [&](Key, std::span<const std::byte>) { return ++n, true; });
+  (void)for_each_orphan([&](uint64_t) { n++; });
   return n;
 }
 
@@ -633,23 +632,45 @@ Result<void> Filesystem::free_inode(uint64_t ino) {
   }
 }
 
-void Filesystem::pin(uint64_t ino, uint64_t n) {
-  std::lock_guard lk(pin_mu_);
-  pins_[ino] += n;
-}
+void Filesystem::pin(uint64_t ino, uint64_t n) { pins_.pin(ino, n); }
 
 Result<void> Filesystem::unpin(uint64_t ino, uint64_t n) {
+  if (!pins_.pinned(ino) || !pins_.unpin(ino, n)) return ok();
+  return release(ino);
+}
+
+bool Filesystem::pinned(uint64_t ino) {
+  if (pins_.pinned(ino)) return true;
+  std::lock_guard lk(pin_mu_);
+  for (const auto& t : shared_pins_)
+    if (t->pinned(ino)) return true;
+  return false;
+}
+
+void Filesystem::attach_pins(std::shared_ptr<const PinTable> t) {
+  std::lock_guard lk(pin_mu_);
+  shared_pins_.push_back(std::move(t));
+}
+
+Result<void> Filesystem::detach_pins(const PinTable* t) {
   {
     std::lock_guard lk(pin_mu_);
-    auto it = pins_.find(ino);
-    if (it == pins_.end()) return ok();
-    if (it->second > n) {
-      it->second -= n;
-      return ok();
-    }
-    pins_.erase(it);
+    std::erase_if(shared_pins_, [&](const auto& p) { return p.get() == t; });
   }
+  return t->empty() ? ok() : release_orphans();
+}
+
+Result<void> Filesystem::release_orphans() {
   if (read_only()) return ok();
+  // The orphans are few (the files unlinked while open), and listed.
+  std::vector<uint64_t> inos;
+  PLY_CHECK(for_each_orphan([&](uint64_t ino) { inos.push_back(ino); }));
+  for (uint64_t ino : inos) PLY_CHECK(release(ino));
+  return ok();
+}
+
+Result<void> Filesystem::release(uint64_t ino) {
+  if (pinned(ino) || read_only()) return ok();
   auto a = getattr(ino);
   if (!a) return a.error().code == ENOENT ? ok() : Result<void>(a.error());
   if (a->nlink == 0) {
@@ -662,30 +683,29 @@ Result<void> Filesystem::unpin(uint64_t ino, uint64_t n) {
 // An inode whose last name just went: freed now unless something above
 // still holds it (then at its last unpin, or at the next mount).
 Result<void> Filesystem::free_if_unpinned(uint64_t ino) {
-  {
-    std::lock_guard lk(pin_mu_);
-    if (pins_.count(ino)) return ok();
-  }
+  if (pinned(ino)) return ok();
   std::lock_guard il(inode_lock(ino));
   return free_inode(ino);
 }
 
 Result<void> Filesystem::release_all() {
-  std::vector<uint64_t> inos;
+  // The orphans pinned here go; one that nothing here pins (another
+  // filesystem object of the same tree may) stays for the next mount.
+  bool any = !pins_.empty();
   {
     std::lock_guard lk(pin_mu_);
-    for (auto& [ino, n] : pins_) inos.push_back(ino);
+    for (const auto& t : shared_pins_) any = any || !t->empty();
   }
-  for (uint64_t ino : inos) {
-    uint64_t n;
-    {
-      std::lock_guard lk(pin_mu_);
-      auto it = pins_.find(ino);
-      if (it == pins_.end()) continue;
-      n = it->second;
-    }
-    PLY_CHECK(unpin(ino, n));
+  std::vector<uint64_t> inos;
+  if (any && !read_only()) PLY_CHECK(for_each_orphan([&](uint64_t ino) {
+    if (pinned(ino)) inos.push_back(ino);
+  }));
+  pins_.clear();
+  {
+    std::lock_guard lk(pin_mu_);
+    shared_pins_.clear();
   }
+  for (uint64_t ino : inos) PLY_CHECK(release(ino));
   return ok();
 }
 

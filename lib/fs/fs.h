@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "commit/volume.h"
+#include "fs/pins.h"
 
 namespace plyfs {
 
@@ -232,7 +233,20 @@ class Filesystem {
   // removed while pinned becomes an orphan and is freed at the last unpin.
   void pin(uint64_t ino, uint64_t n = 1);
   Result<void> unpin(uint64_t ino, uint64_t n = 1);
-  // Frees every pinned orphan (the mount is going away). Idempotent.
+  // References kept in a table shared with other filesystems (a union's,
+  // pins.h): they pin inodes here as this filesystem's own do. Attaching
+  // is O(1). Whoever drops a shared table's last reference to an inode
+  // calls release(ino) on every filesystem the table is attached to.
+  void attach_pins(std::shared_ptr<const PinTable> t);
+  // The table no longer pins anything here: the orphans nothing else pins
+  // are freed.
+  Result<void> detach_pins(const PinTable* t);
+  // Frees `ino` if it is an orphan here that nothing pins any more.
+  Result<void> release(uint64_t ino);
+  // The same for every orphan (after a shared table was cleared).
+  Result<void> release_orphans();
+  // Frees every pinned orphan (the mount is going away) and forgets every
+  // reference, shared tables included. Idempotent.
   Result<void> release_all();
   size_t orphan_count();
 
@@ -268,8 +282,11 @@ class Filesystem {
   uint32_t bs_;
   std::shared_mutex mu_;  // the tree: shared for reads, exclusive for changes
   std::array<std::mutex, 64> ino_mu_;
-  std::mutex pin_mu_;
-  std::unordered_map<uint64_t, uint64_t> pins_;
+  bool pinned(uint64_t ino);
+  Result<void> for_each_orphan(const std::function<void(uint64_t)>& fn);
+  PinTable pins_;  // this filesystem's own references
+  std::mutex pin_mu_;  // guards shared_pins_ (taken before a table's own mutex)
+  std::vector<std::shared_ptr<const PinTable>> shared_pins_;
   std::atomic<bool> failed_{false};
   bool kernel_times_ = false;
 };

@@ -37,7 +37,10 @@ Union::Union(std::vector<UnionBranch> branches, CopyUpMode copyup, DeleteMode de
   }
   nodes_.emplace(root_, std::move(r));
   for (const auto& b : br_)
-    if (b.writable) holders_.push_back(b.fs);
+    if (b.writable && std::find(holders_.begin(), holders_.end(), b.fs) == holders_.end()) {
+      holders_.push_back(b.fs);
+      b.fs->attach_pins(refs_);
+    }
   compute_origins();
 }
 
@@ -117,8 +120,8 @@ void Union::remember(uint64_t ino, uint64_t parent, std::string_view name, const
       n.inst = f.inst;
     }
   }
-  if (count)
-    for (Filesystem* f : holders_) f->pin(ino);
+  // One table for every holder (format.md#fs-union, "Inode references").
+  if (count) refs_->pin(ino);
 }
 
 int Union::branch_of(uint64_t ino) {
@@ -1056,23 +1059,18 @@ Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>
     }
   }
   // The kernel's references, so that a file unlinked while open lives on:
-  // the new writable branches take them; a branch that held them keeps
-  // them while it stays in the stack (it still serves the files unlinked
-  // while open there, read-only or frozen by a snapshot); only a branch
-  // that leaves gives them up.
-  std::vector<std::pair<uint64_t, uint64_t>> refs;
-  for (const auto& [ino, n] : nodes_)
-    if (ino != root_ && n.refs) refs.emplace_back(ino, n.refs);
+  // the new writable branches take them (the union's one table, O(1)); a
+  // branch that held them keeps them while it stays in the stack (it still
+  // serves the files unlinked while open there, read-only or frozen by a
+  // snapshot); only a branch that leaves gives them up.
   auto in = [](const auto& v, Filesystem* f) { return std::find(v.begin(), v.end(), f) != v.end(); };
   std::vector<Filesystem*> holders;
   for (const auto& b : nb)
     if ((b.writable || in(holders_, b.fs)) && !in(holders, b.fs)) holders.push_back(b.fs);
   for (Filesystem* f : holders)
-    if (!in(holders_, f))
-      for (auto [ino, n] : refs) f->pin(ino, n);
+    if (!in(holders_, f)) f->attach_pins(refs_);
   for (Filesystem* f : holders_)
-    if (!in(holders, f))
-      for (auto [ino, n] : refs) (void)f->unpin(ino, n);  // an error fails that branch alone
+    if (!in(holders, f)) (void)f->detach_pins(refs_.get());  // an error fails that branch alone
   holders_ = std::move(holders);
   for (const auto& b : nb) b.fs->set_kernel_times(kernel_times_);
 
@@ -1164,16 +1162,21 @@ Result<void> Union::unpin(uint64_t ino, uint64_t n) {
     }
   }
   Result<void> r = ok();
-  for (Filesystem* f : holders_)
-    if (auto e = f->unpin(ino, n); !e && r) r = e;
+  if (refs_->unpin(ino, n))
+    for (Filesystem* f : holders_)
+      if (auto e = f->release(ino); !e && r) r = e;
   return r;
 }
 
 Result<void> Union::release_all() {
   std::shared_lock lk(mu_);
+  // Only this union's references go: another user of the same branches
+  // (a view of the control folder) keeps its own.
+  if (refs_->empty()) return ok();
+  refs_->clear();
   Result<void> r = ok();
   for (Filesystem* f : holders_)
-    if (auto e = f->release_all(); !e && r) r = e;
+    if (auto e = f->release_orphans(); !e && r) r = e;
   return r;
 }
 

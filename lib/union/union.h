@@ -165,6 +165,9 @@ class Union {
   // could not hand the entry out unpins it at once). A node stays known while
   // referenced; the writable branches keep unlinked files alive meanwhile.
   Result<void> unpin(uint64_t ino, uint64_t n = 1);
+  // Forgets every reference (the mount is going away) and frees the files
+  // that were unlinked while open, unless another user of the branch pins
+  // them.
   Result<void> release_all();
 
   Result<void> sync();
@@ -253,6 +256,9 @@ class Union {
   // branch turned read-only or frozen by a snapshot still serves the files
   // unlinked while open there). Changed only by restack, under mu_.
   std::vector<Filesystem*> holders_;
+  // The kernel's references, counted once and attached to every holder
+  // (fs/pins.h): a branch joins or leaves the holders in O(1).
+  std::shared_ptr<PinTable> refs_ = std::make_shared<PinTable>();
   bool kernel_times_ = false;
   // Per branch: the tree its clone chain starts from (format.md#root-record,
   // cloned_from), 0 if unknown. Only branches of one lineage hold the same

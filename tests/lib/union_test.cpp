@@ -1876,6 +1876,78 @@ TEST_CASE("union: renaming both names of a lower hard link", "[union]") {
   REQUIRE(check_filesystems(*im.dev).empty());
 }
 
+TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there", "[union][snap]") {
+  // The snapshot's restack hands the kernel's references to the new branch
+  // in O(1) (one table shared by the holders, fs/pins.h): a file the kernel
+  // looked up before the snapshot, copied up into the new branch and
+  // unlinked there, must live until the last forget, and go then.
+  Image im = make_image(1);
+  Attr f = must(im.fs[0]->mknod(im.fs[0]->root(), "f", S_IFREG | 0644, 0, 0, 0));
+  must(im.fs[0]->write(f.ino, 0, bytes("old bytes!")));
+  std::vector<ViewLayer> stack{{im.trees[0], true}};
+  Union u({{im.fs[0].get(), true}});
+  Attr a = must(u.lookup(u.root(), "f"));  // the kernel's references: two
+  must(u.lookup(u.root(), "f"));
+  must(u.restack([&]() -> Result<std::vector<UnionBranch>> {
+    auto sn = PLY_TRY(snapshot(*im.vol, stack, "s1"));
+    im.fs.insert(im.fs.begin(), PLY_TRY(Filesystem::open(*im.vol, sn.live.tree)));
+    im.trees.insert(im.trees.begin(), sn.live.tree);
+    stack = sn.stack;
+    return std::vector<UnionBranch>{{im.fs[0].get(), true}, {im.fs[1].get(), false}};
+  }));
+  must(u.write(a.ino, 0, bytes("new"), kRoot));  // the copy-up into the new branch
+  REQUIRE(u.branch_of(a.ino) == 0);
+  must(u.unlink(u.root(), "f"));
+  CHECK(u.lookup(u.root(), "f").error().code == ENOENT);
+  REQUIRE(im.fs[0]->orphan_count() == 1);
+  std::vector<std::byte> buf(10);
+  REQUIRE(must(u.read(a.ino, 0, buf)) == 10);
+  CHECK(buf == bytes("new bytes!"));
+  must(u.unpin(a.ino));
+  CHECK(im.fs[0]->orphan_count() == 1);
+  must(u.unpin(a.ino));  // the last forget
+  CHECK(im.fs[0]->orphan_count() == 0);
+  CHECK(im.fs[1]->orphan_count() == 0);  // the frozen branch's file has its name
+  must(u.release_all());
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
+}
+
+TEST_CASE("union: two unions over one branch keep their references apart", "[union]") {
+  // A mount and a view of its control folder share the branch's filesystem
+  // object: a file unlinked while both hold it lives until both let go, and
+  // one union going away frees nothing the other still holds.
+  Image im = make_image(1);
+  Attr f = must(im.fs[0]->mknod(im.fs[0]->root(), "f", S_IFREG | 0644, 0, 0, 0));
+  must(im.fs[0]->write(f.ino, 0, bytes("shared")));
+  Attr g = must(im.fs[0]->mknod(im.fs[0]->root(), "g", S_IFREG | 0644, 0, 0, 0));
+  auto one = std::make_unique<Union>(std::vector<UnionBranch>{{im.fs[0].get(), true}});
+  Union two({{im.fs[0].get(), true}});
+  must(one->lookup(one->root(), "f"));
+  must(two.lookup(two.root(), "f"));
+  must(one->lookup(one->root(), "g"));
+  must(two.lookup(two.root(), "g"));
+  must(one->unlink(one->root(), "f"));
+  must(one->unlink(one->root(), "g"));
+  REQUIRE(im.fs[0]->orphan_count() == 2);
+  must(one->unpin(f.ino));
+  CHECK(im.fs[0]->orphan_count() == 2);
+  std::vector<std::byte> buf(6);
+  REQUIRE(must(two.read(f.ino, 0, buf)) == 6);
+  CHECK(buf == bytes("shared"));
+  must(two.unpin(f.ino));
+  CHECK(im.fs[0]->orphan_count() == 1);
+  // The first union goes away: the file the second still holds stays.
+  must(one->release_all());
+  one.reset();
+  CHECK(im.fs[0]->orphan_count() == 1);
+  must(two.unpin(g.ino));
+  CHECK(im.fs[0]->orphan_count() == 0);
+  must(two.release_all());
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
+}
+
 TEST_CASE("union: a branch that turns read-only keeps serving a file unlinked while open", "[union]") {
   // The kernel's references stay with every branch that held them while it
   // stays in the stack: the file lives until the last reference goes.

@@ -1,0 +1,132 @@
+// Snapshot latency benchmark (issue 7): the steps of a mounted stack's
+// snapshot as the daemon runs them (fuse/plyfs.cpp, lifecycle), through the
+// library on an in-memory device, so that no FUSE and no disk enter the
+// figures: the snapshot transaction, the union's restack onto the new
+// stack, and the commit. The union first looks up every file, as a warm
+// mount's kernel holds them; the restack's cost is what should not follow
+// that number (format.md#snapshots, "Online").
+//
+//   snap_bench [--files N] [--snapshots K]
+//
+// Reports the median and the largest time of each step over K snapshots,
+// each after a small write. Not a test: nothing is asserted.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "blockdev/test_devices.h"
+#include "fs/fs.h"
+#include "snap/snap.h"
+#include "union/union.h"
+
+using namespace plyfs;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+template <class T>
+T must(Result<T> r, const char* what) {
+  if (!r) {
+    std::fprintf(stderr, "snap_bench: %s: %s\n", what, r.error().message().c_str());
+    std::exit(1);
+  }
+  return std::move(*r);
+}
+void must(Result<void> r, const char* what) {
+  if (!r) {
+    std::fprintf(stderr, "snap_bench: %s: %s\n", what, r.error().message().c_str());
+    std::exit(1);
+  }
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t files = 100000;
+  int snaps = 7;
+  for (int i = 1; i < argc; i++) {
+    if (!std::strcmp(argv[i], "--files") && i + 1 < argc) files = std::strtoull(argv[++i], nullptr, 0);
+    else if (!std::strcmp(argv[i], "--snapshots") && i + 1 < argc) snaps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: snap_bench [--files N] [--snapshots K]\n");
+      return 2;
+    }
+  }
+  if (snaps < 1) snaps = 1;
+  MemDevice dev(4ull << 30);
+  must(format_filesystem(dev, FormatOptions{}, FsCreateOptions{}), "mkfs");
+  VolumeOptions vo;
+  vo.kinds = fs_kinds();
+  vo.cache_bytes = 1ull << 30;
+  auto vol = must(Volume::open(dev, vo), "open");
+  const TreeId base = must(Filesystem::default_tree(*vol), "tree");
+  std::vector<std::unique_ptr<Filesystem>> fs;
+  fs.push_back(must(Filesystem::open(*vol, base), "fs"));
+  const uint64_t dirs = std::max<uint64_t>(1, files / 1000);
+  std::vector<uint64_t> dino;
+  for (uint64_t d = 0; d < dirs; d++)
+    dino.push_back(must(fs[0]->mkdir(fs[0]->root(), "d" + std::to_string(d), 0755, 0, 0), "mkdir").ino);
+  for (uint64_t i = 0; i < files; i++)
+    (void)must(fs[0]->mknod(dino[i % dirs], "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0), "create");
+  must(vol->commit(), "commit");
+
+  Union u({{fs[0].get(), true}});
+  std::vector<ViewLayer> stack{{base, true}};
+  const Caller root{0, 0, 022};
+  auto t0 = Clock::now();
+  for (uint64_t d = 0; d < dirs; d++) (void)must(u.lookup(u.root(), "d" + std::to_string(d)), "lookup");
+  uint64_t first = 0;
+  for (uint64_t i = 0; i < files; i++) {
+    const uint64_t ino = must(u.lookup(dino[i % dirs], "f" + std::to_string(i)), "lookup").ino;
+    if (!first) first = ino;
+  }
+  auto t1 = Clock::now();
+  std::printf("%llu files in %llu directories; %.0f ms to look them all up through the union\n",
+              (unsigned long long)files, (unsigned long long)dirs, ms(t0, t1));
+
+  std::vector<double> tx, rs, cm, all;
+  const std::byte byte[1] = {std::byte{42}};
+  for (int k = 0; k < snaps; k++) {
+    // A small write first, as a live mount has: the snapshot freezes it,
+    // and the next write copies the file up into the new branch.
+    (void)must(u.write(first, uint64_t(k), byte, root), "write");
+    auto a = Clock::now();
+    Clock::time_point b, c;
+    must(u.restack([&]() -> Result<std::vector<UnionBranch>> {
+      auto sn = PLY_TRY(snapshot(*vol, stack, "s" + std::to_string(k)));
+      fs.insert(fs.begin(), PLY_TRY(Filesystem::open(*vol, sn.live.tree)));
+      stack = sn.stack;
+      b = Clock::now();
+      std::vector<UnionBranch> ub;
+      for (size_t i = 0; i < stack.size(); i++) ub.push_back({fs[i].get(), stack[i].writable});
+      return ub;
+    }), "restack");
+    c = Clock::now();
+    must(vol->commit(), "commit");
+    auto d = Clock::now();
+    tx.push_back(ms(a, b));
+    rs.push_back(ms(b, c));
+    cm.push_back(ms(c, d));
+    all.push_back(ms(a, d));
+  }
+  std::printf("%-28s %10s %10s\n", "step (ms)", "median", "max");
+  auto row = [](const char* name, const std::vector<double>& v) {
+    std::printf("%-28s %10.3f %10.3f\n", name, median(v), *std::max_element(v.begin(), v.end()));
+  };
+  row("snapshot transaction", tx);
+  row("restack", rs);
+  row("commit (memory device)", cm);
+  row("whole snapshot", all);
+  return 0;
+}
