@@ -79,7 +79,9 @@ Result<Union::Node> Union::node(uint64_t ino) {
   if (it == nodes_.end()) return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
   if (it->second.inst.empty())
     return Error::io(ESTALE, "inode " + std::to_string(ino) + " left the view with its branch");
-  return it->second;
+  Node n = it->second;
+  for (auto& part : n.inst) part.first += shift_;
+  return n;
 }
 
 Result<Union::Part> Union::part(uint64_t ino) {
@@ -88,7 +90,7 @@ Result<Union::Part> Union::part(uint64_t ino) {
   if (it == nodes_.end() || it->second.inst.empty())
     return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
   auto [b, i] = it->second.inst.front();
-  return Part{br_[b].fs, i};
+  return Part{br_[b + shift_].fs, i};
 }
 
 // The part that serves a non-merging operation: copies two integers, so
@@ -98,7 +100,8 @@ Result<std::pair<int, uint64_t>> Union::top(uint64_t ino) {
   auto it = nodes_.find(ino);
   if (it == nodes_.end() || it->second.inst.empty())
     return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
-  return it->second.inst.front();
+  auto [b, i] = it->second.inst.front();
+  return std::pair{b + shift_, i};
 }
 
 Attr Union::entry_of(Attr a) {
@@ -117,7 +120,7 @@ void Union::remember(uint64_t ino, uint64_t parent, std::string_view name, const
       n.parent = parent;
       n.name = std::string(name);
       n.is_dir = S_ISDIR(f.attr.mode);
-      n.inst = f.inst;
+      n.inst = keyed(f.inst);
     }
   }
   // One table for every holder (format.md#fs-union, "Inode references").
@@ -235,7 +238,7 @@ Result<Attr> Union::attr_of(uint64_t ino) {
     if (it == nodes_.end() || it->second.inst.empty())
       return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
     auto [b, i] = it->second.inst.front();
-    p = Part{br_[b].fs, i};
+    p = Part{br_[b + shift_].fs, i};
     parts = it->second.inst.size();
   }
   Attr a = PLY_TRY(p.first->getattr(p.second));
@@ -458,7 +461,8 @@ Result<uint64_t> Union::dir_in(uint64_t dir, int b) {
   Attr a = PLY_TRY(br_[b].fs->copy_in(*br_[tb].fs, ti, pb, n.name));
   std::lock_guard lk(nodes_mu_);
   auto& inst = nodes_[dir].inst;
-  inst.insert(std::upper_bound(inst.begin(), inst.end(), std::make_pair(b, a.ino)), {b, a.ino});
+  const std::pair key{b - shift_, a.ino};
+  inst.insert(std::upper_bound(inst.begin(), inst.end(), key), key);
   return a.ino;
 }
 
@@ -483,7 +487,7 @@ Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
   PLY_CHECK(apply_copyup_mode(t, ino, c));
   {
     std::lock_guard lk(nodes_mu_);
-    nodes_[ino].inst = {{t, ino}};
+    nodes_[ino].inst = keyed({{t, ino}});
   }
   if (f->attr.nlink > 1) PLY_CHECK(copy_links(ino, b, t));
   return t;
@@ -617,7 +621,7 @@ Result<Attr> Union::link(uint64_t ino, uint64_t dir, std::string_view name, cons
     Attr a = PLY_TRY(br_[lt].fs->copy_in(*br_[t].fs, ino, pd, name));
     {
       std::lock_guard lk2(nodes_mu_);
-      nodes_[ino].inst = {{lt, ino}};
+      nodes_[ino].inst = keyed({{lt, ino}});
     }
     PLY_CHECK(copy_links(ino, t, lt));
     a = PLY_TRY(br_[lt].fs->getattr(ino));
@@ -659,7 +663,7 @@ Result<void> Union::remove(uint64_t dir, const Node& d, std::string_view name, c
     (void)PLY_TRY(br_[t].fs->copy_in(*br_[c].fs, f.attr.ino, pd, name));
     {
       std::lock_guard lk(nodes_mu_);
-      nodes_[f.attr.ino].inst = {{t, f.attr.ino}};
+      nodes_[f.attr.ino].inst = keyed({{t, f.attr.ino}});
     }
     PLY_CHECK(copy_links(f.attr.ino, c, t));
     return br_[t].fs->unlink(pd, name, PLY_TRY(below_has(PLY_TRY(node(dir)), t, name)));
@@ -764,7 +768,7 @@ Result<void> Union::materialize(uint64_t dir, int b, const Caller& c, int depth)
       (void)PLY_TRY(br_[b].fs->copy_in(*br_[f->inst[0].first].fs, ino, tino, m.name));
       {
         std::lock_guard lk(nodes_mu_);
-        if (auto it = nodes_.find(ino); it != nodes_.end()) it->second.inst = {{b, ino}};
+        if (auto it = nodes_.find(ino); it != nodes_.end()) it->second.inst = keyed({{b, ino}});
       }
       if (f->attr.nlink > 1) PLY_CHECK(copy_links(ino, f->inst[0].first, b));
     }
@@ -774,7 +778,7 @@ Result<void> Union::materialize(uint64_t dir, int b, const Caller& c, int depth)
   s.ctime = PLY_TRY(br_[b].fs->getattr(tino)).ctime;
   (void)PLY_TRY(br_[b].fs->setattr(tino, s));
   std::lock_guard lk(nodes_mu_);
-  nodes_[dir].inst = {{b, tino}};
+  nodes_[dir].inst = keyed({{b, tino}});
   return ok();
 }
 
@@ -849,7 +853,7 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
     {
       // The kernel's handle on the object now means the copy, as after any copy-up.
       std::lock_guard lk(nodes_mu_);
-      if (auto it = nodes_.find(f.attr.ino); it != nodes_.end()) it->second.inst = {{t, f.attr.ino}};
+      if (auto it = nodes_.find(f.attr.ino); it != nodes_.end()) it->second.inst = keyed({{t, f.attr.ino}});
     }
     if (f.attr.nlink > 1) PLY_CHECK(copy_links(f.attr.ino, f.inst[0].first, t));
     return ok();
@@ -892,7 +896,7 @@ Result<void> Union::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
     Node& n = nodes_[ino];
     n.parent = parent;
     n.name = std::string(name);
-    n.inst = {{t, ino}};
+    n.inst = keyed({{t, ino}});
   };
   move(sino, ndir, nname);
   if (exchange) move(dst->attr.ino, odir, oname);
@@ -1078,25 +1082,32 @@ Result<void> Union::restack(const std::function<Result<std::vector<UnionBranch>>
   if (inserted >= 0) {
     br_ = std::move(nb);
     compute_origins();
-    for (auto& [ino, n] : nodes_)
-      for (auto& part : n.inst)
-        if (part.first >= inserted) part.first++;
-    Node& r = nodes_[root_];
-    r.inst.clear();
+    if (inserted == 0) {
+      shift_++;  // every node's branches move one to the right, in O(1)
+    } else {
+      for (auto& [ino, n] : nodes_)
+        for (auto& part : n.inst)
+          if (part.first + shift_ >= inserted) part.first++;
+    }
+    std::vector<std::pair<int, uint64_t>> root;
     for (size_t b = 0; b < br_.size(); b++) {
-      r.inst.emplace_back(int(b), br_[b].fs->root());
+      root.emplace_back(int(b), br_[b].fs->root());
       auto a = br_[b].fs->getattr(br_[b].fs->root());
       if (a && a->opaque) break;
     }
+    nodes_[root_].inst = keyed(std::move(root));
     return ok();
   }
   // Where each file was served from: an unlinked file still open (pinned,
   // no name) stays there if that branch stays.
   std::unordered_map<uint64_t, Filesystem*> was;
   for (const auto& [ino, n] : nodes_)
-    if (!n.is_dir && !n.inst.empty()) was[ino] = br_[n.inst.front().first].fs;
+    if (!n.is_dir && !n.inst.empty()) was[ino] = br_[n.inst.front().first + shift_].fs;
   br_ = std::move(nb);
   compute_origins();
+  // Every node is resolved again below, parents first, and written with
+  // the new stack's indices as keys.
+  shift_ = 0;
   // Parents before children: each directory is found again by its name
   // under its (already re-resolved) parent.
   std::vector<std::pair<int, uint64_t>> order;

@@ -181,9 +181,11 @@ class Union {
     uint64_t parent = 0;   // union inode of the directory it was found in
     std::string name;      // its name there
     bool is_dir = false;
-    // (branch index, inode there), left to right. A directory: every branch
+    // (branch, inode there), left to right. A directory: every branch
     // whose same-named directory merges into it (down to the first opaque
     // one); anything else: one, the leftmost branch holding the object.
+    // In nodes_ the branch is a key, its index minus shift_ (keyed());
+    // node() returns a copy with indices.
     std::vector<std::pair<int, uint64_t>> inst;
     uint64_t refs = 0;
     // Added to the inode's generation in what lookups report (entry_of):
@@ -280,6 +282,16 @@ class Union {
   std::shared_mutex io_mu_;
   std::shared_mutex nodes_mu_;
   std::unordered_map<uint64_t, Node> nodes_;
+  // A node's branch index is its key plus shift_. A snapshot's restack
+  // inserts its new branch at the top: every known object's index grows by
+  // one, and raising shift_ does that without touching the nodes, so the
+  // snapshot of a warm mount stays O(1) (format.md#snapshots, "Online").
+  // Changed by restack under nodes_mu_, exclusive; read under nodes_mu_.
+  int shift_ = 0;
+  std::vector<std::pair<int, uint64_t>> keyed(std::vector<std::pair<int, uint64_t>> inst) const {
+    for (auto& part : inst) part.first -= shift_;
+    return inst;
+  }
 };
 
 }  // namespace plyfs

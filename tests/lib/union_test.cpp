@@ -1913,6 +1913,46 @@ TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there
   REQUIRE(check_filesystems(*im.dev).empty());
 }
 
+TEST_CASE("union: a snapshot under a read-only branch moves only what lies below it", "[union][snap]") {
+  // Stack: A (read-only) over B (writable). The snapshot puts the new
+  // branch between them, so a file the union knows in A keeps its place
+  // and one in B moves one down (Union::shift_ covers only the top).
+  Image im = make_image(2);
+  Attr fa = must(im.fs[0]->mknod(im.fs[0]->root(), "a", S_IFREG | 0644, 0, 0, 0));
+  must(im.fs[0]->write(fa.ino, 0, bytes("in A")));
+  Attr fb = must(im.fs[1]->mknod(im.fs[1]->root(), "b", S_IFREG | 0644, 0, 0, 0));
+  must(im.fs[1]->write(fb.ino, 0, bytes("in B")));
+  std::vector<ViewLayer> stack{{im.trees[0], false}, {im.trees[1], true}};
+  Union u({{im.fs[0].get(), false}, {im.fs[1].get(), true}});
+  Attr a = must(u.lookup(u.root(), "a")), b = must(u.lookup(u.root(), "b"));
+  must(u.restack([&]() -> Result<std::vector<UnionBranch>> {
+    auto sn = PLY_TRY(snapshot(*im.vol, stack, "s1"));
+    REQUIRE(sn.stack.size() == 3);
+    REQUIRE(sn.stack[1].tree == sn.live.tree);
+    im.fs.insert(im.fs.begin() + 1, PLY_TRY(Filesystem::open(*im.vol, sn.live.tree)));
+    stack = sn.stack;
+    return std::vector<UnionBranch>{{im.fs[0].get(), false}, {im.fs[1].get(), true}, {im.fs[2].get(), false}};
+  }));
+  CHECK(u.branch_of(a.ino) == 0);
+  CHECK(u.branch_of(b.ino) == 2);
+  std::vector<std::byte> buf(4);
+  REQUIRE(must(u.read(a.ino, 0, buf)) == 4);
+  CHECK(buf == bytes("in A"));
+  REQUIRE(must(u.read(b.ino, 0, buf)) == 4);
+  CHECK(buf == bytes("in B"));
+  must(u.write(b.ino, 0, bytes("IN"), kRoot));  // copied up into the new branch
+  CHECK(u.branch_of(b.ino) == 1);
+  REQUIRE(must(im.fs[1]->read(b.ino, 0, buf)) == 4);
+  CHECK(buf == bytes("IN B"));
+  REQUIRE(must(im.fs[2]->read(b.ino, 0, buf)) == 4);
+  CHECK(buf == bytes("in B"));  // the snapshot holds the old bytes
+  CHECK(u.write(a.ino, 0, bytes("x"), kRoot).error().code == EROFS);
+  must(u.release_all());
+  im.trees = stack.size() == 3 ? std::vector<TreeId>{stack[0].tree, stack[1].tree, stack[2].tree} : im.trees;
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
+}
+
 TEST_CASE("union: two unions over one branch keep their references apart", "[union]") {
   // A mount and a view of its control folder share the branch's filesystem
   // object: a file unlinked while both hold it lives until both let go, and
