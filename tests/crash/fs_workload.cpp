@@ -190,6 +190,13 @@ struct Mount {
         (void)PLY_TRY(vol.commit());
         return u->unlink(PLY_TRY(resolve(parent_of(p))), base_of(p));
       }
+      case FsOpKind::RenameBranch: {
+        // As plyctl branch rename, and mkdir/rename in the control folder's
+        // layers/: one generation; the mounted stack names trees, not names.
+        const BranchMeta b = PLY_TRY(find_branch(vol, p));
+        (void)PLY_TRY(rename_branch(vol, b.tree, op.path2));
+        return ok();
+      }
       case FsOpKind::Commit:
         return ok();
     }
@@ -322,7 +329,8 @@ std::string FsOp::str() const {
   static const char* names[] = {"create",   "write",    "truncate", "rename",  "link",
                                 "unlink",   "mkdir",    "rmdir",    "setxattr", "fallocate",
                                 "copy-up",  "snapshot", "clone",    "merge",   "rollback",
-                                "add-branch", "delete-branch", "fill", "commit", "split-rename"};
+                                "add-branch", "delete-branch", "fill", "commit", "split-rename",
+                                "rename-branch"};
   std::string s = names[int(kind)];
   if (!path.empty()) s += " " + path;
   if (!path2.empty()) s += " " + path2;
@@ -675,6 +683,7 @@ std::vector<FsOp> fs_instances() {
       {K::DelBranch, "spare"},                 // 23 delete a branch
       {K::Setxattr, "up", "", 0, 65536},       // 24 a 64 KiB xattr: out of line, its chunks and
                                                //    the LARGE_XATTR bit in one generation
+      {K::RenameBranch, "main", "live"},       // 25 rename the mounted writable branch
   };
 }
 
@@ -785,6 +794,8 @@ FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
     else if (r < 93) w.ops.push_back({K::Rollback});
     else if (r < 95) w.ops.push_back({K::AddBranch, numbered("rb", branches++)});
     else if (r < 97 && branches) w.ops.push_back({K::DelBranch, numbered("rc", rng() % branches)});
+    else if (r < 99 && branches) w.ops.push_back({K::RenameBranch, numbered("rb", rng() % branches),
+                                                  numbered("rn", branches++)});
     if (++since >= every) {
       w.ops.push_back({K::Commit});
       since = 0;

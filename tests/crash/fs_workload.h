@@ -43,6 +43,7 @@ enum class FsOpKind : uint8_t {
   Fill,        // write path in 64 KiB pieces until ENOSPC
   Commit,
   SplitRename, // test-only planted bug: a rename made of link, commit, unlink
+  RenameBranch, // the branch named path gets the name path2
 };
 
 struct FsOp {
