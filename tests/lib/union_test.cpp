@@ -1152,6 +1152,22 @@ struct Mounted {
       if (stack[i].tree == t) return int(i);
     return -1;
   }
+  // A snapshot as a mount takes it: inside the union's restack, which keeps
+  // what the union knows (fuse/plyfs.cpp, lifecycle).
+  Snapshot snapshot_live(const std::string& name) {
+    Snapshot sn;
+    must(u->restack([&]() -> Result<std::vector<UnionBranch>> {
+      sn = PLY_TRY(snapshot(*im.vol, stack, name));
+      stack = sn.stack;
+      const auto at = long(index_of(sn.live.tree));
+      im.fs.insert(im.fs.begin() + at, PLY_TRY(Filesystem::open(*im.vol, sn.live.tree)));
+      im.trees.insert(im.trees.begin() + at, sn.live.tree);
+      std::vector<UnionBranch> bs;
+      for (size_t i = 0; i < stack.size(); i++) bs.push_back({im.fs[i].get(), stack[i].writable});
+      return bs;
+    }));
+    return sn;
+  }
 };
 
 // One branch's raw names (whiteouts hidden), with inode numbers, for diff.
@@ -1272,20 +1288,18 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
       const int kind = int(rng() % 5);
       INFO("lifecycle " << kind << " on " << format_stack(*im.vol, mt.stack));
       if (kind <= 1 && mt.stack.size() < 8) {  // snapshot
-        auto sn = must(snapshot(*im.vol, mt.stack, "s" + std::to_string(step)));
-        REQUIRE(sn.stack.size() == mt.stack.size() + 1);
+        const size_t was = mt.stack.size();
+        const std::string name = "s" + std::to_string(step);
+        Snapshot sn;
+        if (rng() % 2) {
+          sn = must(snapshot(*im.vol, mt.stack, name));
+          mt.remount(sn.stack);
+        } else {
+          sn = mt.snapshot_live(name);  // the union keeps what it knows
+        }
+        REQUIRE(sn.stack.size() == was + 1);
         REQUIRE(sn.stack[0].tree == sn.live.tree);
         below[sn.live.tree.v] = m;
-        if (rng() % 2) {
-          mt.remount(sn.stack);
-        } else {  // live, as the daemon does: the union keeps what it knows
-          im.fs.insert(im.fs.begin(), must(Filesystem::open(*im.vol, sn.live.tree)));
-          im.trees.insert(im.trees.begin(), sn.live.tree);
-          mt.stack = sn.stack;
-          std::vector<UnionBranch> bs;
-          for (size_t i = 0; i < mt.stack.size(); i++) bs.push_back({im.fs[i].get(), mt.stack[i].writable});
-          must(mt.u->restack(std::move(bs)));
-        }
         snaps++;
       } else if (kind == 2) {  // merge a random layer into the branch below it
         std::vector<size_t> cand;
@@ -1884,17 +1898,13 @@ TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there
   Image im = make_image(1);
   Attr f = must(im.fs[0]->mknod(im.fs[0]->root(), "f", S_IFREG | 0644, 0, 0, 0));
   must(im.fs[0]->write(f.ino, 0, bytes("old bytes!")));
-  std::vector<ViewLayer> stack{{im.trees[0], true}};
-  Union u({{im.fs[0].get(), true}});
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  Union& u = *mt.u;
   Attr a = must(u.lookup(u.root(), "f"));  // the kernel's references: two
   must(u.lookup(u.root(), "f"));
-  must(u.restack([&]() -> Result<std::vector<UnionBranch>> {
-    auto sn = PLY_TRY(snapshot(*im.vol, stack, "s1"));
-    im.fs.insert(im.fs.begin(), PLY_TRY(Filesystem::open(*im.vol, sn.live.tree)));
-    im.trees.insert(im.trees.begin(), sn.live.tree);
-    stack = sn.stack;
-    return std::vector<UnionBranch>{{im.fs[0].get(), true}, {im.fs[1].get(), false}};
-  }));
+  mt.snapshot_live("s1");
   must(u.write(a.ino, 0, bytes("new"), kRoot));  // the copy-up into the new branch
   REQUIRE(u.branch_of(a.ino) == 0);
   must(u.unlink(u.root(), "f"));
@@ -1909,6 +1919,7 @@ TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there
   CHECK(im.fs[0]->orphan_count() == 0);
   CHECK(im.fs[1]->orphan_count() == 0);  // the frozen branch's file has its name
   must(u.release_all());
+  mt.u.reset();
   im.close();
   REQUIRE(check_filesystems(*im.dev).empty());
 }
@@ -1922,17 +1933,14 @@ TEST_CASE("union: a snapshot under a read-only branch moves only what lies below
   must(im.fs[0]->write(fa.ino, 0, bytes("in A")));
   Attr fb = must(im.fs[1]->mknod(im.fs[1]->root(), "b", S_IFREG | 0644, 0, 0, 0));
   must(im.fs[1]->write(fb.ino, 0, bytes("in B")));
-  std::vector<ViewLayer> stack{{im.trees[0], false}, {im.trees[1], true}};
-  Union u({{im.fs[0].get(), false}, {im.fs[1].get(), true}});
+  im.close();
+  Mounted mt{im, {{im.trees[0], false}, {im.trees[1], true}}, nullptr};
+  mt.open();
+  Union& u = *mt.u;
   Attr a = must(u.lookup(u.root(), "a")), b = must(u.lookup(u.root(), "b"));
-  must(u.restack([&]() -> Result<std::vector<UnionBranch>> {
-    auto sn = PLY_TRY(snapshot(*im.vol, stack, "s1"));
-    REQUIRE(sn.stack.size() == 3);
-    REQUIRE(sn.stack[1].tree == sn.live.tree);
-    im.fs.insert(im.fs.begin() + 1, PLY_TRY(Filesystem::open(*im.vol, sn.live.tree)));
-    stack = sn.stack;
-    return std::vector<UnionBranch>{{im.fs[0].get(), false}, {im.fs[1].get(), true}, {im.fs[2].get(), false}};
-  }));
+  const Snapshot sn = mt.snapshot_live("s1");
+  REQUIRE(sn.stack.size() == 3);
+  REQUIRE(sn.stack[1].tree == sn.live.tree);
   CHECK(u.branch_of(a.ino) == 0);
   CHECK(u.branch_of(b.ino) == 2);
   std::vector<std::byte> buf(4);
@@ -1948,7 +1956,7 @@ TEST_CASE("union: a snapshot under a read-only branch moves only what lies below
   CHECK(buf == bytes("in B"));  // the snapshot holds the old bytes
   CHECK(u.write(a.ino, 0, bytes("x"), kRoot).error().code == EROFS);
   must(u.release_all());
-  im.trees = stack.size() == 3 ? std::vector<TreeId>{stack[0].tree, stack[1].tree, stack[2].tree} : im.trees;
+  mt.u.reset();
   im.close();
   REQUIRE(check_filesystems(*im.dev).empty());
 }
