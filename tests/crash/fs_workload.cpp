@@ -794,8 +794,10 @@ FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
     else if (r < 93) w.ops.push_back({K::Rollback});
     else if (r < 95) w.ops.push_back({K::AddBranch, numbered("rb", branches++)});
     else if (r < 97 && branches) w.ops.push_back({K::DelBranch, numbered("rc", rng() % branches)});
-    else if (r < 99 && branches) w.ops.push_back({K::RenameBranch, numbered("rb", rng() % branches),
-                                                  numbered("rn", branches++)});
+    else if (r < 99 && branches) {
+      const std::string from = numbered("rb", rng() % branches);
+      w.ops.push_back({K::RenameBranch, from, numbered("rn", branches++)});
+    }
     if (++since >= every) {
       w.ops.push_back({K::Commit});
       since = 0;
