@@ -101,6 +101,25 @@ Result<std::vector<UnionBranch>> ControlFolder::branches_of(const std::vector<Vi
   return ub;
 }
 
+// The kernel keeps a folder's entry for up to a jiffy even with timeout 0
+// (it is valid while its time has not passed), and a path walk that found
+// it goes on with it: after a snapshot, merge or rollback the name it
+// looked up may be another branch's. What it meant is the view of the
+// branch that has that name now (the mount's writes after a snapshot land
+// in the new layer, format.md#snapshots); the folder's own branch, frozen
+// or doomed, would answer EROFS or ESTALE. Once the kernel looks the
+// folder up by its new name, it means its own branch again.
+Result<TreeId> ControlFolder::data_tree(TreeId folder) {
+  std::lock_guard cl(*h_.ctl_mu);  // C4
+  auto it = handed_name_.find(folder.v);
+  if (it == handed_name_.end()) return folder;
+  auto b = Filesystem::branch(*h_.vol, folder);
+  if (b && !b->doomed && b->name == it->second) return folder;
+  auto now = branch_named(it->second);
+  if (!now) return Error::io(ESTALE, "no branch is named \"" + it->second + "\" any more");
+  return now->tree;
+}
+
 Result<size_t> ControlFolder::view_of(TreeId tree) {
   {
     std::shared_lock lk(mu_);
@@ -301,7 +320,9 @@ Result<BranchMeta> ControlFolder::make_layer(std::string_view name) {
   if (h_.read_only) return Error::io(EROFS, "the mount is read-only");
   auto top = std::find_if(h_.stack->begin(), h_.stack->end(), [](const ViewLayer& l) { return l.writable; });
   if (top == h_.stack->end()) return Error::io(EROFS, "the mount writes to no branch");
-  return create_layer(*h_.vol, name, top->tree, false);
+  BranchMeta b = PLY_TRY(create_layer(*h_.vol, name, top->tree, false));
+  handed_name_[b.tree.v] = b.name;
+  return b;
 }
 
 Result<void> ControlFolder::delete_layer(std::string_view name) {
@@ -356,6 +377,7 @@ Result<void> ControlFolder::rename_layer(std::string_view from, std::string_view
     return Error::io(ENOTEMPTY, "a branch named \"" + std::string(to) + "\" exists");
   }
   (void)PLY_TRY(rename_branch(*h_.vol, b.tree, to));
+  handed_name_[b.tree.v] = std::string(to);  // the kernel moves its entry along
   std::shared_lock lk(mu_);
   for (auto& v : views_)
     if (v->layer == b.tree) v->name = std::string(to);  // under ctl_mu, like refresh
@@ -496,12 +518,18 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     }
     if (!b) return reply_err(req, b.error());
     if (b->tree.v > kMaxTree) return (void)fuse_reply_err(req, EOVERFLOW);
+    {
+      std::lock_guard cl(*h_.ctl_mu);
+      handed_name_[b->tree.v] = b->name;
+    }
     return reply_virtual_entry(req, folder_node(b->tree), b->created.v);
   }
   if (is_folder(parent)) {
     if (n == kInfoFile) return reply_virtual_entry(req, info_node(tree_of(parent)), 0);
     if (n != kDataDir) return (void)fuse_reply_err(req, ENOENT);
-    auto slot = view_of(tree_of(parent));
+    auto tree = data_tree(tree_of(parent));
+    if (!tree) return reply_err(req, tree.error());
+    auto slot = view_of(*tree);
     if (!slot) return reply_err(req, slot.error());
     auto w = in_view(node(*slot, 0));
     if (!w) return reply_err(req, w.error());

@@ -263,6 +263,9 @@ class ControlFolder {
     uint64_t ino;
   };
   Result<InView> in_view(fuse_ino_t ino);
+  // The branch whose view a lookup of data in `folder`'s folder means
+  // (takes ctl_mu): the one named as the kernel found the folder.
+  Result<TreeId> data_tree(TreeId folder);
   // The live view of a branch, made on first use (takes ctl_mu and mu_).
   Result<size_t> view_of(TreeId tree);
   Result<std::vector<ViewLayer>> stack_of(TreeId tree);  // its layer stack, as this mount may write it (ctl_mu)
@@ -300,6 +303,8 @@ class ControlFolder {
   std::shared_mutex mu_;                   // C2
   std::vector<std::unique_ptr<View>> views_;  // slot s is views_[s - 1]
   std::map<uint64_t, size_t> slot_of_;     // live views by tree id
+  // A branch's folder: the name the kernel last found it by (ctl_mu).
+  std::map<uint64_t, std::string> handed_name_;
   std::atomic<size_t> live_views_{0};      // slot_of_.size(), read without mu_
 };
 
