@@ -533,7 +533,14 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     if (!slot) return reply_err(req, slot.error());
     auto w = in_view(node(*slot, 0));
     if (!w) return reply_err(req, w.error());
-    return reply_view_entry(req, *w, w->v->u->getattr(w->v->u->root()));  // the root counts no reference
+    auto a = w->v->u->getattr(w->v->u->root());  // the root counts no reference
+    // data stays the view's root while the branch root it shows changes: a
+    // snapshot's new layer, a merge's result, a rollback's fresh layer each
+    // bring a root with another generation. A new generation would make
+    // the kernel retire the inode it holds (EIO on it, as for an open
+    // directory or a path walk that found it just before).
+    if (a) a->generation = 0;
+    return reply_view_entry(req, *w, a);
   }
   if (is_info(parent)) return (void)fuse_reply_err(req, ENOTDIR);
   auto w = in_view(parent);

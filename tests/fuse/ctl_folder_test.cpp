@@ -427,6 +427,10 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   const int fd = ::open((L + "main/data/m").c_str(), O_RDWR);
   REQUIRE(fd >= 0);
   const ino_t m_ino = ino_of(L + "main/data/m");
+  // data itself held open: it is the view's root, which shows another
+  // branch root after the snapshot (with another generation).
+  const int data_fd = ::open((L + "main/data").c_str(), O_RDONLY | O_DIRECTORY);
+  REQUIRE(data_fd >= 0);
   // Listed before and after: the kernel must not keep the first listing.
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
   plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
@@ -444,6 +448,15 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   CHECK(info(L + "main/info.json")["parent"] == "\"s1\"");
   write_file(L + "main/data/after", "after");
   CHECK(read_file(fx / "after") == "after");
+  // The path looked up again, data's inode the kernel holds still works.
+  CHECK(ino_of(L + "main/data") == ino_of(L + "main/data/."));
+  struct stat st{};
+  REQUIRE_OK(::fstat(data_fd, &st));
+  const int at = ::openat(data_fd, "via-fd", O_CREAT | O_WRONLY, 0644);
+  REQUIRE_OK(at);
+  ::close(at);
+  ::close(data_fd);
+  CHECK(read_file(fx / "via-fd").empty());
   CHECK(list_dir(L + "s1/data") == std::vector<std::string>{"m"});
   fx.unmount();
 }

@@ -517,7 +517,10 @@ TEST_CASE("snapshots: writers through the mount and a view while snapshots are t
   }
   stop = true;
   for (auto& t : ts) t.join();
-  CHECK(bad == std::vector<std::string>{});
+  {
+    INFO("plyfs log:\n" << fx.m->log());  // what an EIO was
+    CHECK(bad == std::vector<std::string>{});
+  }
   auto check = [&] {
     for (int k = 0; k < kWriters; k++) {
       const std::string dir = fx / ("w" + std::to_string(k));
