@@ -7,9 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstring>
+#include <span>
+#include <thread>
 
 #include "snap/snap.h"
 
@@ -100,6 +101,25 @@ Result<std::vector<UnionBranch>> ControlFolder::branches_of(const std::vector<Vi
   return ub;
 }
 
+// The kernel keeps a folder's entry for up to a jiffy even with timeout 0
+// (it is valid while its time has not passed), and a path walk that found
+// it goes on with it: after a snapshot, merge or rollback the name it
+// looked up may be another branch's. What it meant is the view of the
+// branch that has that name now (the mount's writes after a snapshot land
+// in the new layer, format.md#snapshots); the folder's own branch, frozen
+// or doomed, would answer EROFS or ESTALE. Once the kernel looks the
+// folder up by its new name, it means its own branch again.
+Result<TreeId> ControlFolder::data_tree(TreeId folder) {
+  std::lock_guard cl(*h_.ctl_mu);  // C4
+  auto it = handed_name_.find(folder.v);
+  if (it == handed_name_.end()) return folder;
+  auto b = Filesystem::branch(*h_.vol, folder);
+  if (b && !b->doomed && b->name == it->second) return folder;
+  auto now = branch_named(it->second);
+  if (!now) return Error::io(ESTALE, "no branch is named \"" + it->second + "\" any more");
+  return now->tree;
+}
+
 Result<size_t> ControlFolder::view_of(TreeId tree) {
   {
     std::shared_lock lk(mu_);
@@ -120,10 +140,15 @@ Result<size_t> ControlFolder::view_of(TreeId tree) {
   v->u->set_kernel_times(kernel_times_);
   views_.push_back(std::move(v));
   slot_of_[tree.v] = views_.size();
+  live_views_ = slot_of_.size();
   return views_.size();
 }
 
 void ControlFolder::refresh() {
+  struct Count {  // however the loop ends
+    ControlFolder& f;
+    ~Count() { f.live_views_ = f.slot_of_.size(); }
+  } count{*this};
   auto bs = Filesystem::branches(*h_.vol);
   for (size_t i = 0; i < views_.size(); i++) {
     View& v = *views_[i];
@@ -174,6 +199,115 @@ Result<void> ControlFolder::release_all() {
   return r;
 }
 
+// --- the kernel's caches of the other unions ------------------------------------------------
+
+namespace {
+
+// The branches a union writes to.
+std::vector<Filesystem*> writes_of(Union& u) {
+  std::vector<Filesystem*> w;
+  for (const auto& b : u.stack())
+    if (b.writable) w.push_back(b.fs);
+  return w;
+}
+
+// Whether union u shows one of the branches `w`.
+bool shows(Union& u, const std::vector<Filesystem*>& w) {
+  for (const auto& b : u.stack())
+    if (std::find(w.begin(), w.end(), b.fs) != w.end()) return true;
+  return false;
+}
+
+}  // namespace
+
+// The kernel may keep what it caches of the mounted view for its 60 s
+// timeouts (entries, negative entries, attributes, pages kept across opens,
+// listings: without opendir they are FOPEN_CACHE_DIR, kept while the
+// directory's mtime stays), and even under .plyfs, where nothing has a
+// timeout, it keeps a listing while the directory's mtime (its leftmost
+// part's) stays, the pages of a file while it is open, and, with the
+// writeback cache, a regular file's size and times for as long as it holds
+// the inode (format.md#control-folder, "Caching"). A change through one
+// union therefore drops, in every other one that shows the branch it wrote:
+//  - a name (ViewChange::Entry): the entry, and the directory's listing and
+//    attributes;
+//  - an object: its entry, so that an inode the kernel holds only by its
+//    name goes, size and times with it; its pages and attributes; and, as
+//    the kernel keeps the size of an inode still open, one stored byte at
+//    the end when the file may have grown (a store past the end grows it;
+//    nothing shrinks it).
+// Objects are found by path: the same directory may have other numbers in
+// two unions (its leftmost part's), and the other union's parts of it and
+// copies are refreshed on the way (Union::refresh_path).
+void ControlFolder::invals_for(Union& from, const std::vector<ViewChange>& cs, Union& to, size_t slot,
+                               std::vector<Notifier::Inval>& out) {
+  using Inval = Notifier::Inval;
+  auto id = [&](uint64_t ino) -> fuse_ino_t {
+    if (slot == 0) return ino == to.root() ? FUSE_ROOT_ID : ino;
+    return ino > kNumMask ? 0 : node(slot, ino);
+  };
+  for (const ViewChange& c : cs) {
+    const auto path = from.path_of(c.ino);
+    const std::vector<uint64_t> at = path ? to.refresh_path(*path) : std::vector<uint64_t>{};
+    if (c.kind == ViewChange::Entry) {
+      // A directory `to` does not know is not in the kernel either.
+      if (!path || at.size() != path->size() + 1 || !id(at.back())) continue;
+      if (slot == 0 && at.size() == 1 && c.name == kControlFolder) continue;  // shadowed
+      out.push_back(Inval::entry(id(at.back()), c.name));
+      out.push_back(Inval::inode(id(at.back()), 0, 0));
+      continue;
+    }
+    if (path && !path->empty() && at.size() >= path->size() && id(at[path->size() - 1]))
+      out.push_back(Inval::entry(id(at[path->size() - 1]), path->back()));
+    if (!to.knows(c.ino) || !id(c.ino)) continue;
+    if (c.kind == ViewChange::Attr) {
+      out.push_back(Inval::inode(id(c.ino), -1, 0));
+      continue;
+    }
+    out.push_back(Inval::inode(id(c.ino), off_t(c.off), off_t(c.len)));
+    auto a = to.getattr(c.ino);
+    if (!a || !S_ISREG(a->mode) || (c.len && c.off + c.len < a->size)) continue;
+    // Read when sent, right after the pages were dropped (their dirty ones
+    // written back first): a byte read now could overwrite a write of the
+    // other view's that lands meanwhile.
+    out.push_back(Inval::store(id(c.ino), [this, slot, ino = c.ino](off_t& off, std::string& b) {
+      std::shared_lock lk(mu_);
+      Union* u = slot == 0 ? h_.mount : slot <= views_.size() ? views_[slot - 1]->u.get() : nullptr;
+      if (!u) return false;
+      auto now = u->getattr(ino);
+      if (!now || !S_ISREG(now->mode) || now->size == 0) return false;
+      b.assign(1, '\0');
+      auto n = u->read(ino, now->size - 1, std::as_writable_bytes(std::span(b)));
+      off = off_t(now->size - 1);
+      return n && *n == 1;
+    }));
+  }
+}
+
+void ControlFolder::view_changed(InView& w, const std::vector<ViewChange>& cs) {
+  if (cs.empty() || !h_.notifier || !w.v->u) return;
+  const auto writes = writes_of(*w.v->u);
+  if (writes.empty()) return;
+  std::vector<Notifier::Inval> out;
+  if (h_.mount && shows(*h_.mount, writes)) invals_for(*w.v->u, cs, *h_.mount, 0, out);
+  for (size_t i = 0; i < views_.size(); i++)
+    if (i + 1 != w.slot && views_[i]->u && shows(*views_[i]->u, writes))
+      invals_for(*w.v->u, cs, *views_[i]->u, i + 1, out);
+  h_.notifier->post(std::move(out));
+}
+
+void ControlFolder::mount_changed(const std::vector<ViewChange>& cs) {
+  if (!h_.notifier || !h_.mount || !has_views()) return;
+  std::vector<Notifier::Inval> out;
+  {
+    std::shared_lock lk(mu_);
+    const auto writes = writes_of(*h_.mount);
+    for (size_t i = 0; i < views_.size(); i++)
+      if (views_[i]->u && shows(*views_[i]->u, writes)) invals_for(*h_.mount, cs, *views_[i]->u, i + 1, out);
+  }
+  h_.notifier->post(std::move(out));
+}
+
 // --- the branch table -------------------------------------------------------------------
 
 bool ControlFolder::may_change(fuse_req_t req) const {
@@ -186,7 +320,9 @@ Result<BranchMeta> ControlFolder::make_layer(std::string_view name) {
   if (h_.read_only) return Error::io(EROFS, "the mount is read-only");
   auto top = std::find_if(h_.stack->begin(), h_.stack->end(), [](const ViewLayer& l) { return l.writable; });
   if (top == h_.stack->end()) return Error::io(EROFS, "the mount writes to no branch");
-  return create_layer(*h_.vol, name, top->tree, false);
+  BranchMeta b = PLY_TRY(create_layer(*h_.vol, name, top->tree, false));
+  handed_name_[b.tree.v] = b.name;
+  return b;
 }
 
 Result<void> ControlFolder::delete_layer(std::string_view name) {
@@ -223,6 +359,7 @@ Result<void> ControlFolder::delete_layer(std::string_view name) {
     v->u.reset();  // C3
     slot_of_.erase(v->layer.v);
   }
+  live_views_ = slot_of_.size();
   h_.close_branch(b.tree);
   return delete_branch(*h_.vol, b.tree);
 }
@@ -240,6 +377,7 @@ Result<void> ControlFolder::rename_layer(std::string_view from, std::string_view
     return Error::io(ENOTEMPTY, "a branch named \"" + std::string(to) + "\" exists");
   }
   (void)PLY_TRY(rename_branch(*h_.vol, b.tree, to));
+  handed_name_[b.tree.v] = std::string(to);  // the kernel moves its entry along
   std::shared_lock lk(mu_);
   for (auto& v : views_)
     if (v->layer == b.tree) v->name = std::string(to);  // under ctl_mu, like refresh
@@ -302,10 +440,12 @@ struct stat ControlFolder::view_stat(const View& v, size_t slot, const Attr& a) 
   return stat_of(a, node(slot, a.ino), v.u->block_size());
 }
 
-void ControlFolder::reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a) {
+void ControlFolder::reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a,
+                                     const std::vector<ViewChange>& cs) {
   if (!a) return reply_err(req, a.error());
   if (a->ino > kNumMask) {
     (void)w.v->u->unpin(a->ino);
+    view_changed(w, cs);
     return (void)fuse_reply_err(req, EOVERFLOW);
   }
   fuse_entry_param e{};
@@ -313,6 +453,7 @@ void ControlFolder::reply_view_entry(fuse_req_t req, InView& w, const Result<Att
   e.generation = a->generation;
   e.attr = view_stat(*w.v, w.slot, *a);
   e.attr_timeout = e.entry_timeout = kTimeout;
+  view_changed(w, cs);
   if (fuse_reply_entry(req, &e) != 0) (void)w.v->u->unpin(a->ino);
 }
 
@@ -377,16 +518,29 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     }
     if (!b) return reply_err(req, b.error());
     if (b->tree.v > kMaxTree) return (void)fuse_reply_err(req, EOVERFLOW);
+    {
+      std::lock_guard cl(*h_.ctl_mu);
+      handed_name_[b->tree.v] = b->name;
+    }
     return reply_virtual_entry(req, folder_node(b->tree), b->created.v);
   }
   if (is_folder(parent)) {
     if (n == kInfoFile) return reply_virtual_entry(req, info_node(tree_of(parent)), 0);
     if (n != kDataDir) return (void)fuse_reply_err(req, ENOENT);
-    auto slot = view_of(tree_of(parent));
+    auto tree = data_tree(tree_of(parent));
+    if (!tree) return reply_err(req, tree.error());
+    auto slot = view_of(*tree);
     if (!slot) return reply_err(req, slot.error());
     auto w = in_view(node(*slot, 0));
     if (!w) return reply_err(req, w.error());
-    return reply_view_entry(req, *w, w->v->u->getattr(w->v->u->root()));  // the root counts no reference
+    auto a = w->v->u->getattr(w->v->u->root());  // the root counts no reference
+    // data stays the view's root while the branch root it shows changes: a
+    // snapshot's new layer, a merge's result, a rollback's fresh layer each
+    // bring a root with another generation. A new generation would make
+    // the kernel retire the inode it holds (EIO on it, as for an open
+    // directory or a path walk that found it just before).
+    if (a) a->generation = 0;
+    return reply_view_entry(req, *w, a);
   }
   if (is_info(parent)) return (void)fuse_reply_err(req, ENOTDIR);
   auto w = in_view(parent);
@@ -421,6 +575,8 @@ void ControlFolder::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int
   auto a = w->v->u->setattr(w->ino, setattr_of(st, valid), h_.caller(req));
   if (!a) return reply_err(req, a.error());
   struct stat out = view_stat(*w->v, w->slot, *a);
+  view_changed(*w, {(valid & FUSE_SET_ATTR_SIZE) ? ViewChange::data(w->ino, uint64_t(st->st_size), 0)
+                                                 : ViewChange::attr(w->ino)});
   fuse_reply_attr(req, &out, kTimeout);
 }
 
@@ -436,7 +592,7 @@ void ControlFolder::readlink(fuse_req_t req, fuse_ino_t ino) {
 void ControlFolder::mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
-  reply_view_entry(req, *w, w->v->u->mknod(w->ino, name, mode, rdev, h_.caller(req)));
+  reply_view_entry(req, *w, w->v->u->mknod(w->ino, name, mode, rdev, h_.caller(req)), {ViewChange::entry(w->ino, name)});
 }
 
 void ControlFolder::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
@@ -448,13 +604,13 @@ void ControlFolder::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, m
   }
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
-  reply_view_entry(req, *w, w->v->u->mkdir(w->ino, name, mode, h_.caller(req)));
+  reply_view_entry(req, *w, w->v->u->mkdir(w->ino, name, mode, h_.caller(req)), {ViewChange::entry(w->ino, name)});
 }
 
 void ControlFolder::symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
-  reply_view_entry(req, *w, w->v->u->symlink(w->ino, name, target, h_.caller(req)));
+  reply_view_entry(req, *w, w->v->u->symlink(w->ino, name, target, h_.caller(req)), {ViewChange::entry(w->ino, name)});
 }
 
 void ControlFolder::link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char* name) {
@@ -462,13 +618,15 @@ void ControlFolder::link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, cons
     return (void)fuse_reply_err(req, EXDEV);
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
-  reply_view_entry(req, *w, w->v->u->link(num_of(ino), w->ino, name, h_.caller(req)));
+  reply_view_entry(req, *w, w->v->u->link(num_of(ino), w->ino, name, h_.caller(req)),
+                   {ViewChange::entry(w->ino, name), ViewChange::attr(num_of(ino))});
 }
 
 void ControlFolder::unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
   auto r = w->v->u->unlink(w->ino, name);
+  if (r) view_changed(*w, {ViewChange::entry(w->ino, name)});
   fuse_reply_err(req, r ? 0 : h_.errno_of(r.error()));
 }
 
@@ -482,6 +640,7 @@ void ControlFolder::rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
   auto r = w->v->u->rmdir(w->ino, name);
+  if (r) view_changed(*w, {ViewChange::entry(w->ino, name)});
   fuse_reply_err(req, r ? 0 : h_.errno_of(r.error()));
 }
 
@@ -498,6 +657,7 @@ void ControlFolder::rename(fuse_req_t req, fuse_ino_t parent, const char* name, 
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
   auto r = w->v->u->rename(w->ino, name, num_of(newparent), newname, flags, h_.caller(req));
+  if (r) view_changed(*w, {ViewChange::entry(w->ino, name), ViewChange::entry(num_of(newparent), newname)});
   fuse_reply_err(req, r ? 0 : h_.errno_of(r.error()));
 }
 
@@ -529,6 +689,7 @@ void ControlFolder::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (auto k = kill_setid_before_change(u, w->ino, request_kills_setid(), h_.caller(req)); !k)
       return reply_err(req, k.error());
     if (auto t = u.setattr(w->ino, s, h_.caller(req)); !t) return reply_err(req, t.error());
+    view_changed(*w, {ViewChange::data(w->ino, 0, 0)});
   }
   // Another view may have changed the file since the kernel cached it.
   fi->keep_cache = 0;
@@ -545,6 +706,7 @@ void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, 
   if (!a) return reply_err(req, a.error());
   if (a->ino > kNumMask) {
     (void)w->v->u->unpin(a->ino);
+    view_changed(*w, {ViewChange::entry(w->ino, name)});
     return (void)fuse_reply_err(req, EOVERFLOW);
   }
   fuse_entry_param e{};
@@ -555,6 +717,7 @@ void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, 
   fi->keep_cache = 0;
   fi->fh = reinterpret_cast<uint64_t>(w->v);
   w->v->open_files++;
+  view_changed(*w, {ViewChange::entry(w->ino, name)});
   if (fuse_reply_create(req, &e, fi) != 0) {
     w->v->open_files--;
     (void)w->v->u->unpin(a->ino);
@@ -586,6 +749,7 @@ void ControlFolder::write(fuse_req_t req, fuse_ino_t ino, const char* data, size
   auto n = w->v->u->write(w->ino, uint64_t(off), std::span(reinterpret_cast<const std::byte*>(data), size),
                           h_.caller(req));
   if (!n) return reply_err(req, n.error());
+  view_changed(*w, {ViewChange::data(w->ino, uint64_t(off), *n)});
   fuse_reply_write(req, *n);
 }
 
@@ -699,6 +863,7 @@ void ControlFolder::setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, c
   if (!w) return reply_err(req, w.error());
   auto r = w->v->u->setxattr(w->ino, name, std::span(reinterpret_cast<const std::byte*>(value), size),
                              flags, h_.caller(req));
+  if (r) view_changed(*w, {ViewChange::attr(w->ino)});
   fuse_reply_err(req, r ? 0 : h_.errno_of(r.error()));
 }
 
@@ -726,6 +891,7 @@ void ControlFolder::removexattr(fuse_req_t req, fuse_ino_t ino, const char* name
   auto w = in_view(ino);
   if (!w) return reply_err(req, w.error());
   auto r = w->v->u->removexattr(w->ino, name, h_.caller(req));
+  if (r) view_changed(*w, {ViewChange::attr(w->ino)});
   fuse_reply_err(req, r ? 0 : h_.errno_of(r.error()));
 }
 
@@ -735,6 +901,7 @@ void ControlFolder::fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t of
   if (auto k = kill_setid_before_change(*w->v->u, w->ino, unprivileged(req), h_.caller(req)); !k)
     return reply_err(req, k.error());
   auto r = w->v->u->fallocate(w->ino, mode, uint64_t(off), uint64_t(len), h_.caller(req));
+  if (r) view_changed(*w, {ViewChange::data(w->ino, uint64_t(off), uint64_t(len))});
   fuse_reply_err(req, r ? 0 : h_.errno_of(r.error()));
 }
 
@@ -757,6 +924,7 @@ void ControlFolder::copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in,
     return reply_err(req, k.error());
   auto r = w->v->u->copy_range(w->ino, uint64_t(off_in), num_of(out), uint64_t(off_out), len, h_.caller(req));
   if (!r) return reply_err(req, r.error());
+  view_changed(*w, {ViewChange::data(num_of(out), uint64_t(off_out), *r)});
   fuse_reply_write(req, size_t(*r));
 }
 

@@ -32,6 +32,11 @@
 //  C4 the branch table is read under the daemon's ctl_mu, like every change
 //     to it: a layer being made, or a tree a merge or rollback is dropping,
 //     is not a branch yet or any more (a half-made one reads as damage).
+//  C5 a change through one union (the mount or a view) to a branch another
+//     one shows brings what that one knows of it up to date before the
+//     reply (Union::refresh_path), and queues the invalidations of what the
+//     kernel holds stale of it, sent after the reply by the daemon's
+//     notifier thread (notifier.h): no request waits for them.
 #pragma once
 
 #ifndef FUSE_USE_VERSION
@@ -51,6 +56,7 @@
 #include <vector>
 
 #include "kernel_io.h"
+#include "notifier.h"
 #include "union/union.h"
 #include "union/view.h"
 
@@ -138,6 +144,38 @@ inline void reply_xattr_names(fuse_req_t req, const std::vector<std::string>& na
   fuse_reply_buf(req, all.data(), all.size());
 }
 
+// A change made through one of the daemon's unions (the mounted view, or a
+// view of the control folder), in that union's numbers: what the kernel may
+// hold stale of the others that show the branch it changed
+// (format.md#control-folder, "Caching").
+struct ViewChange {
+  enum Kind { Entry, Attr, Data } kind = Attr;
+  uint64_t ino = 0;      // Entry: the directory; Attr, Data: the object
+  std::string name;      // Entry: the name in it that changed
+  uint64_t off = 0;      // Data: the bytes changed,
+  uint64_t len = 0;      // 0: up to the end
+  static ViewChange entry(uint64_t dir, std::string_view name) {
+    ViewChange c;
+    c.kind = Entry;
+    c.ino = dir;
+    c.name = std::string(name);
+    return c;
+  }
+  static ViewChange attr(uint64_t ino) {
+    ViewChange c;
+    c.ino = ino;
+    return c;
+  }
+  static ViewChange data(uint64_t ino, uint64_t off, uint64_t len) {
+    ViewChange c;
+    c.kind = Data;
+    c.ino = ino;
+    c.off = off;
+    c.len = len;
+    return c;
+  }
+};
+
 class ControlFolder {
  public:
   // What the daemon lends the folder.
@@ -149,6 +187,8 @@ class ControlFolder {
     std::function<void(TreeId)> close_branch;                // under ctl_mu: nothing uses it
     std::function<int(const Error&)> errno_of;               // the one error mapping
     std::function<Caller(fuse_req_t)> caller;
+    Union* mount = nullptr;        // the mounted view's union
+    Notifier* notifier = nullptr;  // sends the invalidations of the kernel's caches
     bool read_only = false;
     CopyUpMode copyup;
     DeleteMode del = DeleteMode::Whiteout;
@@ -202,6 +242,10 @@ class ControlFolder {
   void refresh();
   // At unmount: frees the files unlinked while open in the views.
   Result<void> release_all();
+  // After a change through the mounted view: the same for the views that
+  // show a branch the mount writes to (format.md#control-folder, "Caching").
+  void mount_changed(const std::vector<ViewChange>& cs);
+  bool has_views() const { return live_views_.load(std::memory_order_relaxed) > 0; }
 
  private:
   struct View {
@@ -219,6 +263,9 @@ class ControlFolder {
     uint64_t ino;
   };
   Result<InView> in_view(fuse_ino_t ino);
+  // The branch whose view a lookup of data in `folder`'s folder means
+  // (takes ctl_mu): the one named as the kernel found the folder.
+  Result<TreeId> data_tree(TreeId folder);
   // The live view of a branch, made on first use (takes ctl_mu and mu_).
   Result<size_t> view_of(TreeId tree);
   Result<std::vector<ViewLayer>> stack_of(TreeId tree);  // its layer stack, as this mount may write it (ctl_mu)
@@ -226,8 +273,19 @@ class ControlFolder {
   Result<BranchMeta> branch_named(std::string_view name);  // under ctl_mu (C4)
   Result<std::string> info_json(TreeId tree);
 
+  // After a change through view w: brings what the mount and the other
+  // views that show the branch w writes to know of it up to date, and
+  // queues the invalidations of what the kernel holds stale of them
+  // (notifier.h), sent after the reply.
+  void view_changed(InView& w, const std::vector<ViewChange>& cs);
+  // The invalidations in union `to` (slot: 0 for the mount) for changes
+  // made through union `from` (mu_ held shared).
+  void invals_for(Union& from, const std::vector<ViewChange>& cs, Union& to, size_t slot,
+                  std::vector<Notifier::Inval>& out);
+
   void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, h_.errno_of(e)); }
-  void reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a);
+  // An entry the change `cs` made (none: a lookup), or its error.
+  void reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a, const std::vector<ViewChange>& cs = {});
   struct stat view_stat(const View& v, size_t slot, const Attr& a) const;
   struct stat virtual_stat(fuse_ino_t ino, uint64_t size) const;
   Result<struct stat> virtual_attr(fuse_ino_t ino);
@@ -245,6 +303,9 @@ class ControlFolder {
   std::shared_mutex mu_;                   // C2
   std::vector<std::unique_ptr<View>> views_;  // slot s is views_[s - 1]
   std::map<uint64_t, size_t> slot_of_;     // live views by tree id
+  // A branch's folder: the name the kernel last found it by (ctl_mu).
+  std::map<uint64_t, std::string> handed_name_;
+  std::atomic<size_t> live_views_{0};      // slot_of_.size(), read without mu_
 };
 
 }  // namespace plyfs

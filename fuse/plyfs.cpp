@@ -50,6 +50,7 @@
 #include "control.h"
 #include "kernel_io.h"
 #include "ctl_folder.h"
+#include "notifier.h"
 #include "snap/snap.h"
 
 using namespace plyfs;
@@ -178,6 +179,7 @@ struct Daemon {
   std::map<uint64_t, std::unique_ptr<Filesystem>> branches;
   std::unique_ptr<Union> u;
   std::unique_ptr<ControlFolder> ctl;  // every branch's view, under .plyfs
+  Notifier notifier;                   // the invalidations for those views' caches (notifier.h)
   fuse_session* se = nullptr;
   std::mutex ctl_mu;                // one branch change at a time
   std::vector<ViewLayer> stack;     // what the union shows, under ctl_mu
@@ -225,6 +227,14 @@ int errno_of(const Error& e) {
 }
 void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, errno_of(e)); }
 
+// A change through the mount, before its reply: the views of .plyfs that
+// show a branch the mount writes to drop what the kernel holds stale of
+// them (format.md#control-folder, "Caching"). Nothing to do, and no lock
+// taken, while no view is open.
+void changed(std::initializer_list<ViewChange> cs) {
+  if (cs.size() && g->ctl->has_views()) g->ctl->mount_changed(std::vector<ViewChange>(cs));
+}
+
 struct stat to_stat(const Attr& a) { return stat_of(a, to_fuse(a.ino), fs().block_size()); }
 
 fuse_entry_param to_entry(const Attr& a) {
@@ -237,9 +247,11 @@ fuse_entry_param to_entry(const Attr& a) {
   return e;
 }
 
-void reply_entry(fuse_req_t req, const Result<Attr>& a) {
+// `cs`: what a successful operation changed (none for a lookup).
+void reply_entry(fuse_req_t req, const Result<Attr>& a, std::initializer_list<ViewChange> cs = {}) {
   if (!a) return reply_err(req, a.error());
   fuse_entry_param e = to_entry(*a);  // the union counted the reference
+  changed(cs);
   if (fuse_reply_entry(req, &e) != 0) (void)fs().unpin(a->ino);
 }
 
@@ -334,6 +346,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int valid, fuse
   auto a = fs().setattr(to_fs(ino), setattr_of(st, valid), caller(req));
   if (!a) return reply_err(req, a.error());
   struct stat out = to_stat(*a);
+  changed({(valid & FUSE_SET_ATTR_SIZE) ? ViewChange::data(to_fs(ino), uint64_t(st->st_size), 0) : ViewChange::attr(to_fs(ino))});
   fuse_reply_attr(req, &out, g->timeout);
 }
 
@@ -347,31 +360,33 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   if (is_ctl(parent)) return g->ctl->mknod(req, parent, name, mode, rdev);
   if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
-  reply_entry(req, fs().mknod(to_fs(parent), name, mode, rdev, caller(req)));
+  reply_entry(req, fs().mknod(to_fs(parent), name, mode, rdev, caller(req)), {ViewChange::entry(to_fs(parent), name)});
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   if (is_ctl(parent)) return g->ctl->mkdir(req, parent, name, mode);
   if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
-  reply_entry(req, fs().mkdir(to_fs(parent), name, mode, caller(req)));
+  reply_entry(req, fs().mkdir(to_fs(parent), name, mode, caller(req)), {ViewChange::entry(to_fs(parent), name)});
 }
 
 void op_symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
   if (is_ctl(parent)) return g->ctl->symlink(req, target, parent, name);
   if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
-  reply_entry(req, fs().symlink(to_fs(parent), name, target, caller(req)));
+  reply_entry(req, fs().symlink(to_fs(parent), name, target, caller(req)), {ViewChange::entry(to_fs(parent), name)});
 }
 
 void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char* name) {
   if (is_ctl(ino) || is_ctl(parent)) return g->ctl->link(req, ino, parent, name);
   if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
-  reply_entry(req, fs().link(to_fs(ino), to_fs(parent), name, caller(req)));
+  reply_entry(req, fs().link(to_fs(ino), to_fs(parent), name, caller(req)),
+              {ViewChange::entry(to_fs(parent), name), ViewChange::attr(to_fs(ino))});
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (is_ctl(parent)) return g->ctl->unlink(req, parent, name);
   if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EBUSY);
   auto r = fs().unlink(to_fs(parent), name);
+  if (r) changed({ViewChange::entry(to_fs(parent), name)});
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -379,6 +394,7 @@ void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (is_ctl(parent)) return g->ctl->rmdir(req, parent, name);
   if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EBUSY);
   auto r = fs().rmdir(to_fs(parent), name);
+  if (r) changed({ViewChange::entry(to_fs(parent), name)});
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -389,6 +405,7 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
   if (is_ctl_name(parent, name) || is_ctl_name(newparent, newname))
     return (void)fuse_reply_err(req, EBUSY);
   auto r = fs().rename(to_fs(parent), name, to_fs(newparent), newname, flags, caller(req));
+  if (r) changed({ViewChange::entry(to_fs(parent), name), ViewChange::entry(to_fs(newparent), newname)});
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -413,6 +430,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     s.size = 0;
     auto t = fs().setattr(to_fs(ino), s, caller(req));
     if (!t) return reply_err(req, t.error());
+    changed({ViewChange::data(to_fs(ino), 0, 0)});
   }
   fi->keep_cache = 1;  // only this daemon changes the files
   fuse_reply_open(req, fi);
@@ -426,6 +444,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   if (!a) return reply_err(req, a.error());
   fuse_entry_param e = to_entry(*a);
   fi->keep_cache = 1;
+  changed({ViewChange::entry(to_fs(parent), name)});
   if (fuse_reply_create(req, &e, fi) != 0) (void)fs().unpin(a->ino);
 }
 
@@ -445,6 +464,7 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off
   auto n = fs().write(to_fs(ino), uint64_t(off),
                       std::span(reinterpret_cast<const std::byte*>(data), size), caller(req));
   if (!n) return reply_err(req, n.error());
+  changed({ViewChange::data(to_fs(ino), uint64_t(off), *n)});
   fuse_reply_write(req, *n);
 }
 
@@ -555,6 +575,7 @@ void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* v
   auto r = fs().setxattr(to_fs(ino), name,
                          std::span(reinterpret_cast<const std::byte*>(value), size), flags,
                          caller(req));
+  if (r) changed({ViewChange::attr(to_fs(ino))});
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -577,6 +598,7 @@ void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   if (is_ctl(ino)) return g->ctl->removexattr(req, ino, name);
   auto r = fs().removexattr(to_fs(ino), name, caller(req));
+  if (r) changed({ViewChange::attr(to_fs(ino))});
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -586,6 +608,7 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
   if (is_ctl(ino)) return g->ctl->fallocate(req, ino, mode, off, len);
   if (auto k = kill_setid(req, ino, unprivileged(req)); !k) return reply_err(req, k.error());
   auto r = fs().fallocate(to_fs(ino), mode, uint64_t(off), uint64_t(len), caller(req));
+  if (r) changed({ViewChange::data(to_fs(ino), uint64_t(off), uint64_t(len))});
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
 }
 
@@ -605,6 +628,7 @@ void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_i
   auto r = fs().copy_range(to_fs(in), uint64_t(off_in), to_fs(out), uint64_t(off_out), len,
                            caller(req));
   if (!r) return reply_err(req, r.error());
+  changed({ViewChange::data(to_fs(out), uint64_t(off_out), *r)});
   fuse_reply_write(req, size_t(*r));
 }
 
@@ -1149,6 +1173,8 @@ int main(int argc, char** argv) {
   host.stack = &d.stack;
   host.errno_of = errno_of;
   host.caller = caller;
+  host.mount = d.u.get();
+  host.notifier = &d.notifier;
   host.read_only = cfg.ro;
   host.copyup = copyup;
   host.del = del;
@@ -1172,6 +1198,7 @@ int main(int argc, char** argv) {
   }
   // Before the first request (INIT) is read: see kernel_io.h.
   if (!install_kernel_io(se)) log_error("cannot take the session's I/O: writes will cost a GETXATTR each");
+  d.notifier.start(se);
   if (!cfg.foreground) {
     openlog("plyfs", LOG_PID, LOG_DAEMON);
     d.daemonized = true;
@@ -1206,6 +1233,7 @@ int main(int argc, char** argv) {
     d.snap_cv.notify_all();
     d.snapper.join();
   }
+  d.notifier.stop();  // as the snapshot thread: after the unmount
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
 

@@ -1010,6 +1010,47 @@ std::vector<Union::Known> Union::known() {
   return out;
 }
 
+std::optional<std::vector<std::string>> Union::path_of(uint64_t ino) {
+  std::shared_lock lk(nodes_mu_);
+  std::vector<std::string> names;
+  for (int depth = 0; ino != root_; depth++) {
+    auto it = nodes_.find(ino);
+    if (it == nodes_.end() || depth >= kMaxDepth) return std::nullopt;
+    names.push_back(it->second.name);
+    ino = it->second.parent;
+  }
+  std::reverse(names.begin(), names.end());
+  return names;
+}
+
+std::vector<uint64_t> Union::refresh_path(const std::vector<std::string>& path) {
+  std::shared_lock lk(mu_);  // as a lookup: the resolution holds still
+  std::vector<uint64_t> out{root_};
+  for (const auto& name : path) {
+    auto d = node(out.back());
+    if (!d || !d->is_dir) break;
+    auto f = resolve(*d, name);
+    if (!f || !*f) break;
+    const uint64_t ino = (*f)->attr.ino;
+    {
+      // What a lookup would remember, without the reference.
+      std::lock_guard nl(nodes_mu_);
+      auto it = nodes_.find(ino);
+      if (it == nodes_.end()) break;
+      it->second.parent = out.back();
+      it->second.name = name;
+      it->second.inst = (*f)->inst;
+    }
+    out.push_back(ino);
+  }
+  return out;
+}
+
+bool Union::knows(uint64_t ino) {
+  std::shared_lock lk(nodes_mu_);
+  return nodes_.count(ino) != 0;
+}
+
 // Whether the kernel may hold attributes of `ino` from its instance in
 // `from` that the one in `to` does not have. With the writeback cache it
 // keeps its own size, mtime and ctime of a regular file while it keeps the

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -110,6 +111,25 @@ class Union {
     uint64_t ino;
   };
   std::vector<Known> known();
+
+  // Another union over some of the same branches changed one of them (the
+  // FUSE daemon's mounted view and the views of its control folder,
+  // format.md#control-folder, "Caching"). What this union knows of the
+  // objects there may be stale: a directory may have gained a part in that
+  // branch, a file a copy in it.
+  //
+  // The names from the root to known object `ino` (empty for the root), or
+  // none when a link of that chain is not known.
+  std::optional<std::vector<std::string>> path_of(uint64_t ino);
+  // Resolves `path` from the root afresh, as lookups would but counting no
+  // reference, and updates what this union knows of each object on it (a
+  // directory's parts, a file's copy). Returns the numbers of the objects
+  // along it that this union knows, the root first, up to the first it does
+  // not know or cannot find: an object the kernel holds has every
+  // directory above it known.
+  std::vector<uint64_t> refresh_path(const std::vector<std::string>& path);
+  // Whether `ino` is known (the kernel may hold it).
+  bool knows(uint64_t ino);
 
   uint64_t root() const { return root_; }
   uint32_t block_size() const { return bs_; }

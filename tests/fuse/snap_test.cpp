@@ -4,8 +4,11 @@
 #include <sys/ioctl.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -418,5 +421,120 @@ TEST_CASE("snapshots: an online diff spans many chunks and equals the offline on
   CHECK(run({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", plyctl_bin(), "diff",
              fx.root(), "s1", "main"}, log) == 1);
   CHECK(slurp(log).find("only root or the mount's owner may diff") != std::string::npos);
+  fx.unmount();
+}
+
+// Snapshots of a mount while writers run, through the mount and through the
+// control folder's view of the live branch (format.md#snapshots, "Online"):
+// every change after a snapshot lands in the new live layer, by copy-up,
+// also through a descriptor opened before it. No call may fail (EROFS
+// from the frozen branch, ESTALE, EIO), and afterwards every file holds
+// what its writer wrote, after a remount too.
+TEST_CASE("snapshots: writers through the mount and a view while snapshots are taken", "[snap-fuse]") {
+  Fixture fx;
+  const std::vector<std::string> roots = {fx.root() + "/", fx / ".plyfs/layers/main/data/"};
+  constexpr int kWriters = 4;  // two through each
+  for (int k = 0; k < kWriters; k++) REQUIRE(::mkdir((fx / ("w" + std::to_string(k))).c_str(), 0755) == 0);
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<std::string> bad;
+  auto fail = [&](const std::string& what, int e) {
+    std::lock_guard lk(mu);
+    if (bad.size() < 20) bad.push_back(what + ": " + errstr(e));
+  };
+  // What each writer's directory must hold at the end: name -> bytes.
+  std::vector<std::map<std::string, std::string>> model(kWriters);
+  std::vector<std::thread> ts;
+  struct Join {
+    std::vector<std::thread>& ts;
+    std::atomic<bool>& stop;
+    ~Join() {
+      stop = true;
+      for (auto& t : ts)
+        if (t.joinable()) t.join();
+    }
+  } join{ts, stop};
+  for (int k = 0; k < kWriters; k++)
+    ts.emplace_back([&, k] {
+      const std::string dir = roots[size_t(k % 2)] + "w" + std::to_string(k) + "/";
+      auto& m = model[size_t(k)];
+      // A log open for the whole run: its appends cross every snapshot.
+      const int log = ::open((dir + "log").c_str(), O_CREAT | O_WRONLY, 0644);
+      if (log < 0) return fail(dir + "log", errno);
+      std::string logged;
+      for (int n = 0; !stop; n++) {
+        const std::string rec = std::to_string(n) + "\n";
+        if (::pwrite(log, rec.data(), rec.size(), off_t(logged.size())) != ssize_t(rec.size()))
+          fail(dir + " log append", errno);
+        else
+          logged += rec;
+        const std::string f = "f" + std::to_string(n % 16);
+        const std::string body = std::string(size_t(n % 5) * 1000 + 1, char('a' + n % 26));
+        const int fd = ::open((dir + f).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+        if (fd < 0) {
+          fail(dir + " create " + f, errno);
+          continue;
+        }
+        if (::write(fd, body.data(), body.size()) != ssize_t(body.size())) fail(dir + " write " + f, errno);
+        if (::close(fd) != 0) fail(dir + " close " + f, errno);
+        m[f] = body;
+        switch (n % 4) {
+          case 0: {  // a rename over an older file
+            const std::string to = "f" + std::to_string((n + 7) % 16);
+            if (::rename((dir + f).c_str(), (dir + to).c_str()) != 0) fail(dir + " rename " + f, errno);
+            m[to] = m[f];
+            m.erase(f);
+            break;
+          }
+          case 1:
+            if (::truncate((dir + f).c_str(), 1) != 0) fail(dir + " truncate " + f, errno);
+            m[f].resize(1);
+            break;
+          case 2:
+            if (::chmod((dir + f).c_str(), 0600) != 0) fail(dir + " chmod " + f, errno);
+            if (::setxattr((dir + f).c_str(), "user.n", &n, sizeof n, 0) != 0) fail(dir + " setxattr " + f, errno);
+            break;
+          case 3:
+            if (::unlink((dir + f).c_str()) != 0) fail(dir + " unlink " + f, errno);
+            m.erase(f);
+            break;
+        }
+      }
+      if (::fsync(log) != 0) fail("fsync log", errno);
+      if (::close(log) != 0) fail("close log", errno);
+      m["log"] = logged;
+    });
+  // 20 snapshots (a stack holds at most 32 branches), at least 1.5 s.
+  const auto end = Clock::now() + std::chrono::milliseconds(1500 * scale());
+  int snaps = 0;
+  while (snaps < 20 || Clock::now() < end) {
+    if (snaps < 20) {
+      plyctl(fx, {"snapshot", fx.root(), "--name", "s" + std::to_string(snaps)});
+      snaps++;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  stop = true;
+  for (auto& t : ts) t.join();
+  {
+    INFO("plyfs log:\n" << fx.m->log());  // what an EIO was
+    CHECK(bad == std::vector<std::string>{});
+  }
+  auto check = [&] {
+    for (int k = 0; k < kWriters; k++) {
+      const std::string dir = fx / ("w" + std::to_string(k));
+      std::vector<std::string> want;
+      for (const auto& [name, body] : model[size_t(k)]) {
+        want.push_back(name);
+        INFO(dir << "/" << name);
+        REQUIRE_SAME(read_file(dir + "/" + name), body);
+      }
+      CHECK(list_dir(dir) == want);
+    }
+  };
+  check();
+  fx.remount();
+  check();
   fx.unmount();
 }
