@@ -80,8 +80,18 @@ Result<Union::Node> Union::node(uint64_t ino) {
   if (it->second.inst.empty())
     return Error::io(ESTALE, "inode " + std::to_string(ino) + " left the view with its branch");
   Node n = it->second;
-  for (auto& part : n.inst) part.first += shift_;
+  for (auto& part : n.inst) {
+    part.first += shift_;
+    if (part.first < 0 || size_t(part.first) >= br_.size()) return stray(ino);
+  }
   return n;
+}
+
+// A node whose branch key does not name a branch of the stack: a bug (an
+// index stored where a key belongs, Node::inst), answered as an I/O error
+// rather than a read past br_.
+Error Union::stray(uint64_t ino) const {
+  return Error::io(EIO, "inode " + std::to_string(ino) + ": its branch is not in the stack");
 }
 
 Result<Union::Part> Union::part(uint64_t ino) {
@@ -90,6 +100,7 @@ Result<Union::Part> Union::part(uint64_t ino) {
   if (it == nodes_.end() || it->second.inst.empty())
     return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
   auto [b, i] = it->second.inst.front();
+  if (b + shift_ < 0 || size_t(b + shift_) >= br_.size()) return stray(ino);
   return Part{br_[b + shift_].fs, i};
 }
 
@@ -101,6 +112,7 @@ Result<std::pair<int, uint64_t>> Union::top(uint64_t ino) {
   if (it == nodes_.end() || it->second.inst.empty())
     return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
   auto [b, i] = it->second.inst.front();
+  if (b + shift_ < 0 || size_t(b + shift_) >= br_.size()) return stray(ino);
   return std::pair{b + shift_, i};
 }
 
@@ -238,6 +250,7 @@ Result<Attr> Union::attr_of(uint64_t ino) {
     if (it == nodes_.end() || it->second.inst.empty())
       return Error::io(ESTALE, "inode " + std::to_string(ino) + " is not known to this mount");
     auto [b, i] = it->second.inst.front();
+    if (b + shift_ < 0 || size_t(b + shift_) >= br_.size()) return stray(ino);
     p = Part{br_[b + shift_].fs, i};
     parts = it->second.inst.size();
   }
@@ -1039,7 +1052,7 @@ std::vector<uint64_t> Union::refresh_path(const std::vector<std::string>& path) 
       if (it == nodes_.end()) break;
       it->second.parent = out.back();
       it->second.name = name;
-      it->second.inst = (*f)->inst;
+      it->second.inst = keyed((*f)->inst);
     }
     out.push_back(ino);
   }

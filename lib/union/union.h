@@ -308,6 +308,7 @@ class Union {
   // snapshot of a warm mount stays O(1) (format.md#snapshots, "Online").
   // Changed by restack under nodes_mu_, exclusive; read under nodes_mu_.
   int shift_ = 0;
+  Error stray(uint64_t ino) const;
   std::vector<std::pair<int, uint64_t>> keyed(std::vector<std::pair<int, uint64_t>> inst) const {
     for (auto& part : inst) part.first -= shift_;
     return inst;
