@@ -110,7 +110,6 @@ Result<std::vector<UnionBranch>> ControlFolder::branches_of(const std::vector<Vi
 // or doomed, would answer EROFS or ESTALE. Once the kernel looks the
 // folder up by its new name, it means its own branch again.
 Result<TreeId> ControlFolder::data_tree(TreeId folder) {
-  std::lock_guard cl(*h_.ctl_mu);  // C4
   auto it = handed_name_.find(folder.v);
   if (it == handed_name_.end()) return folder;
   auto b = Filesystem::branch(*h_.vol, folder);
@@ -120,28 +119,66 @@ Result<TreeId> ControlFolder::data_tree(TreeId folder) {
   return now->tree;
 }
 
-Result<size_t> ControlFolder::view_of(TreeId tree) {
-  {
-    std::shared_lock lk(mu_);
-    if (auto it = slot_of_.find(tree.v); it != slot_of_.end()) return it->second;
-  }
+Result<size_t> ControlFolder::data_view(TreeId folder) {
+  // The name, its branch and the view bound to it, in one piece: a
+  // snapshot in between would leave the frozen branch (C4).
   std::lock_guard cl(*h_.ctl_mu);
+  const TreeId tree = PLY_TRY(data_tree(folder));
+  {
+    std::shared_lock lk(mu_);  // retire_if_idle takes it exclusive
+    if (auto it = slot_of_.find(tree.v); it != slot_of_.end() && views_[it->second - 1]->u) {
+      views_[it->second - 1]->kernel_refs++;
+      return it->second;
+    }
+  }
   auto s = PLY_TRY(stack_of(tree));
   auto ub = PLY_TRY(branches_of(s));
   std::unique_lock lk(mu_);
-  if (auto it = slot_of_.find(tree.v); it != slot_of_.end()) return it->second;
+  auto make = [&](View& v) {
+    v.stack = std::move(s);
+    v.u = std::make_unique<Union>(std::move(ub), h_.copyup, h_.del);
+    v.u->set_kernel_times(kernel_times_);
+    v.kernel_refs++;
+  };
+  if (auto it = slot_of_.find(tree.v); it != slot_of_.end()) {
+    View& v = *views_[it->second - 1];
+    if (!v.u) make(v);  // idle until now: the same slot, the same node ids (C3)
+    else v.kernel_refs++;
+    return it->second;
+  }
   if (views_.size() + 1 >= (size_t(1) << (63 - kSlotShift)))
     return Error::io(ENOSPC, "this mount has shown too many layers");
   auto v = std::make_unique<View>();
   v->layer = tree;
   v->name = PLY_TRY(Filesystem::branch(*h_.vol, tree)).name;
-  v->stack = std::move(s);
-  v->u = std::make_unique<Union>(std::move(ub), h_.copyup, h_.del);
-  v->u->set_kernel_times(kernel_times_);
+  make(*v);
   views_.push_back(std::move(v));
   slot_of_[tree.v] = views_.size();
   live_views_ = slot_of_.size();
   return views_.size();
+}
+
+void ControlFolder::unref(size_t slot, uint64_t n) {
+  std::atomic<uint64_t>& r = views_[slot - 1]->kernel_refs;
+  uint64_t cur = r.load();
+  while (!r.compare_exchange_weak(cur, cur - std::min(cur, n))) {
+  }
+}
+
+bool ControlFolder::bound(size_t slot) const {
+  auto it = slot_of_.find(views_[slot - 1]->layer.v);
+  return it != slot_of_.end() && it->second == slot;
+}
+
+void ControlFolder::retire_if_idle(size_t slot) {
+  // Never waits: forget and release must not queue behind a snapshot that
+  // holds mu_ (release takes no lock at all otherwise).
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock() || slot > views_.size()) return;
+  View& v = *views_[slot - 1];
+  // Idle, the union has no node but its root and pins nothing: nothing to
+  // release.
+  if (v.u && v.idle() && bound(slot)) v.u.reset();
 }
 
 void ControlFolder::refresh() {
@@ -152,7 +189,8 @@ void ControlFolder::refresh() {
   auto bs = Filesystem::branches(*h_.vol);
   for (size_t i = 0; i < views_.size(); i++) {
     View& v = *views_[i];
-    if (!v.u) continue;
+    if (!bound(i + 1)) continue;  // gone (C3)
+    if (v.u && v.idle()) v.u.reset();  // idle: no restack, made anew on use
     // A view follows its branch's name, as the catalog's views and the mount
     // follow the branch they write to: after a snapshot the name is the new
     // live layer's (on the frozen branch), after a merge the result's, after
@@ -170,6 +208,7 @@ void ControlFolder::refresh() {
       v.layer = now;
       slot_of_[now.v] = i + 1;
     }
+    if (!v.u) continue;  // idle: it follows the name, its stack is read when made
     auto s = stack_of(v.layer);
     bool same = s && s->size() == v.stack.size() &&
                 std::equal(s->begin(), s->end(), v.stack.begin(), [](const ViewLayer& a, const ViewLayer& b) {
@@ -291,7 +330,7 @@ void ControlFolder::view_changed(InView& w, const std::vector<ViewChange>& cs) {
   std::vector<Notifier::Inval> out;
   if (h_.mount && shows(*h_.mount, writes)) invals_for(*w.v->u, cs, *h_.mount, 0, out);
   for (size_t i = 0; i < views_.size(); i++)
-    if (i + 1 != w.slot && views_[i]->u && shows(*views_[i]->u, writes))
+    if (i + 1 != w.slot && views_[i]->u && views_[i]->kernel_refs && shows(*views_[i]->u, writes))
       invals_for(*w.v->u, cs, *views_[i]->u, i + 1, out);
   h_.notifier->post(std::move(out));
 }
@@ -302,8 +341,10 @@ void ControlFolder::mount_changed(const std::vector<ViewChange>& cs) {
   {
     std::shared_lock lk(mu_);
     const auto writes = writes_of(*h_.mount);
+    // A view the kernel holds nothing of has nothing cached (C3).
     for (size_t i = 0; i < views_.size(); i++)
-      if (views_[i]->u && shows(*views_[i]->u, writes)) invals_for(*h_.mount, cs, *views_[i]->u, i + 1, out);
+      if (views_[i]->u && views_[i]->kernel_refs && shows(*views_[i]->u, writes))
+        invals_for(*h_.mount, cs, *views_[i]->u, i + 1, out);
   }
   h_.notifier->post(std::move(out));
 }
@@ -359,6 +400,7 @@ Result<void> ControlFolder::delete_layer(std::string_view name) {
     v->u.reset();  // C3
     slot_of_.erase(v->layer.v);
   }
+  slot_of_.erase(b.tree.v);  // an idle view of it goes too
   live_views_ = slot_of_.size();
   h_.close_branch(b.tree);
   return delete_branch(*h_.vol, b.tree);
@@ -404,6 +446,11 @@ Result<std::string> ControlFolder::info_json(TreeId tree) {
     }
   bool mounted = false;
   for (const auto& l : *h_.stack) mounted |= l.tree == b.tree;
+  bool view_open = false;
+  {
+    std::shared_lock lk(mu_);  // after ctl_mu, as in data_view
+    if (auto it = slot_of_.find(b.tree.v); it != slot_of_.end()) view_open = views_[it->second - 1]->u != nullptr;
+  }
   auto stack = PLY_TRY(stack_of(b.tree));
   std::string st;
   for (const auto& l : stack) {
@@ -424,6 +471,8 @@ Result<std::string> ControlFolder::info_json(TreeId tree) {
   o += stack[0].writable ? "true" : "false";
   o += ",\n  \"mounted\": ";
   o += mounted ? "true" : "false";
+  o += ",\n  \"view_open\": ";
+  o += view_open ? "true" : "false";
   o += ",\n  \"created_generation\": ";
   o += std::to_string(b.created.v);
   o += ",\n  \"children\": [";
@@ -441,10 +490,14 @@ struct stat ControlFolder::view_stat(const View& v, size_t slot, const Attr& a) 
 }
 
 void ControlFolder::reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a,
-                                     const std::vector<ViewChange>& cs) {
-  if (!a) return reply_err(req, a.error());
+                                     const std::vector<ViewChange>& cs, bool counted) {
+  if (!a) {
+    if (counted) unref(w.slot, 1);
+    return reply_err(req, a.error());
+  }
   if (a->ino > kNumMask) {
     (void)w.v->u->unpin(a->ino);
+    if (counted) unref(w.slot, 1);
     view_changed(w, cs);
     return (void)fuse_reply_err(req, EOVERFLOW);
   }
@@ -454,7 +507,12 @@ void ControlFolder::reply_view_entry(fuse_req_t req, InView& w, const Result<Att
   e.attr = view_stat(*w.v, w.slot, *a);
   e.attr_timeout = e.entry_timeout = kTimeout;
   view_changed(w, cs);
-  if (fuse_reply_entry(req, &e) != 0) (void)w.v->u->unpin(a->ino);
+  // Before the reply: its forget may come before fuse_reply_entry returns.
+  if (!counted) w.v->kernel_refs++;
+  if (fuse_reply_entry(req, &e) != 0) {
+    (void)w.v->u->unpin(a->ino);
+    unref(w.slot, 1);
+  }
 }
 
 struct stat ControlFolder::virtual_stat(fuse_ino_t ino, uint64_t size) const {
@@ -527,12 +585,14 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
   if (is_folder(parent)) {
     if (n == kInfoFile) return reply_virtual_entry(req, info_node(tree_of(parent)), 0);
     if (n != kDataDir) return (void)fuse_reply_err(req, ENOENT);
-    auto tree = data_tree(tree_of(parent));
-    if (!tree) return reply_err(req, tree.error());
-    auto slot = view_of(*tree);
+    auto slot = data_view(tree_of(parent));  // counts the reference to data
     if (!slot) return reply_err(req, slot.error());
     auto w = in_view(node(*slot, 0));
-    if (!w) return reply_err(req, w.error());
+    if (!w) {
+      std::shared_lock lk(mu_);
+      unref(*slot, 1);
+      return reply_err(req, w.error());
+    }
     auto a = w->v->u->getattr(w->v->u->root());  // the root counts no reference
     // data stays the view's root while the branch root it shows changes: a
     // snapshot's new layer, a merge's result, a rollback's fresh layer each
@@ -540,7 +600,7 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     // the kernel retire the inode it holds (EIO on it, as for an open
     // directory or a path walk that found it just before).
     if (a) a->generation = 0;
-    return reply_view_entry(req, *w, a);
+    return reply_view_entry(req, *w, a, {}, true);
   }
   if (is_info(parent)) return (void)fuse_reply_err(req, ENOTDIR);
   auto w = in_view(parent);
@@ -553,6 +613,10 @@ void ControlFolder::forget(fuse_ino_t ino, uint64_t n) {
   auto w = in_view(ino);
   if (!w) return;  // its layer is gone, and the references with it
   if (auto r = w->v->u->unpin(w->ino, n); !r) (void)h_.errno_of(r.error());
+  unref(w->slot, n);
+  if (!w->v->idle()) return;
+  w->lk.unlock();
+  retire_if_idle(w->slot);
 }
 
 void ControlFolder::getattr(fuse_req_t req, fuse_ino_t ino) {
@@ -717,9 +781,11 @@ void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, 
   fi->keep_cache = 0;
   fi->fh = reinterpret_cast<uint64_t>(w->v);
   w->v->open_files++;
+  w->v->kernel_refs++;
   view_changed(*w, {ViewChange::entry(w->ino, name)});
   if (fuse_reply_create(req, &e, fi) != 0) {
     w->v->open_files--;
+    unref(w->slot, 1);
     (void)w->v->u->unpin(a->ino);
   }
 }
@@ -757,9 +823,11 @@ void ControlFolder::release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   if (is_info(ino)) {
     delete reinterpret_cast<std::string*>(fi->fh);
   } else if (fi->fh) {
-    // Without mu_, which a snapshot or merge holds for a while: rmdir
-    // waits for this. A view is never freed (C3).
-    reinterpret_cast<View*>(fi->fh)->open_files--;
+    // Without waiting for mu_, which a snapshot or merge holds for a while:
+    // rmdir waits for this. A View is never freed (C3), only its union.
+    View* v = reinterpret_cast<View*>(fi->fh);
+    v->open_files--;
+    if (v->idle()) retire_if_idle(slot_of(ino));
   }
   fuse_reply_err(req, 0);
 }
@@ -848,7 +916,9 @@ void ControlFolder::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
       e.generation = a->generation;
       e.attr = view_stat(*w->v, w->slot, *a);
       e.attr_timeout = e.entry_timeout = kTimeout;
+      if (e.ino) w->v->kernel_refs++;  // before the reply, as in reply_view_entry
       const bool fits = add(std::string(d.name).c_str(), e.ino, 0, d.next, &e);
+      if (!fits && e.ino) unref(w->slot, 1);
       if (fits && !e.ino) (void)u.unpin(a->ino);  // listed, but not handed out
       return fits;
     });

@@ -28,7 +28,11 @@
 //     deletion, a snapshot, merge or rollback of the mount) holds the
 //     daemon's ctl_mu and then mu_ exclusive, so it never overlaps one;
 //  C3 a slot is never reused: once its layer is gone, its nodes answer
-//     ESTALE, and a new branch with the same tree id gets a new slot;
+//     ESTALE, and a new branch with the same tree id gets a new slot. A
+//     view the kernel holds nothing of (no reference, no open file) is
+//     idle: its union is freed, but its slot stays bound to its branch and
+//     follows its name, and the next lookup of data makes the union again
+//     there, with the same node ids;
 //  C4 the branch table is read under the daemon's ctl_mu, like every change
 //     to it: a layer being made, or a tree a merge or rollback is dropping,
 //     is not a branch yet or any more (a half-made one reads as damage).
@@ -252,8 +256,13 @@ class ControlFolder {
     TreeId layer;
     std::string name;                   // the branch's name (under ctl_mu): refresh follows it
     std::vector<ViewLayer> stack;
-    std::unique_ptr<Union> u;           // null once the layer is gone (C3)
+    std::unique_ptr<Union> u;           // null once the layer is gone, or while idle (C3)
     std::atomic<uint64_t> open_files{0};  // open handles (fh: this View): rmdir refuses while any
+    // The kernel's references to the view's nodes (its lookup counts, the
+    // root's included): counted before each reply that hands one out,
+    // dropped by forget. With open_files, what keeps the union (C3).
+    std::atomic<uint64_t> kernel_refs{0};
+    bool idle() const { return kernel_refs.load() == 0 && open_files.load() == 0; }
   };
   // An operation's view and the union inode number it names, mu_ held shared.
   struct InView {
@@ -264,10 +273,18 @@ class ControlFolder {
   };
   Result<InView> in_view(fuse_ino_t ino);
   // The branch whose view a lookup of data in `folder`'s folder means
-  // (takes ctl_mu): the one named as the kernel found the folder.
+  // (under ctl_mu): the one named as the kernel found the folder.
   Result<TreeId> data_tree(TreeId folder);
-  // The live view of a branch, made on first use (takes ctl_mu and mu_).
-  Result<size_t> view_of(TreeId tree);
+  // The live view data in `folder`'s folder means, made on first use or
+  // again after it was idle (takes ctl_mu and mu_), with one kernel
+  // reference counted for the entry of data the caller hands out (or drops:
+  // unref).
+  Result<size_t> data_view(TreeId folder);
+  void unref(size_t slot, uint64_t n);  // mu_ held shared
+  // Frees the union of view `slot` if it is idle, unless mu_ is busy: then
+  // refresh() or the next use of the view does.
+  void retire_if_idle(size_t slot);
+  bool bound(size_t slot) const;  // slot_of_ maps its layer to it (mu_)
   Result<std::vector<ViewLayer>> stack_of(TreeId tree);  // its layer stack, as this mount may write it (ctl_mu)
   Result<std::vector<UnionBranch>> branches_of(const std::vector<ViewLayer>& s);  // under ctl_mu
   Result<BranchMeta> branch_named(std::string_view name);  // under ctl_mu (C4)
@@ -285,7 +302,9 @@ class ControlFolder {
 
   void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, h_.errno_of(e)); }
   // An entry the change `cs` made (none: a lookup), or its error.
-  void reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a, const std::vector<ViewChange>& cs = {});
+  // `counted`: the reference it hands out is counted already (data_view).
+  void reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a, const std::vector<ViewChange>& cs = {},
+                        bool counted = false);
   struct stat view_stat(const View& v, size_t slot, const Attr& a) const;
   struct stat virtual_stat(fuse_ino_t ino, uint64_t size) const;
   Result<struct stat> virtual_attr(fuse_ino_t ino);

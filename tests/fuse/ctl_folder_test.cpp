@@ -616,6 +616,7 @@ TEST_CASE("control folder: views, layer changes and online snapshots and merges 
   }
   CHECK(!pending);
   INFO(snaps << " snapshots merged");
+  INFO("plyfs log:\n" << fx.m->log());
   CHECK(bad == std::vector<std::string>{});
   CHECK(snaps > 0);
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
@@ -844,5 +845,76 @@ TEST_CASE("control folder: changes through the mount and a view at once, both wa
   CHECK_SOON(names_of(fx / "d"), names_of(V + "d"));
   CHECK_SOON(bytes_of(fx / "shared"), bytes_of(V + "shared"));
   CHECK(bytes_of(fx / "shared").size() == 8192);
+  fx.unmount();
+}
+
+// A view lives while the kernel holds something of it (format.md#control-
+// folder): once it forgot every node of it and no file of it is open, the
+// daemon frees it (info.json's view_open), and the next lookup of data makes
+// it again with the same inode numbers, following its branch's name across
+// a snapshot meanwhile. Only dropping the kernel's unused dentries and
+// inodes (drop_caches 2) makes it send the forgets now.
+TEST_CASE("control folder: a view the kernel no longer holds is freed, and made again", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  const std::string L = fx / ".plyfs/layers/";
+  auto open_view = [&] { return info(L + "main/info.json")["view_open"]; };
+  auto forget_all = [] {
+    std::ofstream("/proc/sys/vm/drop_caches") << "2\n";
+  };
+  // Frees it, at most 10 s: the forgets come asynchronously.
+  auto wait_freed = [&] {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    do {
+      forget_all();
+      if (open_view() == "false") return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } while (Clock::now() < deadline);
+  };
+  CHECK(open_view() == "false");
+  CHECK(list_dir(L + "main/data") == Names{"m"});
+  const ino_t m_ino = ino_of(L + "main/data/m");
+  CHECK(open_view() == "true");
+  {
+    // An open file keeps it, whatever the kernel drops.
+    const int fd = ::open((L + "main/data/m").c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    forget_all();
+    CHECK(open_view() == "true");
+    CHECK(pread_n(fd, 8, 0) == "main");
+    ::close(fd);
+  }
+  {
+    // So does a directory held open deeper down, which works on.
+    REQUIRE(::mkdir((L + "main/data/sub").c_str(), 0755) == 0);
+    const int dfd = ::open((L + "main/data/sub").c_str(), O_RDONLY | O_DIRECTORY);
+    REQUIRE(dfd >= 0);
+    forget_all();
+    CHECK(open_view() == "true");
+    const int at = ::openat(dfd, "in-sub", O_CREAT | O_WRONLY, 0644);
+    REQUIRE_OK(at);
+    ::close(at);
+    ::close(dfd);
+    CHECK(list_dir(fx / "sub") == Names{"in-sub"});
+  }
+  wait_freed();
+  CHECK(open_view() == "false");
+  // Made again: the same numbers, the same files.
+  CHECK(ino_of(L + "main/data/m") == m_ino);
+  CHECK(read_file(L + "main/data/m") == "main");
+  CHECK(open_view() == "true");
+  // Freed, it still follows main across a snapshot: the new live layer.
+  wait_freed();
+  CHECK(open_view() == "false");
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  write_file(L + "main/data/m", "MAIN");
+  CHECK(ino_of(L + "main/data/m") == m_ino);
+  CHECK(read_file(fx / "m") == "MAIN");
+  CHECK(read_file(L + "s1/data/m") == "main");
+  // A view that a change through the mount does not concern any more
+  // (freed) costs it nothing, and one made later sees the change.
+  wait_freed();
+  write_file(fx / "m", "mount");
+  CHECK(read_file(L + "main/data/m") == "mount");
   fx.unmount();
 }
