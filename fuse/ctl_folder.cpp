@@ -21,17 +21,17 @@ namespace {
 constexpr unsigned kSlotShift = 40;
 constexpr uint64_t kNumMask = (uint64_t(1) << kSlotShift) - 1;
 constexpr fuse_ino_t kRootNode = kCtlBit | 1, kLayersNode = kCtlBit | 2;
-constexpr uint64_t kMaxTree = kNumMask >> 2;
+constexpr uint64_t kMaxFolder = kNumMask >> 2;
 
 fuse_ino_t node(size_t slot, uint64_t n) { return kCtlBit | (uint64_t(slot) << kSlotShift) | n; }
 size_t slot_of(fuse_ino_t i) { return size_t((i & ~kCtlBit) >> kSlotShift); }
 uint64_t num_of(fuse_ino_t i) { return i & kNumMask; }
-fuse_ino_t folder_node(TreeId t) { return kCtlBit | (t.v << 2) | 1; }
-fuse_ino_t info_node(TreeId t) { return kCtlBit | (t.v << 2) | 2; }
-// A branch's folder or info.json: its tree (0 for .plyfs and layers).
+// A name's folder and info.json (C6): its id.
+fuse_ino_t folder_node(uint64_t id) { return kCtlBit | (id << 2) | 1; }
+fuse_ino_t info_node(uint64_t id) { return kCtlBit | (id << 2) | 2; }
 bool is_folder(fuse_ino_t i) { return slot_of(i) == 0 && (num_of(i) & 3) == 1 && (num_of(i) >> 2); }
 bool is_info(fuse_ino_t i) { return slot_of(i) == 0 && (num_of(i) & 3) == 2 && (num_of(i) >> 2); }
-TreeId tree_of(fuse_ino_t i) { return TreeId{num_of(i) >> 2}; }
+uint64_t folder_of(fuse_ino_t i) { return num_of(i) >> 2; }
 
 constexpr const char* kLayersDir = "layers";
 constexpr const char* kInfoFile = "info.json";
@@ -101,29 +101,29 @@ Result<std::vector<UnionBranch>> ControlFolder::branches_of(const std::vector<Vi
   return ub;
 }
 
-// The kernel keeps a folder's entry for up to a jiffy even with timeout 0
-// (it is valid while its time has not passed), and a path walk that found
-// it goes on with it: after a snapshot, merge or rollback the name it
-// looked up may be another branch's. What it meant is the view of the
-// branch that has that name now (the mount's writes after a snapshot land
-// in the new layer, format.md#snapshots); the folder's own branch, frozen
-// or doomed, would answer EROFS or ESTALE. Once the kernel looks the
-// folder up by its new name, it means its own branch again.
-Result<TreeId> ControlFolder::data_tree(TreeId folder) {
-  auto it = handed_name_.find(folder.v);
-  if (it == handed_name_.end()) return folder;
-  auto b = Filesystem::branch(*h_.vol, folder);
-  if (b && !b->doomed && b->name == it->second) return folder;
-  auto now = branch_named(it->second);
-  if (!now) return Error::io(ESTALE, "no branch is named \"" + it->second + "\" any more");
-  return now->tree;
+uint64_t ControlFolder::folder_id(std::string_view name) {
+  auto it = folder_ids_.find(name);
+  if (it != folder_ids_.end()) return it->second;
+  if (folder_names_.size() >= kMaxFolder) return 0;
+  folder_names_.emplace_back(name);
+  folder_ids_.emplace(std::string(name), folder_names_.size());
+  return folder_names_.size();
 }
 
-Result<size_t> ControlFolder::data_view(TreeId folder) {
+Result<BranchMeta> ControlFolder::folder_branch(fuse_ino_t ino) {
+  const uint64_t id = folder_of(ino);
+  if (id == 0 || id > folder_names_.size() || folder_names_[id - 1].empty())
+    return Error::io(ESTALE, "no such folder");
+  auto b = branch_named(folder_names_[id - 1]);
+  if (!b && b.error().code == ENOENT) return Error::io(ESTALE, "no branch is named \"" + folder_names_[id - 1] + "\" any more");
+  return b;
+}
+
+Result<size_t> ControlFolder::data_view(fuse_ino_t folder) {
   // The name, its branch and the view bound to it, in one piece: a
-  // snapshot in between would leave the frozen branch (C4).
+  // snapshot in between would leave the frozen branch (C4, C6).
   std::lock_guard cl(*h_.ctl_mu);
-  const TreeId tree = PLY_TRY(data_tree(folder));
+  const TreeId tree = PLY_TRY(folder_branch(folder)).tree;
   {
     std::shared_lock lk(mu_);  // retire_if_idle takes it exclusive
     if (auto it = slot_of_.find(tree.v); it != slot_of_.end() && views_[it->second - 1]->u) {
@@ -361,9 +361,7 @@ Result<BranchMeta> ControlFolder::make_layer(std::string_view name) {
   if (h_.read_only) return Error::io(EROFS, "the mount is read-only");
   auto top = std::find_if(h_.stack->begin(), h_.stack->end(), [](const ViewLayer& l) { return l.writable; });
   if (top == h_.stack->end()) return Error::io(EROFS, "the mount writes to no branch");
-  BranchMeta b = PLY_TRY(create_layer(*h_.vol, name, top->tree, false));
-  handed_name_[b.tree.v] = b.name;
-  return b;
+  return create_layer(*h_.vol, name, top->tree, false);
 }
 
 Result<void> ControlFolder::delete_layer(std::string_view name) {
@@ -403,7 +401,14 @@ Result<void> ControlFolder::delete_layer(std::string_view name) {
   slot_of_.erase(b.tree.v);  // an idle view of it goes too
   live_views_ = slot_of_.size();
   h_.close_branch(b.tree);
-  return delete_branch(*h_.vol, b.tree);
+  PLY_CHECK(delete_branch(*h_.vol, b.tree));
+  // The kernel kills the folder's inode with the rmdir: a layer made later
+  // under the name gets a folder of its own (C6).
+  if (auto f = folder_ids_.find(name); f != folder_ids_.end()) {
+    folder_names_[f->second - 1].clear();
+    folder_ids_.erase(f);
+  }
+  return ok();
 }
 
 Result<void> ControlFolder::rename_layer(std::string_view from, std::string_view to, unsigned flags) {
@@ -419,7 +424,15 @@ Result<void> ControlFolder::rename_layer(std::string_view from, std::string_view
     return Error::io(ENOTEMPTY, "a branch named \"" + std::string(to) + "\" exists");
   }
   (void)PLY_TRY(rename_branch(*h_.vol, b.tree, to));
-  handed_name_[b.tree.v] = std::string(to);  // the kernel moves its entry along
+  // The kernel moves its entry of `from` to `to`, folder inode and all: the
+  // folder is to's from now on (C6); one it held of an older `to` is stale.
+  if (auto f = folder_ids_.find(from); f != folder_ids_.end()) {
+    const uint64_t id = f->second;
+    folder_ids_.erase(f);
+    if (auto t = folder_ids_.find(to); t != folder_ids_.end()) folder_names_[t->second - 1].clear();
+    folder_ids_[std::string(to)] = id;
+    folder_names_[id - 1] = std::string(to);
+  }
   std::shared_lock lk(mu_);
   for (auto& v : views_)
     if (v->layer == b.tree) v->name = std::string(to);  // under ctl_mu, like refresh
@@ -540,10 +553,12 @@ struct stat ControlFolder::virtual_stat(fuse_ino_t ino, uint64_t size) const {
 Result<struct stat> ControlFolder::virtual_attr(fuse_ino_t ino) {
   if (ino == kRootNode || ino == kLayersNode) return virtual_stat(ino, 0);
   if (!is_folder(ino) && !is_info(ino)) return Error::io(ESTALE, "no such node");
-  if (is_info(ino)) return virtual_stat(ino, PLY_TRY(info_json(tree_of(ino))).size());
-  std::lock_guard cl(*h_.ctl_mu);  // C4
-  BranchMeta b = PLY_TRY(Filesystem::branch(*h_.vol, tree_of(ino)));
-  if (b.doomed) return Error::io(ESTALE, "the branch is gone");
+  TreeId tree;
+  {
+    std::lock_guard cl(*h_.ctl_mu);  // C4
+    tree = PLY_TRY(folder_branch(ino)).tree;
+  }
+  if (is_info(ino)) return virtual_stat(ino, PLY_TRY(info_json(tree)).size());
   return virtual_stat(ino, 0);
 }
 
@@ -569,23 +584,21 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     return (void)fuse_reply_err(req, ENOENT);
   }
   if (parent == kLayersNode) {
-    Result<BranchMeta> b = Error::io(ENOENT, "");
+    uint64_t id = 0;
     {
       std::lock_guard cl(*h_.ctl_mu);  // C4
-      b = branch_named(n);
+      auto b = branch_named(n);
+      if (!b) return reply_err(req, b.error());
+      id = folder_id(n);
     }
-    if (!b) return reply_err(req, b.error());
-    if (b->tree.v > kMaxTree) return (void)fuse_reply_err(req, EOVERFLOW);
-    {
-      std::lock_guard cl(*h_.ctl_mu);
-      handed_name_[b->tree.v] = b->name;
-    }
-    return reply_virtual_entry(req, folder_node(b->tree), b->created.v);
+    if (!id) return (void)fuse_reply_err(req, EOVERFLOW);
+    // Generation 0: the folder is its name's, whichever branch has the name (C6).
+    return reply_virtual_entry(req, folder_node(id), 0);
   }
   if (is_folder(parent)) {
-    if (n == kInfoFile) return reply_virtual_entry(req, info_node(tree_of(parent)), 0);
+    if (n == kInfoFile) return reply_virtual_entry(req, info_node(folder_of(parent)), 0);
     if (n != kDataDir) return (void)fuse_reply_err(req, ENOENT);
-    auto slot = data_view(tree_of(parent));  // counts the reference to data
+    auto slot = data_view(parent);  // counts the reference to data
     if (!slot) return reply_err(req, slot.error());
     auto w = in_view(node(*slot, 0));
     if (!w) {
@@ -664,7 +677,13 @@ void ControlFolder::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, m
     if (!may_change(req)) return (void)fuse_reply_err(req, EPERM);
     auto b = make_layer(name);
     if (!b) return reply_err(req, b.error());
-    return reply_virtual_entry(req, folder_node(b->tree), b->created.v);
+    uint64_t id = 0;
+    {
+      std::lock_guard cl(*h_.ctl_mu);
+      id = folder_id(b->name);
+    }
+    if (!id) return (void)fuse_reply_err(req, EOVERFLOW);
+    return reply_virtual_entry(req, folder_node(id), 0);
   }
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
@@ -729,7 +748,14 @@ void ControlFolder::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const bool for_write = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
   if (is_info(ino)) {
     if (for_write) return (void)fuse_reply_err(req, EACCES);  // read-only, whoever asks
-    auto text = info_json(tree_of(ino));
+    Result<TreeId> tree = Error::io(ESTALE, "");
+    {
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto b = folder_branch(ino);
+      tree = b ? Result<TreeId>(b->tree) : Result<TreeId>(b.error());
+    }
+    if (!tree) return reply_err(req, tree.error());
+    auto text = info_json(*tree);
     if (!text) return reply_err(req, text.error());
     auto* s = new std::string(std::move(*text));
     fi->fh = reinterpret_cast<uint64_t>(s);
@@ -879,20 +905,19 @@ void ControlFolder::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
     if (ino == kRootNode) {
       ents.emplace_back(kLayersDir, kLayersNode, S_IFDIR, 3);
     } else if (ino == kLayersNode) {
-      Result<std::vector<BranchMeta>> bs = Error::io(ENOENT, "");
-      {
-        std::lock_guard cl(*h_.ctl_mu);  // C4
-        bs = Filesystem::branches(*h_.vol);
-      }
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto bs = Filesystem::branches(*h_.vol);
       if (!bs) return reply_err(req, bs.error());
       std::sort(bs->begin(), bs->end(), [](const BranchMeta& a, const BranchMeta& b) { return a.tree.v < b.tree.v; });
+      // Listed with their folders' numbers (C6), which stat shows too.
       for (const auto& b : *bs)
-        if (!b.doomed && b.tree.v <= kMaxTree) ents.emplace_back(b.name, folder_node(b.tree), S_IFDIR, 2 + b.tree.v);
+        if (!b.doomed)
+          if (const uint64_t id = folder_id(b.name)) ents.emplace_back(b.name, folder_node(id), S_IFDIR, 2 + b.tree.v);
     } else if (is_folder(ino)) {
       // data's node id is its view's root, made on lookup; the listing
       // gives a number of the folder's own instead.
       ents.emplace_back(kDataDir, (ino & ~fuse_ino_t(3)) | 3, S_IFDIR, 3);
-      ents.emplace_back(kInfoFile, info_node(tree_of(ino)), S_IFREG, 4);
+      ents.emplace_back(kInfoFile, info_node(folder_of(ino)), S_IFREG, 4);
     } else {
       return (void)fuse_reply_err(req, ENOTDIR);
     }

@@ -12,10 +12,10 @@
 // Node ids. The mounted view keeps node id == union inode number (the fast
 // path; inode numbers stay below 2^63, format.md#fs-keys). Everything here
 // has bit 63 set: bits 40-62 are a slot, bits 0-39 a number. Slot 0 holds
-// the folder's own entries (1: .plyfs, 2: layers, tree << 2 | 1: a branch's
-// folder, tree << 2 | 2: its info.json); slot s > 0 is one layer's view, and
-// the number the union inode number in it. So a node id never changes while
-// the mount lasts, needs no table, and st_ino (the node id) is unique within
+// the folder's own entries (1: .plyfs, 2: layers, id << 2 | 1: a branch
+// name's folder, id << 2 | 2: its info.json, C6); slot s > 0 is one layer's
+// view, and the number the union inode number in it. So a node id never
+// changes while the mount lasts, and st_ino (the node id) is unique within
 // the mount: the same object seen in two views has two numbers.
 //
 // Invariants:
@@ -40,7 +40,15 @@
 //     one shows brings what that one knows of it up to date before the
 //     reply (Union::refresh_path), and queues the invalidations of what the
 //     kernel holds stale of it, sent after the reply by the daemon's
-//     notifier thread (notifier.h): no request waits for them.
+//     notifier thread (notifier.h): no request waits for them;
+//  C6 a folder of layers/ is its name's (numbered in the order the kernel
+//     first meets the names), not a branch's: a snapshot, merge or rollback
+//     gives a name to another branch, as the views follow it, while the
+//     kernel may still hold the folder (an entry is valid for up to a
+//     jiffy even with timeout 0, and a path walk goes on with what it
+//     found). So a path resolved by a name means whatever branch has the
+//     name when the next component is looked up: never the frozen or
+//     doomed branch that had it.
 #pragma once
 
 #ifndef FUSE_USE_VERSION
@@ -272,14 +280,16 @@ class ControlFolder {
     uint64_t ino;
   };
   Result<InView> in_view(fuse_ino_t ino);
-  // The branch whose view a lookup of data in `folder`'s folder means
-  // (under ctl_mu): the one named as the kernel found the folder.
-  Result<TreeId> data_tree(TreeId folder);
-  // The live view data in `folder`'s folder means, made on first use or
-  // again after it was idle (takes ctl_mu and mu_), with one kernel
-  // reference counted for the entry of data the caller hands out (or drops:
-  // unref).
-  Result<size_t> data_view(TreeId folder);
+  // A name's folder id, given on first sight (C6; ctl_mu). 0: no more ids.
+  uint64_t folder_id(std::string_view name);
+  // The branch that has folder (or info.json) node `ino`'s name now, or
+  // ESTALE (ctl_mu).
+  Result<BranchMeta> folder_branch(fuse_ino_t ino);
+  // The live view data in `folder` means (that branch's), made on first
+  // use or again after it was idle (takes ctl_mu and mu_), with one kernel
+  // reference counted for the entry of data the caller hands out (or
+  // drops: unref).
+  Result<size_t> data_view(fuse_ino_t folder);
   void unref(size_t slot, uint64_t n);  // mu_ held shared
   // Frees the union of view `slot` if it is idle, unless mu_ is busy: then
   // refresh() or the next use of the view does.
@@ -322,8 +332,10 @@ class ControlFolder {
   std::shared_mutex mu_;                   // C2
   std::vector<std::unique_ptr<View>> views_;  // slot s is views_[s - 1]
   std::map<uint64_t, size_t> slot_of_;     // live views by tree id
-  // A branch's folder: the name the kernel last found it by (ctl_mu).
-  std::map<uint64_t, std::string> handed_name_;
+  // Folders by name and names by folder id (id - 1; "" for a folder whose
+  // name went to another by a rename), under ctl_mu (C6).
+  std::map<std::string, uint64_t, std::less<>> folder_ids_;
+  std::vector<std::string> folder_names_;
   std::atomic<size_t> live_views_{0};      // slot_of_.size(), read without mu_
 };
 

@@ -431,6 +431,10 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   // branch root after the snapshot (with another generation).
   const int data_fd = ::open((L + "main/data").c_str(), O_RDONLY | O_DIRECTORY);
   REQUIRE(data_fd >= 0);
+  // And main's folder: a path resolved by the name main before the
+  // snapshot means main after it, the new live layer (C6).
+  const int folder_fd = ::open((L + "main").c_str(), O_RDONLY | O_DIRECTORY);
+  REQUIRE(folder_fd >= 0);
   // Listed before and after: the kernel must not keep the first listing.
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
   plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
@@ -457,6 +461,19 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   ::close(at);
   ::close(data_fd);
   CHECK(read_file(fx / "via-fd").empty());
+  // Even once the kernel met the frozen branch under its new name.
+  CHECK(info(L + "s1/info.json")["name"] == "\"s1\"");
+  CHECK(info(L + "s1/info.json")["read_only"] == "true");
+  const int via = ::openat(folder_fd, "data/via-folder-fd", O_CREAT | O_WRONLY, 0644);
+  REQUIRE_OK(via);
+  ::close(via);
+  CHECK(info(L + "main/info.json")["read_only"] == "false");
+  struct stat fst{};
+  REQUIRE(::fstatat(folder_fd, "info.json", &fst, 0) == 0);
+  CHECK(fst.st_ino == ino_of(L + "main/info.json"));
+  ::close(folder_fd);
+  CHECK(read_file(fx / "via-folder-fd").empty());
+  REQUIRE_ERRNO(::access((L + "s1/data/via-folder-fd").c_str(), F_OK), ENOENT);
   CHECK(list_dir(L + "s1/data") == std::vector<std::string>{"m"});
   fx.unmount();
 }
