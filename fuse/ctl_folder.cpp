@@ -21,21 +21,30 @@ namespace {
 constexpr unsigned kSlotShift = 40;
 constexpr uint64_t kNumMask = (uint64_t(1) << kSlotShift) - 1;
 constexpr fuse_ino_t kRootNode = kCtlBit | 1, kLayersNode = kCtlBit | 2;
-constexpr uint64_t kMaxFolder = kNumMask >> 2;
+constexpr uint64_t kMaxFolder = kNumMask >> 3;
 
 fuse_ino_t node(size_t slot, uint64_t n) { return kCtlBit | (uint64_t(slot) << kSlotShift) | n; }
 size_t slot_of(fuse_ino_t i) { return size_t((i & ~kCtlBit) >> kSlotShift); }
 uint64_t num_of(fuse_ino_t i) { return i & kNumMask; }
-// A name's folder and info.json (C6): its id.
-fuse_ino_t folder_node(uint64_t id) { return kCtlBit | (id << 2) | 1; }
-fuse_ino_t info_node(uint64_t id) { return kCtlBit | (id << 2) | 2; }
-bool is_folder(fuse_ino_t i) { return slot_of(i) == 0 && (num_of(i) & 3) == 1 && (num_of(i) >> 2); }
-bool is_info(fuse_ino_t i) { return slot_of(i) == 0 && (num_of(i) & 3) == 2 && (num_of(i) >> 2); }
-uint64_t folder_of(fuse_ino_t i) { return num_of(i) >> 2; }
+// A name's nodes (C6): its folder id, then the kind in the low 3 bits.
+enum NodeKind : uint64_t { kFolder = 1, kInfo = 2, kDataListed = 3, kChildren = 4, kChildLink = 5 };
+fuse_ino_t named_node(uint64_t id, NodeKind k) { return kCtlBit | (id << 3) | k; }
+uint64_t kind_of(fuse_ino_t i) { return slot_of(i) == 0 && (i & kNumMask) >> 3 ? i & 7 : 0; }
+fuse_ino_t folder_node(uint64_t id) { return named_node(id, kFolder); }
+fuse_ino_t info_node(uint64_t id) { return named_node(id, kInfo); }
+bool is_folder(fuse_ino_t i) { return kind_of(i) == kFolder; }
+bool is_info(fuse_ino_t i) { return kind_of(i) == kInfo; }
+bool is_children(fuse_ino_t i) { return kind_of(i) == kChildren; }
+bool is_child_link(fuse_ino_t i) { return kind_of(i) == kChildLink; }
+uint64_t folder_of(fuse_ino_t i) { return (i & kNumMask) >> 3; }
 
 constexpr const char* kLayersDir = "layers";
 constexpr const char* kInfoFile = "info.json";
 constexpr const char* kDataDir = "data";
+constexpr const char* kChildrenDir = "children";
+
+// A link of children/: to the child's folder.
+std::string child_target(std::string_view name) { return "../../" + std::string(name); }
 
 // Names and numbers here change under the kernel's feet (another view,
 // plyctl on the mount): nothing is cached (format.md#control-folder).
@@ -356,9 +365,10 @@ bool ControlFolder::may_change(fuse_req_t req) const {
   return uid == 0 || uid == ::getuid();  // as for plyctl on the mount point
 }
 
-Result<BranchMeta> ControlFolder::make_layer(std::string_view name) {
+Result<BranchMeta> ControlFolder::make_layer(std::string_view name, fuse_ino_t children) {
   std::lock_guard cl(*h_.ctl_mu);
   if (h_.read_only) return Error::io(EROFS, "the mount is read-only");
+  if (children) return create_layer(*h_.vol, name, PLY_TRY(folder_branch(children)).tree, false);
   auto top = std::find_if(h_.stack->begin(), h_.stack->end(), [](const ViewLayer& l) { return l.writable; });
   if (top == h_.stack->end()) return Error::io(EROFS, "the mount writes to no branch");
   return create_layer(*h_.vol, name, top->tree, false);
@@ -533,8 +543,8 @@ struct stat ControlFolder::virtual_stat(fuse_ino_t ino, uint64_t size) const {
   st.st_ino = ino;
   st.st_uid = ::getuid();
   st.st_gid = ::getgid();
-  if (is_info(ino)) {
-    st.st_mode = S_IFREG | 0444;
+  if (is_info(ino) || is_child_link(ino)) {
+    st.st_mode = is_info(ino) ? S_IFREG | 0444 : S_IFLNK | 0777;
     st.st_nlink = 1;
     st.st_size = off_t(size);
   } else {
@@ -552,13 +562,14 @@ struct stat ControlFolder::virtual_stat(fuse_ino_t ino, uint64_t size) const {
 
 Result<struct stat> ControlFolder::virtual_attr(fuse_ino_t ino) {
   if (ino == kRootNode || ino == kLayersNode) return virtual_stat(ino, 0);
-  if (!is_folder(ino) && !is_info(ino)) return Error::io(ESTALE, "no such node");
-  TreeId tree;
+  if (!kind_of(ino) || kind_of(ino) == kDataListed) return Error::io(ESTALE, "no such node");
+  BranchMeta b;
   {
     std::lock_guard cl(*h_.ctl_mu);  // C4
-    tree = PLY_TRY(folder_branch(ino)).tree;
+    b = PLY_TRY(folder_branch(ino));
   }
-  if (is_info(ino)) return virtual_stat(ino, PLY_TRY(info_json(tree)).size());
+  if (is_info(ino)) return virtual_stat(ino, PLY_TRY(info_json(b.tree)).size());
+  if (is_child_link(ino)) return virtual_stat(ino, child_target(b.name).size());
   return virtual_stat(ino, 0);
 }
 
@@ -595,8 +606,26 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     // Generation 0: the folder is its name's, whichever branch has the name (C6).
     return reply_virtual_entry(req, folder_node(id), 0);
   }
+  if (is_children(parent)) {
+    // A layer made on the folder's branch: a link to its own folder.
+    uint64_t id = 0;
+    {
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto p = folder_branch(parent);
+      if (!p) return reply_err(req, p.error());
+      auto c = branch_named(n);
+      if (!c) return reply_err(req, c.error());
+      auto layer = is_layer(*h_.vol, *c);
+      if (!layer) return reply_err(req, layer.error());
+      if (c->parent != p->tree || !*layer) return (void)fuse_reply_err(req, ENOENT);
+      id = folder_id(n);
+    }
+    if (!id) return (void)fuse_reply_err(req, EOVERFLOW);
+    return reply_virtual_entry(req, named_node(id, kChildLink), 0);
+  }
   if (is_folder(parent)) {
     if (n == kInfoFile) return reply_virtual_entry(req, info_node(folder_of(parent)), 0);
+    if (n == kChildrenDir) return reply_virtual_entry(req, named_node(folder_of(parent), kChildren), 0);
     if (n != kDataDir) return (void)fuse_reply_err(req, ENOENT);
     auto slot = data_view(parent);  // counts the reference to data
     if (!slot) return reply_err(req, slot.error());
@@ -658,6 +687,16 @@ void ControlFolder::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int
 }
 
 void ControlFolder::readlink(fuse_req_t req, fuse_ino_t ino) {
+  if (is_child_link(ino)) {
+    std::string target;
+    {
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto c = folder_branch(ino);
+      if (!c) return reply_err(req, c.error());
+      target = child_target(c->name);
+    }
+    return (void)fuse_reply_readlink(req, target.c_str());
+  }
   if (slot_of(ino) == 0) return (void)fuse_reply_err(req, EINVAL);
   auto w = in_view(ino);
   if (!w) return reply_err(req, w.error());
@@ -673,9 +712,9 @@ void ControlFolder::mknod(fuse_req_t req, fuse_ino_t parent, const char* name, m
 }
 
 void ControlFolder::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-  if (parent == kLayersNode) {
+  if (parent == kLayersNode || is_children(parent)) {
     if (!may_change(req)) return (void)fuse_reply_err(req, EPERM);
-    auto b = make_layer(name);
+    auto b = make_layer(name, parent == kLayersNode ? 0 : parent);
     if (!b) return reply_err(req, b.error());
     uint64_t id = 0;
     {
@@ -868,7 +907,7 @@ void ControlFolder::fsync(fuse_req_t req, fuse_ino_t ino) {
 
 void ControlFolder::opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (slot_of(ino) == 0) {
-    if (is_info(ino)) return (void)fuse_reply_err(req, ENOTDIR);
+    if (is_info(ino) || is_child_link(ino)) return (void)fuse_reply_err(req, ENOTDIR);
   } else {
     auto w = in_view(ino);
     if (!w) return reply_err(req, w.error());
@@ -916,8 +955,25 @@ void ControlFolder::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
     } else if (is_folder(ino)) {
       // data's node id is its view's root, made on lookup; the listing
       // gives a number of the folder's own instead.
-      ents.emplace_back(kDataDir, (ino & ~fuse_ino_t(3)) | 3, S_IFDIR, 3);
+      ents.emplace_back(kDataDir, named_node(folder_of(ino), kDataListed), S_IFDIR, 3);
       ents.emplace_back(kInfoFile, info_node(folder_of(ino)), S_IFREG, 4);
+      ents.emplace_back(kChildrenDir, named_node(folder_of(ino), kChildren), S_IFDIR, 5);
+    } else if (is_children(ino)) {
+      // The layers made on the folder's branch, as info.json's children,
+      // cookies by tree id as in layers/.
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto p = folder_branch(ino);
+      if (!p) return reply_err(req, p.error());
+      auto bs = Filesystem::branches(*h_.vol);
+      if (!bs) return reply_err(req, bs.error());
+      std::sort(bs->begin(), bs->end(), [](const BranchMeta& a, const BranchMeta& b) { return a.tree.v < b.tree.v; });
+      for (const auto& b : *bs) {
+        if (b.doomed || b.parent != p->tree) continue;
+        auto layer = is_layer(*h_.vol, b);
+        if (!layer) return reply_err(req, layer.error());
+        if (*layer)
+          if (const uint64_t id = folder_id(b.name)) ents.emplace_back(b.name, named_node(id, kChildLink), S_IFLNK, 2 + b.tree.v);
+      }
     } else {
       return (void)fuse_reply_err(req, ENOTDIR);
     }

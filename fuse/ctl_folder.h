@@ -5,15 +5,18 @@
 //   .plyfs/layers/NAME/info.json  what the branch is (read-only JSON)
 //   .plyfs/layers/NAME/data/      the layer's view: NAME over its ancestor
 //                                 chain, as plyfs -o layer=NAME shows it
+//   .plyfs/layers/NAME/children/  the layers made on NAME: links ../../CHILD
 //   mkdir  .plyfs/layers/NEW      a new layer on the branch the mount writes to
+//   mkdir  .plyfs/layers/P/children/NEW   a new layer on P
 //   rmdir  .plyfs/layers/NAME     deletes the branch
 //   rename .plyfs/layers/A -> B   renames it
 //
 // Node ids. The mounted view keeps node id == union inode number (the fast
 // path; inode numbers stay below 2^63, format.md#fs-keys). Everything here
 // has bit 63 set: bits 40-62 are a slot, bits 0-39 a number. Slot 0 holds
-// the folder's own entries (1: .plyfs, 2: layers, id << 2 | 1: a branch
-// name's folder, id << 2 | 2: its info.json, C6); slot s > 0 is one layer's
+// the folder's own entries (1: .plyfs, 2: layers, id << 3 | kind: a branch
+// name's folder, its info.json, data as listed, children/, and the link to
+// it in its parent's children/, C6); slot s > 0 is one layer's
 // view, and the number the union inode number in it. So a node id never
 // changes while the mount lasts, and st_ino (the node id) is unique within
 // the mount: the same object seen in two views has two numbers.
@@ -322,7 +325,9 @@ class ControlFolder {
   bool may_change(fuse_req_t req) const;
 
   // Changes to the branch table (mkdir, rmdir, rename in .plyfs/layers).
-  Result<BranchMeta> make_layer(std::string_view name);
+  // On the branch the mount writes to, or (`children`: a children/ node)
+  // on that folder's branch.
+  Result<BranchMeta> make_layer(std::string_view name, fuse_ino_t children);
   Result<void> delete_layer(std::string_view name);
   Result<void> rename_layer(std::string_view from, std::string_view to, unsigned flags);
 

@@ -209,7 +209,7 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   CHECK(S_ISDIR(st.st_mode));
   CHECK(list_dir(fx / ".plyfs") == std::vector<std::string>{"layers"});
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"a", "b", "main"});
-  CHECK(list_dir(fx / ".plyfs/layers/b") == std::vector<std::string>{"data", "info.json"});
+  CHECK(list_dir(fx / ".plyfs/layers/b") == std::vector<std::string>{"children", "data", "info.json"});
   REQUIRE_ERRNO(::mkdir((fx / ".plyfs").c_str(), 0755), EEXIST);
   REQUIRE_ERRNO(::rmdir((fx / ".plyfs").c_str()), EBUSY);
   REQUIRE_ERRNO(::rename((fx / ".plyfs").c_str(), (fx / "x").c_str()), EBUSY);
@@ -933,5 +933,89 @@ TEST_CASE("control folder: a view the kernel no longer holds is freed, and made 
   wait_freed();
   write_file(fx / "m", "mount");
   CHECK(read_file(L + "main/data/m") == "mount");
+  fx.unmount();
+}
+
+// A layer's parent is chosen by where it is made (format.md#control-folder):
+// layers/P/children/ lists the layers made on P, each a link to its folder,
+// and mkdir there makes a new layer on P, any branch (a read-only snapshot
+// too), as plyctl layer create --on P does. mkdir in layers/ itself keeps
+// making it on the branch the mount writes to.
+TEST_CASE("control folder: children/ shows the layers made on a branch, and mkdir there makes one", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  fx.unmount();
+  plyctl(fx, {"layer", "create", fx.img, "a", "--on", "main"});
+  fx.mount();  // main
+  const std::string L = fx / ".plyfs/layers/";
+  CHECK(list_dir(L + "main") == Names{"children", "data", "info.json"});
+  CHECK(list_dir(L + "main/children") == Names{"a"});
+  CHECK(list_dir(L + "a/children").empty());
+  char target[64] = {};
+  REQUIRE(::readlink((L + "main/children/a").c_str(), target, sizeof target - 1) > 0);
+  CHECK(std::string(target) == "../../a");
+  CHECK(S_ISLNK(lstat_of(L + "main/children/a").st_mode));
+  CHECK(ino_of(L + "main/children/a") == ino_of(L + "a"));  // stat follows the link
+
+  // A layer on a, which the mount does not show.
+  REQUIRE(::mkdir((L + "a/children/b").c_str(), 0755) == 0);
+  auto ib = info(L + "b/info.json");
+  CHECK(ib["parent"] == "\"a\"");
+  CHECK(ib["layer"] == "true");
+  CHECK(ib["stack"] == "[\"b\", \"a\", \"main\"]");
+  CHECK(info(L + "a/info.json")["children"] == "[\"b\"]");
+  CHECK(list_dir(L + "a/children") == Names{"b"});
+  CHECK(list_dir(L + "main/children") == Names{"a"});
+  CHECK(read_file(L + "a/children/b/data/m") == "main");  // through the link
+  write_file(L + "a/children/b/data/in-b", "b");
+  CHECK(read_file(L + "b/data/in-b") == "b");
+  REQUIRE_ERRNO(::access((fx / "in-b").c_str(), F_OK), ENOENT);
+  // mkdir in layers/ still makes it on the mounted branch.
+  REQUIRE(::mkdir((L + "c").c_str(), 0755) == 0);
+  CHECK(info(L + "c/info.json")["parent"] == "\"main\"");
+  CHECK(list_dir(L + "main/children") == (Names{"a", "c"}));
+  // On a read-only snapshot: the new layer is writable over it.
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  REQUIRE(::mkdir((L + "s1/children/d").c_str(), 0755) == 0);
+  auto id = info(L + "d/info.json");
+  CHECK(id["parent"] == "\"s1\"");
+  CHECK(id["writable"] == "true");
+  write_file(L + "d/data/in-d", "d");
+  CHECK(read_file(L + "d/data/m") == "main");
+  // s1 is the tree a and c were made on (the snapshot renamed it); main is
+  // a layer on it now too, the snapshot's live layer.
+  CHECK(list_dir(L + "s1/children") == (Names{"a", "c", "d", "main"}));
+  CHECK(list_dir(L + "main/children").empty());
+  // Refusals: a name taken, a bad name, anything but mkdir there.
+  REQUIRE_ERRNO(::mkdir((L + "a/children/c").c_str(), 0755), EEXIST);
+  REQUIRE_ERRNO(::mkdir((L + "a/children/x:y").c_str(), 0755), EINVAL);
+  REQUIRE_ERRNO(::unlink((L + "a/children/b").c_str()), EPERM);
+  REQUIRE_ERRNO(::open((L + "a/children/f").c_str(), O_CREAT | O_WRONLY, 0644), EPERM);
+  REQUIRE_ERRNO(::symlink("../../c", (L + "a/children/c2").c_str()), EPERM);
+  REQUIRE_ERRNO(::rmdir((L + "a/children").c_str()), EBUSY);
+  // rmdir of a layer empties its parent's children/.
+  REQUIRE(::rmdir((L + "b").c_str()) == 0);
+  CHECK(list_dir(L + "a/children").empty());
+  REQUIRE_ERRNO(::access((L + "a/children/b").c_str(), F_OK), ENOENT);
+  fx.unmount();
+
+  std::string out;
+  plyctl(fx, {"layer", "list", fx.img}, &out);
+  INFO(out);
+  CHECK(out.find("d (id") != std::string::npos);
+  CHECK(out.find("a (id") != std::string::npos);
+  fx.opts = {"layer=d"};
+  fx.mount();
+  CHECK(read_file(fx / "in-d") == "d");
+  CHECK(read_file(fx / "m") == "main");
+  fx.unmount();
+}
+
+TEST_CASE("control folder: a read-only mount makes no layer through children/", "[control-folder]") {
+  Fixture fx;
+  fx.unmount();
+  fx.opts = {"ro"};
+  fx.mount();
+  REQUIRE_ERRNO(::mkdir((fx / ".plyfs/layers/main/children/n").c_str(), 0755), EROFS);
   fx.unmount();
 }
