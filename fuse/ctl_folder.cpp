@@ -21,21 +21,30 @@ namespace {
 constexpr unsigned kSlotShift = 40;
 constexpr uint64_t kNumMask = (uint64_t(1) << kSlotShift) - 1;
 constexpr fuse_ino_t kRootNode = kCtlBit | 1, kLayersNode = kCtlBit | 2;
-constexpr uint64_t kMaxTree = kNumMask >> 2;
+constexpr uint64_t kMaxFolder = kNumMask >> 3;
 
 fuse_ino_t node(size_t slot, uint64_t n) { return kCtlBit | (uint64_t(slot) << kSlotShift) | n; }
 size_t slot_of(fuse_ino_t i) { return size_t((i & ~kCtlBit) >> kSlotShift); }
 uint64_t num_of(fuse_ino_t i) { return i & kNumMask; }
-fuse_ino_t folder_node(TreeId t) { return kCtlBit | (t.v << 2) | 1; }
-fuse_ino_t info_node(TreeId t) { return kCtlBit | (t.v << 2) | 2; }
-// A branch's folder or info.json: its tree (0 for .plyfs and layers).
-bool is_folder(fuse_ino_t i) { return slot_of(i) == 0 && (num_of(i) & 3) == 1 && (num_of(i) >> 2); }
-bool is_info(fuse_ino_t i) { return slot_of(i) == 0 && (num_of(i) & 3) == 2 && (num_of(i) >> 2); }
-TreeId tree_of(fuse_ino_t i) { return TreeId{num_of(i) >> 2}; }
+// A name's nodes (C6): its folder id, then the kind in the low 3 bits.
+enum NodeKind : uint64_t { kFolder = 1, kInfo = 2, kDataListed = 3, kChildren = 4, kChildLink = 5 };
+fuse_ino_t named_node(uint64_t id, NodeKind k) { return kCtlBit | (id << 3) | k; }
+uint64_t kind_of(fuse_ino_t i) { return slot_of(i) == 0 && (i & kNumMask) >> 3 ? i & 7 : 0; }
+fuse_ino_t folder_node(uint64_t id) { return named_node(id, kFolder); }
+fuse_ino_t info_node(uint64_t id) { return named_node(id, kInfo); }
+bool is_folder(fuse_ino_t i) { return kind_of(i) == kFolder; }
+bool is_info(fuse_ino_t i) { return kind_of(i) == kInfo; }
+bool is_children(fuse_ino_t i) { return kind_of(i) == kChildren; }
+bool is_child_link(fuse_ino_t i) { return kind_of(i) == kChildLink; }
+uint64_t folder_of(fuse_ino_t i) { return (i & kNumMask) >> 3; }
 
 constexpr const char* kLayersDir = "layers";
 constexpr const char* kInfoFile = "info.json";
 constexpr const char* kDataDir = "data";
+constexpr const char* kChildrenDir = "children";
+
+// A link of children/: to the child's folder.
+std::string child_target(std::string_view name) { return "../../" + std::string(name); }
 
 // Names and numbers here change under the kernel's feet (another view,
 // plyctl on the mount): nothing is cached (format.md#control-folder).
@@ -101,47 +110,84 @@ Result<std::vector<UnionBranch>> ControlFolder::branches_of(const std::vector<Vi
   return ub;
 }
 
-// The kernel keeps a folder's entry for up to a jiffy even with timeout 0
-// (it is valid while its time has not passed), and a path walk that found
-// it goes on with it: after a snapshot, merge or rollback the name it
-// looked up may be another branch's. What it meant is the view of the
-// branch that has that name now (the mount's writes after a snapshot land
-// in the new layer, format.md#snapshots); the folder's own branch, frozen
-// or doomed, would answer EROFS or ESTALE. Once the kernel looks the
-// folder up by its new name, it means its own branch again.
-Result<TreeId> ControlFolder::data_tree(TreeId folder) {
-  std::lock_guard cl(*h_.ctl_mu);  // C4
-  auto it = handed_name_.find(folder.v);
-  if (it == handed_name_.end()) return folder;
-  auto b = Filesystem::branch(*h_.vol, folder);
-  if (b && !b->doomed && b->name == it->second) return folder;
-  auto now = branch_named(it->second);
-  if (!now) return Error::io(ESTALE, "no branch is named \"" + it->second + "\" any more");
-  return now->tree;
+uint64_t ControlFolder::folder_id(std::string_view name) {
+  auto it = folder_ids_.find(name);
+  if (it != folder_ids_.end()) return it->second;
+  if (folder_names_.size() >= kMaxFolder) return 0;
+  folder_names_.emplace_back(name);
+  folder_ids_.emplace(std::string(name), folder_names_.size());
+  return folder_names_.size();
 }
 
-Result<size_t> ControlFolder::view_of(TreeId tree) {
-  {
-    std::shared_lock lk(mu_);
-    if (auto it = slot_of_.find(tree.v); it != slot_of_.end()) return it->second;
-  }
+Result<BranchMeta> ControlFolder::folder_branch(fuse_ino_t ino) {
+  const uint64_t id = folder_of(ino);
+  if (id == 0 || id > folder_names_.size() || folder_names_[id - 1].empty())
+    return Error::io(ESTALE, "no such folder");
+  auto b = branch_named(folder_names_[id - 1]);
+  if (!b && b.error().code == ENOENT) return Error::io(ESTALE, "no branch is named \"" + folder_names_[id - 1] + "\" any more");
+  return b;
+}
+
+Result<size_t> ControlFolder::data_view(fuse_ino_t folder) {
+  // The name, its branch and the view bound to it, in one piece: a
+  // snapshot in between would leave the frozen branch (C4, C6).
   std::lock_guard cl(*h_.ctl_mu);
+  const TreeId tree = PLY_TRY(folder_branch(folder)).tree;
+  {
+    std::shared_lock lk(mu_);  // retire_if_idle takes it exclusive
+    if (auto it = slot_of_.find(tree.v); it != slot_of_.end() && views_[it->second - 1]->u) {
+      views_[it->second - 1]->kernel_refs++;
+      return it->second;
+    }
+  }
   auto s = PLY_TRY(stack_of(tree));
   auto ub = PLY_TRY(branches_of(s));
   std::unique_lock lk(mu_);
-  if (auto it = slot_of_.find(tree.v); it != slot_of_.end()) return it->second;
+  auto make = [&](View& v) {
+    v.stack = std::move(s);
+    v.u = std::make_unique<Union>(std::move(ub), h_.copyup, h_.del);
+    v.u->set_kernel_times(kernel_times_);
+    v.kernel_refs++;
+  };
+  if (auto it = slot_of_.find(tree.v); it != slot_of_.end()) {
+    View& v = *views_[it->second - 1];
+    if (!v.u) make(v);  // idle until now: the same slot, the same node ids (C3)
+    else v.kernel_refs++;
+    return it->second;
+  }
   if (views_.size() + 1 >= (size_t(1) << (63 - kSlotShift)))
     return Error::io(ENOSPC, "this mount has shown too many layers");
   auto v = std::make_unique<View>();
   v->layer = tree;
   v->name = PLY_TRY(Filesystem::branch(*h_.vol, tree)).name;
-  v->stack = std::move(s);
-  v->u = std::make_unique<Union>(std::move(ub), h_.copyup, h_.del);
-  v->u->set_kernel_times(kernel_times_);
+  make(*v);
   views_.push_back(std::move(v));
   slot_of_[tree.v] = views_.size();
   live_views_ = slot_of_.size();
   return views_.size();
+}
+
+void ControlFolder::unref(size_t slot, uint64_t n) {
+  std::atomic<uint64_t>& r = views_[slot - 1]->kernel_refs;
+  uint64_t cur = r.load();
+  while (!r.compare_exchange_weak(cur, cur - std::min(cur, n))) {
+  }
+}
+
+bool ControlFolder::bound(size_t slot) const {
+  auto it = slot_of_.find(views_[slot - 1]->layer.v);
+  return it != slot_of_.end() && it->second == slot;
+}
+
+void ControlFolder::retire_if_idle(size_t slot) {
+  // Never waits: forget and release must not queue behind a snapshot that
+  // holds mu_ (release takes no lock at all otherwise).
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock() || slot > views_.size()) return;
+  View& v = *views_[slot - 1];
+  // Idle, the union has no node but its root and pins nothing: nothing to
+  // release.
+  if (v.u && v.idle() && bound(slot)) v.u.reset();
 }
 
 void ControlFolder::refresh() {
@@ -152,7 +198,8 @@ void ControlFolder::refresh() {
   auto bs = Filesystem::branches(*h_.vol);
   for (size_t i = 0; i < views_.size(); i++) {
     View& v = *views_[i];
-    if (!v.u) continue;
+    if (!bound(i + 1)) continue;  // gone (C3)
+    if (v.u && v.idle()) v.u.reset();  // idle: no restack, made anew on use
     // A view follows its branch's name, as the catalog's views and the mount
     // follow the branch they write to: after a snapshot the name is the new
     // live layer's (on the frozen branch), after a merge the result's, after
@@ -170,6 +217,7 @@ void ControlFolder::refresh() {
       v.layer = now;
       slot_of_[now.v] = i + 1;
     }
+    if (!v.u) continue;  // idle: it follows the name, its stack is read when made
     auto s = stack_of(v.layer);
     bool same = s && s->size() == v.stack.size() &&
                 std::equal(s->begin(), s->end(), v.stack.begin(), [](const ViewLayer& a, const ViewLayer& b) {
@@ -291,7 +339,7 @@ void ControlFolder::view_changed(InView& w, const std::vector<ViewChange>& cs) {
   std::vector<Notifier::Inval> out;
   if (h_.mount && shows(*h_.mount, writes)) invals_for(*w.v->u, cs, *h_.mount, 0, out);
   for (size_t i = 0; i < views_.size(); i++)
-    if (i + 1 != w.slot && views_[i]->u && shows(*views_[i]->u, writes))
+    if (i + 1 != w.slot && views_[i]->u && views_[i]->kernel_refs && shows(*views_[i]->u, writes))
       invals_for(*w.v->u, cs, *views_[i]->u, i + 1, out);
   h_.notifier->post(std::move(out));
 }
@@ -302,8 +350,10 @@ void ControlFolder::mount_changed(const std::vector<ViewChange>& cs) {
   {
     std::shared_lock lk(mu_);
     const auto writes = writes_of(*h_.mount);
+    // A view the kernel holds nothing of has nothing cached (C3).
     for (size_t i = 0; i < views_.size(); i++)
-      if (views_[i]->u && shows(*views_[i]->u, writes)) invals_for(*h_.mount, cs, *views_[i]->u, i + 1, out);
+      if (views_[i]->u && views_[i]->kernel_refs && shows(*views_[i]->u, writes))
+        invals_for(*h_.mount, cs, *views_[i]->u, i + 1, out);
   }
   h_.notifier->post(std::move(out));
 }
@@ -315,14 +365,13 @@ bool ControlFolder::may_change(fuse_req_t req) const {
   return uid == 0 || uid == ::getuid();  // as for plyctl on the mount point
 }
 
-Result<BranchMeta> ControlFolder::make_layer(std::string_view name) {
+Result<BranchMeta> ControlFolder::make_layer(std::string_view name, fuse_ino_t children) {
   std::lock_guard cl(*h_.ctl_mu);
   if (h_.read_only) return Error::io(EROFS, "the mount is read-only");
+  if (children) return create_layer(*h_.vol, name, PLY_TRY(folder_branch(children)).tree, false);
   auto top = std::find_if(h_.stack->begin(), h_.stack->end(), [](const ViewLayer& l) { return l.writable; });
   if (top == h_.stack->end()) return Error::io(EROFS, "the mount writes to no branch");
-  BranchMeta b = PLY_TRY(create_layer(*h_.vol, name, top->tree, false));
-  handed_name_[b.tree.v] = b.name;
-  return b;
+  return create_layer(*h_.vol, name, top->tree, false);
 }
 
 Result<void> ControlFolder::delete_layer(std::string_view name) {
@@ -359,9 +408,17 @@ Result<void> ControlFolder::delete_layer(std::string_view name) {
     v->u.reset();  // C3
     slot_of_.erase(v->layer.v);
   }
+  slot_of_.erase(b.tree.v);  // an idle view of it goes too
   live_views_ = slot_of_.size();
   h_.close_branch(b.tree);
-  return delete_branch(*h_.vol, b.tree);
+  PLY_CHECK(delete_branch(*h_.vol, b.tree));
+  // The kernel kills the folder's inode with the rmdir: a layer made later
+  // under the name gets a folder of its own (C6).
+  if (auto f = folder_ids_.find(name); f != folder_ids_.end()) {
+    folder_names_[f->second - 1].clear();
+    folder_ids_.erase(f);
+  }
+  return ok();
 }
 
 Result<void> ControlFolder::rename_layer(std::string_view from, std::string_view to, unsigned flags) {
@@ -377,7 +434,15 @@ Result<void> ControlFolder::rename_layer(std::string_view from, std::string_view
     return Error::io(ENOTEMPTY, "a branch named \"" + std::string(to) + "\" exists");
   }
   (void)PLY_TRY(rename_branch(*h_.vol, b.tree, to));
-  handed_name_[b.tree.v] = std::string(to);  // the kernel moves its entry along
+  // The kernel moves its entry of `from` to `to`, folder inode and all: the
+  // folder is to's from now on (C6); one it held of an older `to` is stale.
+  if (auto f = folder_ids_.find(from); f != folder_ids_.end()) {
+    const uint64_t id = f->second;
+    folder_ids_.erase(f);
+    if (auto t = folder_ids_.find(to); t != folder_ids_.end()) folder_names_[t->second - 1].clear();
+    folder_ids_[std::string(to)] = id;
+    folder_names_[id - 1] = std::string(to);
+  }
   std::shared_lock lk(mu_);
   for (auto& v : views_)
     if (v->layer == b.tree) v->name = std::string(to);  // under ctl_mu, like refresh
@@ -404,6 +469,11 @@ Result<std::string> ControlFolder::info_json(TreeId tree) {
     }
   bool mounted = false;
   for (const auto& l : *h_.stack) mounted |= l.tree == b.tree;
+  bool view_open = false;
+  {
+    std::shared_lock lk(mu_);  // after ctl_mu, as in data_view
+    if (auto it = slot_of_.find(b.tree.v); it != slot_of_.end()) view_open = views_[it->second - 1]->u != nullptr;
+  }
   auto stack = PLY_TRY(stack_of(b.tree));
   std::string st;
   for (const auto& l : stack) {
@@ -424,6 +494,8 @@ Result<std::string> ControlFolder::info_json(TreeId tree) {
   o += stack[0].writable ? "true" : "false";
   o += ",\n  \"mounted\": ";
   o += mounted ? "true" : "false";
+  o += ",\n  \"view_open\": ";
+  o += view_open ? "true" : "false";
   o += ",\n  \"created_generation\": ";
   o += std::to_string(b.created.v);
   o += ",\n  \"children\": [";
@@ -441,10 +513,14 @@ struct stat ControlFolder::view_stat(const View& v, size_t slot, const Attr& a) 
 }
 
 void ControlFolder::reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a,
-                                     const std::vector<ViewChange>& cs) {
-  if (!a) return reply_err(req, a.error());
+                                     const std::vector<ViewChange>& cs, bool counted) {
+  if (!a) {
+    if (counted) unref(w.slot, 1);
+    return reply_err(req, a.error());
+  }
   if (a->ino > kNumMask) {
     (void)w.v->u->unpin(a->ino);
+    if (counted) unref(w.slot, 1);
     view_changed(w, cs);
     return (void)fuse_reply_err(req, EOVERFLOW);
   }
@@ -454,7 +530,12 @@ void ControlFolder::reply_view_entry(fuse_req_t req, InView& w, const Result<Att
   e.attr = view_stat(*w.v, w.slot, *a);
   e.attr_timeout = e.entry_timeout = kTimeout;
   view_changed(w, cs);
-  if (fuse_reply_entry(req, &e) != 0) (void)w.v->u->unpin(a->ino);
+  // Before the reply: its forget may come before fuse_reply_entry returns.
+  if (!counted) w.v->kernel_refs++;
+  if (fuse_reply_entry(req, &e) != 0) {
+    (void)w.v->u->unpin(a->ino);
+    unref(w.slot, 1);
+  }
 }
 
 struct stat ControlFolder::virtual_stat(fuse_ino_t ino, uint64_t size) const {
@@ -462,8 +543,8 @@ struct stat ControlFolder::virtual_stat(fuse_ino_t ino, uint64_t size) const {
   st.st_ino = ino;
   st.st_uid = ::getuid();
   st.st_gid = ::getgid();
-  if (is_info(ino)) {
-    st.st_mode = S_IFREG | 0444;
+  if (is_info(ino) || is_child_link(ino)) {
+    st.st_mode = is_info(ino) ? S_IFREG | 0444 : S_IFLNK | 0777;
     st.st_nlink = 1;
     st.st_size = off_t(size);
   } else {
@@ -481,11 +562,14 @@ struct stat ControlFolder::virtual_stat(fuse_ino_t ino, uint64_t size) const {
 
 Result<struct stat> ControlFolder::virtual_attr(fuse_ino_t ino) {
   if (ino == kRootNode || ino == kLayersNode) return virtual_stat(ino, 0);
-  if (!is_folder(ino) && !is_info(ino)) return Error::io(ESTALE, "no such node");
-  if (is_info(ino)) return virtual_stat(ino, PLY_TRY(info_json(tree_of(ino))).size());
-  std::lock_guard cl(*h_.ctl_mu);  // C4
-  BranchMeta b = PLY_TRY(Filesystem::branch(*h_.vol, tree_of(ino)));
-  if (b.doomed) return Error::io(ESTALE, "the branch is gone");
+  if (!kind_of(ino) || kind_of(ino) == kDataListed) return Error::io(ESTALE, "no such node");
+  BranchMeta b;
+  {
+    std::lock_guard cl(*h_.ctl_mu);  // C4
+    b = PLY_TRY(folder_branch(ino));
+  }
+  if (is_info(ino)) return virtual_stat(ino, PLY_TRY(info_json(b.tree)).size());
+  if (is_child_link(ino)) return virtual_stat(ino, child_target(b.name).size());
   return virtual_stat(ino, 0);
 }
 
@@ -511,28 +595,46 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     return (void)fuse_reply_err(req, ENOENT);
   }
   if (parent == kLayersNode) {
-    Result<BranchMeta> b = Error::io(ENOENT, "");
+    uint64_t id = 0;
     {
       std::lock_guard cl(*h_.ctl_mu);  // C4
-      b = branch_named(n);
+      auto b = branch_named(n);
+      if (!b) return reply_err(req, b.error());
+      id = folder_id(n);
     }
-    if (!b) return reply_err(req, b.error());
-    if (b->tree.v > kMaxTree) return (void)fuse_reply_err(req, EOVERFLOW);
+    if (!id) return (void)fuse_reply_err(req, EOVERFLOW);
+    // Generation 0: the folder is its name's, whichever branch has the name (C6).
+    return reply_virtual_entry(req, folder_node(id), 0);
+  }
+  if (is_children(parent)) {
+    // A layer made on the folder's branch: a link to its own folder.
+    uint64_t id = 0;
     {
-      std::lock_guard cl(*h_.ctl_mu);
-      handed_name_[b->tree.v] = b->name;
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto p = folder_branch(parent);
+      if (!p) return reply_err(req, p.error());
+      auto c = branch_named(n);
+      if (!c) return reply_err(req, c.error());
+      auto layer = is_layer(*h_.vol, *c);
+      if (!layer) return reply_err(req, layer.error());
+      if (c->parent != p->tree || !*layer) return (void)fuse_reply_err(req, ENOENT);
+      id = folder_id(n);
     }
-    return reply_virtual_entry(req, folder_node(b->tree), b->created.v);
+    if (!id) return (void)fuse_reply_err(req, EOVERFLOW);
+    return reply_virtual_entry(req, named_node(id, kChildLink), 0);
   }
   if (is_folder(parent)) {
-    if (n == kInfoFile) return reply_virtual_entry(req, info_node(tree_of(parent)), 0);
+    if (n == kInfoFile) return reply_virtual_entry(req, info_node(folder_of(parent)), 0);
+    if (n == kChildrenDir) return reply_virtual_entry(req, named_node(folder_of(parent), kChildren), 0);
     if (n != kDataDir) return (void)fuse_reply_err(req, ENOENT);
-    auto tree = data_tree(tree_of(parent));
-    if (!tree) return reply_err(req, tree.error());
-    auto slot = view_of(*tree);
+    auto slot = data_view(parent);  // counts the reference to data
     if (!slot) return reply_err(req, slot.error());
     auto w = in_view(node(*slot, 0));
-    if (!w) return reply_err(req, w.error());
+    if (!w) {
+      std::shared_lock lk(mu_);
+      unref(*slot, 1);
+      return reply_err(req, w.error());
+    }
     auto a = w->v->u->getattr(w->v->u->root());  // the root counts no reference
     // data stays the view's root while the branch root it shows changes: a
     // snapshot's new layer, a merge's result, a rollback's fresh layer each
@@ -540,7 +642,7 @@ void ControlFolder::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
     // the kernel retire the inode it holds (EIO on it, as for an open
     // directory or a path walk that found it just before).
     if (a) a->generation = 0;
-    return reply_view_entry(req, *w, a);
+    return reply_view_entry(req, *w, a, {}, true);
   }
   if (is_info(parent)) return (void)fuse_reply_err(req, ENOTDIR);
   auto w = in_view(parent);
@@ -553,6 +655,10 @@ void ControlFolder::forget(fuse_ino_t ino, uint64_t n) {
   auto w = in_view(ino);
   if (!w) return;  // its layer is gone, and the references with it
   if (auto r = w->v->u->unpin(w->ino, n); !r) (void)h_.errno_of(r.error());
+  unref(w->slot, n);
+  if (!w->v->idle()) return;
+  w->lk.unlock();
+  retire_if_idle(w->slot);
 }
 
 void ControlFolder::getattr(fuse_req_t req, fuse_ino_t ino) {
@@ -581,6 +687,16 @@ void ControlFolder::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int
 }
 
 void ControlFolder::readlink(fuse_req_t req, fuse_ino_t ino) {
+  if (is_child_link(ino)) {
+    std::string target;
+    {
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto c = folder_branch(ino);
+      if (!c) return reply_err(req, c.error());
+      target = child_target(c->name);
+    }
+    return (void)fuse_reply_readlink(req, target.c_str());
+  }
   if (slot_of(ino) == 0) return (void)fuse_reply_err(req, EINVAL);
   auto w = in_view(ino);
   if (!w) return reply_err(req, w.error());
@@ -596,11 +712,17 @@ void ControlFolder::mknod(fuse_req_t req, fuse_ino_t parent, const char* name, m
 }
 
 void ControlFolder::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-  if (parent == kLayersNode) {
+  if (parent == kLayersNode || is_children(parent)) {
     if (!may_change(req)) return (void)fuse_reply_err(req, EPERM);
-    auto b = make_layer(name);
+    auto b = make_layer(name, parent == kLayersNode ? 0 : parent);
     if (!b) return reply_err(req, b.error());
-    return reply_virtual_entry(req, folder_node(b->tree), b->created.v);
+    uint64_t id = 0;
+    {
+      std::lock_guard cl(*h_.ctl_mu);
+      id = folder_id(b->name);
+    }
+    if (!id) return (void)fuse_reply_err(req, EOVERFLOW);
+    return reply_virtual_entry(req, folder_node(id), 0);
   }
   auto w = in_view(parent);
   if (!w) return reply_err(req, w.error());
@@ -665,7 +787,14 @@ void ControlFolder::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const bool for_write = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
   if (is_info(ino)) {
     if (for_write) return (void)fuse_reply_err(req, EACCES);  // read-only, whoever asks
-    auto text = info_json(tree_of(ino));
+    Result<TreeId> tree = Error::io(ESTALE, "");
+    {
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto b = folder_branch(ino);
+      tree = b ? Result<TreeId>(b->tree) : Result<TreeId>(b.error());
+    }
+    if (!tree) return reply_err(req, tree.error());
+    auto text = info_json(*tree);
     if (!text) return reply_err(req, text.error());
     auto* s = new std::string(std::move(*text));
     fi->fh = reinterpret_cast<uint64_t>(s);
@@ -717,9 +846,11 @@ void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, 
   fi->keep_cache = 0;
   fi->fh = reinterpret_cast<uint64_t>(w->v);
   w->v->open_files++;
+  w->v->kernel_refs++;
   view_changed(*w, {ViewChange::entry(w->ino, name)});
   if (fuse_reply_create(req, &e, fi) != 0) {
     w->v->open_files--;
+    unref(w->slot, 1);
     (void)w->v->u->unpin(a->ino);
   }
 }
@@ -757,9 +888,11 @@ void ControlFolder::release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   if (is_info(ino)) {
     delete reinterpret_cast<std::string*>(fi->fh);
   } else if (fi->fh) {
-    // Without mu_, which a snapshot or merge holds for a while: rmdir
-    // waits for this. A view is never freed (C3).
-    reinterpret_cast<View*>(fi->fh)->open_files--;
+    // Without waiting for mu_, which a snapshot or merge holds for a while:
+    // rmdir waits for this. A View is never freed (C3), only its union.
+    View* v = reinterpret_cast<View*>(fi->fh);
+    v->open_files--;
+    if (v->idle()) retire_if_idle(slot_of(ino));
   }
   fuse_reply_err(req, 0);
 }
@@ -774,7 +907,7 @@ void ControlFolder::fsync(fuse_req_t req, fuse_ino_t ino) {
 
 void ControlFolder::opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (slot_of(ino) == 0) {
-    if (is_info(ino)) return (void)fuse_reply_err(req, ENOTDIR);
+    if (is_info(ino) || is_child_link(ino)) return (void)fuse_reply_err(req, ENOTDIR);
   } else {
     auto w = in_view(ino);
     if (!w) return reply_err(req, w.error());
@@ -811,20 +944,36 @@ void ControlFolder::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
     if (ino == kRootNode) {
       ents.emplace_back(kLayersDir, kLayersNode, S_IFDIR, 3);
     } else if (ino == kLayersNode) {
-      Result<std::vector<BranchMeta>> bs = Error::io(ENOENT, "");
-      {
-        std::lock_guard cl(*h_.ctl_mu);  // C4
-        bs = Filesystem::branches(*h_.vol);
-      }
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto bs = Filesystem::branches(*h_.vol);
       if (!bs) return reply_err(req, bs.error());
       std::sort(bs->begin(), bs->end(), [](const BranchMeta& a, const BranchMeta& b) { return a.tree.v < b.tree.v; });
+      // Listed with their folders' numbers (C6), which stat shows too.
       for (const auto& b : *bs)
-        if (!b.doomed && b.tree.v <= kMaxTree) ents.emplace_back(b.name, folder_node(b.tree), S_IFDIR, 2 + b.tree.v);
+        if (!b.doomed)
+          if (const uint64_t id = folder_id(b.name)) ents.emplace_back(b.name, folder_node(id), S_IFDIR, 2 + b.tree.v);
     } else if (is_folder(ino)) {
       // data's node id is its view's root, made on lookup; the listing
       // gives a number of the folder's own instead.
-      ents.emplace_back(kDataDir, (ino & ~fuse_ino_t(3)) | 3, S_IFDIR, 3);
-      ents.emplace_back(kInfoFile, info_node(tree_of(ino)), S_IFREG, 4);
+      ents.emplace_back(kDataDir, named_node(folder_of(ino), kDataListed), S_IFDIR, 3);
+      ents.emplace_back(kInfoFile, info_node(folder_of(ino)), S_IFREG, 4);
+      ents.emplace_back(kChildrenDir, named_node(folder_of(ino), kChildren), S_IFDIR, 5);
+    } else if (is_children(ino)) {
+      // The layers made on the folder's branch, as info.json's children,
+      // cookies by tree id as in layers/.
+      std::lock_guard cl(*h_.ctl_mu);  // C4
+      auto p = folder_branch(ino);
+      if (!p) return reply_err(req, p.error());
+      auto bs = Filesystem::branches(*h_.vol);
+      if (!bs) return reply_err(req, bs.error());
+      std::sort(bs->begin(), bs->end(), [](const BranchMeta& a, const BranchMeta& b) { return a.tree.v < b.tree.v; });
+      for (const auto& b : *bs) {
+        if (b.doomed || b.parent != p->tree) continue;
+        auto layer = is_layer(*h_.vol, b);
+        if (!layer) return reply_err(req, layer.error());
+        if (*layer)
+          if (const uint64_t id = folder_id(b.name)) ents.emplace_back(b.name, named_node(id, kChildLink), S_IFLNK, 2 + b.tree.v);
+      }
     } else {
       return (void)fuse_reply_err(req, ENOTDIR);
     }
@@ -848,7 +997,9 @@ void ControlFolder::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
       e.generation = a->generation;
       e.attr = view_stat(*w->v, w->slot, *a);
       e.attr_timeout = e.entry_timeout = kTimeout;
+      if (e.ino) w->v->kernel_refs++;  // before the reply, as in reply_view_entry
       const bool fits = add(std::string(d.name).c_str(), e.ino, 0, d.next, &e);
+      if (!fits && e.ino) unref(w->slot, 1);
       if (fits && !e.ino) (void)u.unpin(a->ino);  // listed, but not handed out
       return fits;
     });

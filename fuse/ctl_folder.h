@@ -5,17 +5,20 @@
 //   .plyfs/layers/NAME/info.json  what the branch is (read-only JSON)
 //   .plyfs/layers/NAME/data/      the layer's view: NAME over its ancestor
 //                                 chain, as plyfs -o layer=NAME shows it
+//   .plyfs/layers/NAME/children/  the layers made on NAME: links ../../CHILD
 //   mkdir  .plyfs/layers/NEW      a new layer on the branch the mount writes to
+//   mkdir  .plyfs/layers/P/children/NEW   a new layer on P
 //   rmdir  .plyfs/layers/NAME     deletes the branch
 //   rename .plyfs/layers/A -> B   renames it
 //
 // Node ids. The mounted view keeps node id == union inode number (the fast
 // path; inode numbers stay below 2^63, format.md#fs-keys). Everything here
 // has bit 63 set: bits 40-62 are a slot, bits 0-39 a number. Slot 0 holds
-// the folder's own entries (1: .plyfs, 2: layers, tree << 2 | 1: a branch's
-// folder, tree << 2 | 2: its info.json); slot s > 0 is one layer's view, and
-// the number the union inode number in it. So a node id never changes while
-// the mount lasts, needs no table, and st_ino (the node id) is unique within
+// the folder's own entries (1: .plyfs, 2: layers, id << 3 | kind: a branch
+// name's folder, its info.json, data as listed, children/, and the link to
+// it in its parent's children/, C6); slot s > 0 is one layer's
+// view, and the number the union inode number in it. So a node id never
+// changes while the mount lasts, and st_ino (the node id) is unique within
 // the mount: the same object seen in two views has two numbers.
 //
 // Invariants:
@@ -28,7 +31,11 @@
 //     deletion, a snapshot, merge or rollback of the mount) holds the
 //     daemon's ctl_mu and then mu_ exclusive, so it never overlaps one;
 //  C3 a slot is never reused: once its layer is gone, its nodes answer
-//     ESTALE, and a new branch with the same tree id gets a new slot;
+//     ESTALE, and a new branch with the same tree id gets a new slot. A
+//     view the kernel holds nothing of (no reference, no open file) is
+//     idle: its union is freed, but its slot stays bound to its branch and
+//     follows its name, and the next lookup of data makes the union again
+//     there, with the same node ids;
 //  C4 the branch table is read under the daemon's ctl_mu, like every change
 //     to it: a layer being made, or a tree a merge or rollback is dropping,
 //     is not a branch yet or any more (a half-made one reads as damage).
@@ -36,7 +43,15 @@
 //     one shows brings what that one knows of it up to date before the
 //     reply (Union::refresh_path), and queues the invalidations of what the
 //     kernel holds stale of it, sent after the reply by the daemon's
-//     notifier thread (notifier.h): no request waits for them.
+//     notifier thread (notifier.h): no request waits for them;
+//  C6 a folder of layers/ is its name's (numbered in the order the kernel
+//     first meets the names), not a branch's: a snapshot, merge or rollback
+//     gives a name to another branch, as the views follow it, while the
+//     kernel may still hold the folder (an entry is valid for up to a
+//     jiffy even with timeout 0, and a path walk goes on with what it
+//     found). So a path resolved by a name means whatever branch has the
+//     name when the next component is looked up: never the frozen or
+//     doomed branch that had it.
 #pragma once
 
 #ifndef FUSE_USE_VERSION
@@ -252,8 +267,13 @@ class ControlFolder {
     TreeId layer;
     std::string name;                   // the branch's name (under ctl_mu): refresh follows it
     std::vector<ViewLayer> stack;
-    std::unique_ptr<Union> u;           // null once the layer is gone (C3)
+    std::unique_ptr<Union> u;           // null once the layer is gone, or while idle (C3)
     std::atomic<uint64_t> open_files{0};  // open handles (fh: this View): rmdir refuses while any
+    // The kernel's references to the view's nodes (its lookup counts, the
+    // root's included): counted before each reply that hands one out,
+    // dropped by forget. With open_files, what keeps the union (C3).
+    std::atomic<uint64_t> kernel_refs{0};
+    bool idle() const { return kernel_refs.load() == 0 && open_files.load() == 0; }
   };
   // An operation's view and the union inode number it names, mu_ held shared.
   struct InView {
@@ -263,11 +283,21 @@ class ControlFolder {
     uint64_t ino;
   };
   Result<InView> in_view(fuse_ino_t ino);
-  // The branch whose view a lookup of data in `folder`'s folder means
-  // (takes ctl_mu): the one named as the kernel found the folder.
-  Result<TreeId> data_tree(TreeId folder);
-  // The live view of a branch, made on first use (takes ctl_mu and mu_).
-  Result<size_t> view_of(TreeId tree);
+  // A name's folder id, given on first sight (C6; ctl_mu). 0: no more ids.
+  uint64_t folder_id(std::string_view name);
+  // The branch that has folder (or info.json) node `ino`'s name now, or
+  // ESTALE (ctl_mu).
+  Result<BranchMeta> folder_branch(fuse_ino_t ino);
+  // The live view data in `folder` means (that branch's), made on first
+  // use or again after it was idle (takes ctl_mu and mu_), with one kernel
+  // reference counted for the entry of data the caller hands out (or
+  // drops: unref).
+  Result<size_t> data_view(fuse_ino_t folder);
+  void unref(size_t slot, uint64_t n);  // mu_ held shared
+  // Frees the union of view `slot` if it is idle, unless mu_ is busy: then
+  // refresh() or the next use of the view does.
+  void retire_if_idle(size_t slot);
+  bool bound(size_t slot) const;  // slot_of_ maps its layer to it (mu_)
   Result<std::vector<ViewLayer>> stack_of(TreeId tree);  // its layer stack, as this mount may write it (ctl_mu)
   Result<std::vector<UnionBranch>> branches_of(const std::vector<ViewLayer>& s);  // under ctl_mu
   Result<BranchMeta> branch_named(std::string_view name);  // under ctl_mu (C4)
@@ -285,7 +315,9 @@ class ControlFolder {
 
   void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, h_.errno_of(e)); }
   // An entry the change `cs` made (none: a lookup), or its error.
-  void reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a, const std::vector<ViewChange>& cs = {});
+  // `counted`: the reference it hands out is counted already (data_view).
+  void reply_view_entry(fuse_req_t req, InView& w, const Result<Attr>& a, const std::vector<ViewChange>& cs = {},
+                        bool counted = false);
   struct stat view_stat(const View& v, size_t slot, const Attr& a) const;
   struct stat virtual_stat(fuse_ino_t ino, uint64_t size) const;
   Result<struct stat> virtual_attr(fuse_ino_t ino);
@@ -293,7 +325,9 @@ class ControlFolder {
   bool may_change(fuse_req_t req) const;
 
   // Changes to the branch table (mkdir, rmdir, rename in .plyfs/layers).
-  Result<BranchMeta> make_layer(std::string_view name);
+  // On the branch the mount writes to, or (`children`: a children/ node)
+  // on that folder's branch.
+  Result<BranchMeta> make_layer(std::string_view name, fuse_ino_t children);
   Result<void> delete_layer(std::string_view name);
   Result<void> rename_layer(std::string_view from, std::string_view to, unsigned flags);
 
@@ -303,8 +337,10 @@ class ControlFolder {
   std::shared_mutex mu_;                   // C2
   std::vector<std::unique_ptr<View>> views_;  // slot s is views_[s - 1]
   std::map<uint64_t, size_t> slot_of_;     // live views by tree id
-  // A branch's folder: the name the kernel last found it by (ctl_mu).
-  std::map<uint64_t, std::string> handed_name_;
+  // Folders by name and names by folder id (id - 1; "" for a folder whose
+  // name went to another by a rename), under ctl_mu (C6).
+  std::map<std::string, uint64_t, std::less<>> folder_ids_;
+  std::vector<std::string> folder_names_;
   std::atomic<size_t> live_views_{0};      // slot_of_.size(), read without mu_
 };
 

@@ -209,7 +209,7 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   CHECK(S_ISDIR(st.st_mode));
   CHECK(list_dir(fx / ".plyfs") == std::vector<std::string>{"layers"});
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"a", "b", "main"});
-  CHECK(list_dir(fx / ".plyfs/layers/b") == std::vector<std::string>{"data", "info.json"});
+  CHECK(list_dir(fx / ".plyfs/layers/b") == std::vector<std::string>{"children", "data", "info.json"});
   REQUIRE_ERRNO(::mkdir((fx / ".plyfs").c_str(), 0755), EEXIST);
   REQUIRE_ERRNO(::rmdir((fx / ".plyfs").c_str()), EBUSY);
   REQUIRE_ERRNO(::rename((fx / ".plyfs").c_str(), (fx / "x").c_str()), EBUSY);
@@ -431,6 +431,10 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   // branch root after the snapshot (with another generation).
   const int data_fd = ::open((L + "main/data").c_str(), O_RDONLY | O_DIRECTORY);
   REQUIRE(data_fd >= 0);
+  // And main's folder: a path resolved by the name main before the
+  // snapshot means main after it, the new live layer (C6).
+  const int folder_fd = ::open((L + "main").c_str(), O_RDONLY | O_DIRECTORY);
+  REQUIRE(folder_fd >= 0);
   // Listed before and after: the kernel must not keep the first listing.
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
   plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
@@ -457,6 +461,19 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   ::close(at);
   ::close(data_fd);
   CHECK(read_file(fx / "via-fd").empty());
+  // Even once the kernel met the frozen branch under its new name.
+  CHECK(info(L + "s1/info.json")["name"] == "\"s1\"");
+  CHECK(info(L + "s1/info.json")["read_only"] == "true");
+  const int via = ::openat(folder_fd, "data/via-folder-fd", O_CREAT | O_WRONLY, 0644);
+  REQUIRE_OK(via);
+  ::close(via);
+  CHECK(info(L + "main/info.json")["read_only"] == "false");
+  struct stat fst{};
+  REQUIRE(::fstatat(folder_fd, "info.json", &fst, 0) == 0);
+  CHECK(fst.st_ino == ino_of(L + "main/info.json"));
+  ::close(folder_fd);
+  CHECK(read_file(fx / "via-folder-fd").empty());
+  REQUIRE_ERRNO(::access((L + "s1/data/via-folder-fd").c_str(), F_OK), ENOENT);
   CHECK(list_dir(L + "s1/data") == std::vector<std::string>{"m"});
   fx.unmount();
 }
@@ -616,6 +633,7 @@ TEST_CASE("control folder: views, layer changes and online snapshots and merges 
   }
   CHECK(!pending);
   INFO(snaps << " snapshots merged");
+  INFO("plyfs log:\n" << fx.m->log());
   CHECK(bad == std::vector<std::string>{});
   CHECK(snaps > 0);
   CHECK(list_dir(fx / ".plyfs/layers") == std::vector<std::string>{"main"});
@@ -844,5 +862,160 @@ TEST_CASE("control folder: changes through the mount and a view at once, both wa
   CHECK_SOON(names_of(fx / "d"), names_of(V + "d"));
   CHECK_SOON(bytes_of(fx / "shared"), bytes_of(V + "shared"));
   CHECK(bytes_of(fx / "shared").size() == 8192);
+  fx.unmount();
+}
+
+// A view lives while the kernel holds something of it (format.md#control-
+// folder): once it forgot every node of it and no file of it is open, the
+// daemon frees it (info.json's view_open), and the next lookup of data makes
+// it again with the same inode numbers, following its branch's name across
+// a snapshot meanwhile. Only dropping the kernel's unused dentries and
+// inodes (drop_caches 2) makes it send the forgets now.
+TEST_CASE("control folder: a view the kernel no longer holds is freed, and made again", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  const std::string L = fx / ".plyfs/layers/";
+  auto open_view = [&] { return info(L + "main/info.json")["view_open"]; };
+  auto forget_all = [] {
+    std::ofstream("/proc/sys/vm/drop_caches") << "2\n";
+  };
+  // Frees it, at most 10 s: the forgets come asynchronously.
+  auto wait_freed = [&] {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    do {
+      forget_all();
+      if (open_view() == "false") return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } while (Clock::now() < deadline);
+  };
+  CHECK(open_view() == "false");
+  CHECK(list_dir(L + "main/data") == Names{"m"});
+  const ino_t m_ino = ino_of(L + "main/data/m");
+  CHECK(open_view() == "true");
+  {
+    // An open file keeps it, whatever the kernel drops.
+    const int fd = ::open((L + "main/data/m").c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    forget_all();
+    CHECK(open_view() == "true");
+    CHECK(pread_n(fd, 8, 0) == "main");
+    ::close(fd);
+  }
+  {
+    // So does a directory held open deeper down, which works on.
+    REQUIRE(::mkdir((L + "main/data/sub").c_str(), 0755) == 0);
+    const int dfd = ::open((L + "main/data/sub").c_str(), O_RDONLY | O_DIRECTORY);
+    REQUIRE(dfd >= 0);
+    forget_all();
+    CHECK(open_view() == "true");
+    const int at = ::openat(dfd, "in-sub", O_CREAT | O_WRONLY, 0644);
+    REQUIRE_OK(at);
+    ::close(at);
+    ::close(dfd);
+    CHECK(list_dir(fx / "sub") == Names{"in-sub"});
+  }
+  wait_freed();
+  CHECK(open_view() == "false");
+  // Made again: the same numbers, the same files.
+  CHECK(ino_of(L + "main/data/m") == m_ino);
+  CHECK(read_file(L + "main/data/m") == "main");
+  CHECK(open_view() == "true");
+  // Freed, it still follows main across a snapshot: the new live layer.
+  wait_freed();
+  CHECK(open_view() == "false");
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  write_file(L + "main/data/m", "MAIN");
+  CHECK(ino_of(L + "main/data/m") == m_ino);
+  CHECK(read_file(fx / "m") == "MAIN");
+  CHECK(read_file(L + "s1/data/m") == "main");
+  // A view that a change through the mount does not concern any more
+  // (freed) costs it nothing, and one made later sees the change.
+  wait_freed();
+  write_file(fx / "m", "mount");
+  CHECK(read_file(L + "main/data/m") == "mount");
+  fx.unmount();
+}
+
+// A layer's parent is chosen by where it is made (format.md#control-folder):
+// layers/P/children/ lists the layers made on P, each a link to its folder,
+// and mkdir there makes a new layer on P, any branch (a read-only snapshot
+// too), as plyctl layer create --on P does. mkdir in layers/ itself keeps
+// making it on the branch the mount writes to.
+TEST_CASE("control folder: children/ shows the layers made on a branch, and mkdir there makes one", "[control-folder]") {
+  Fixture fx;
+  write_file(fx / "m", "main");
+  fx.unmount();
+  plyctl(fx, {"layer", "create", fx.img, "a", "--on", "main"});
+  fx.mount();  // main
+  const std::string L = fx / ".plyfs/layers/";
+  CHECK(list_dir(L + "main") == Names{"children", "data", "info.json"});
+  CHECK(list_dir(L + "main/children") == Names{"a"});
+  CHECK(list_dir(L + "a/children").empty());
+  char target[64] = {};
+  REQUIRE(::readlink((L + "main/children/a").c_str(), target, sizeof target - 1) > 0);
+  CHECK(std::string(target) == "../../a");
+  CHECK(S_ISLNK(lstat_of(L + "main/children/a").st_mode));
+  CHECK(ino_of(L + "main/children/a") == ino_of(L + "a"));  // stat follows the link
+
+  // A layer on a, which the mount does not show.
+  REQUIRE(::mkdir((L + "a/children/b").c_str(), 0755) == 0);
+  auto ib = info(L + "b/info.json");
+  CHECK(ib["parent"] == "\"a\"");
+  CHECK(ib["layer"] == "true");
+  CHECK(ib["stack"] == "[\"b\", \"a\", \"main\"]");
+  CHECK(info(L + "a/info.json")["children"] == "[\"b\"]");
+  CHECK(list_dir(L + "a/children") == Names{"b"});
+  CHECK(list_dir(L + "main/children") == Names{"a"});
+  CHECK(read_file(L + "a/children/b/data/m") == "main");  // through the link
+  write_file(L + "a/children/b/data/in-b", "b");
+  CHECK(read_file(L + "b/data/in-b") == "b");
+  REQUIRE_ERRNO(::access((fx / "in-b").c_str(), F_OK), ENOENT);
+  // mkdir in layers/ still makes it on the mounted branch.
+  REQUIRE(::mkdir((L + "c").c_str(), 0755) == 0);
+  CHECK(info(L + "c/info.json")["parent"] == "\"main\"");
+  CHECK(list_dir(L + "main/children") == (Names{"a", "c"}));
+  // On a read-only snapshot: the new layer is writable over it.
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  REQUIRE(::mkdir((L + "s1/children/d").c_str(), 0755) == 0);
+  auto id = info(L + "d/info.json");
+  CHECK(id["parent"] == "\"s1\"");
+  CHECK(id["writable"] == "true");
+  write_file(L + "d/data/in-d", "d");
+  CHECK(read_file(L + "d/data/m") == "main");
+  // s1 is the tree a and c were made on (the snapshot renamed it); main is
+  // a layer on it now too, the snapshot's live layer.
+  CHECK(list_dir(L + "s1/children") == (Names{"a", "c", "d", "main"}));
+  CHECK(list_dir(L + "main/children").empty());
+  // Refusals: a name taken, a bad name, anything but mkdir there.
+  REQUIRE_ERRNO(::mkdir((L + "a/children/c").c_str(), 0755), EEXIST);
+  REQUIRE_ERRNO(::mkdir((L + "a/children/x:y").c_str(), 0755), EINVAL);
+  REQUIRE_ERRNO(::unlink((L + "a/children/b").c_str()), EPERM);
+  REQUIRE_ERRNO(::open((L + "a/children/f").c_str(), O_CREAT | O_WRONLY, 0644), EPERM);
+  REQUIRE_ERRNO(::symlink("../../c", (L + "a/children/c2").c_str()), EPERM);
+  REQUIRE_ERRNO(::rmdir((L + "a/children").c_str()), EBUSY);
+  // rmdir of a layer empties its parent's children/.
+  REQUIRE(::rmdir((L + "b").c_str()) == 0);
+  CHECK(list_dir(L + "a/children").empty());
+  REQUIRE_ERRNO(::access((L + "a/children/b").c_str(), F_OK), ENOENT);
+  fx.unmount();
+
+  std::string out;
+  plyctl(fx, {"layer", "list", fx.img}, &out);
+  INFO(out);
+  CHECK(out.find("d (id") != std::string::npos);
+  CHECK(out.find("a (id") != std::string::npos);
+  fx.opts = {"layer=d"};
+  fx.mount();
+  CHECK(read_file(fx / "in-d") == "d");
+  CHECK(read_file(fx / "m") == "main");
+  fx.unmount();
+}
+
+TEST_CASE("control folder: a read-only mount makes no layer through children/", "[control-folder]") {
+  Fixture fx;
+  fx.unmount();
+  fx.opts = {"ro"};
+  fx.mount();
+  REQUIRE_ERRNO(::mkdir((fx / ".plyfs/layers/main/children/n").c_str(), 0755), EROFS);
   fx.unmount();
 }
