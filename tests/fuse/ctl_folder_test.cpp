@@ -540,15 +540,7 @@ TEST_CASE("control folder: views, layer changes and online snapshots and merges 
     if (!ok && !tolerated(e)) fail(what, e);
   };
   std::vector<std::thread> ts;
-  struct Join {  // the threads stop, also when a REQUIRE fails
-    std::vector<std::thread>& ts;
-    std::atomic<bool>& stop;
-    ~Join() {
-      stop = true;
-      for (auto& t : ts)
-        if (t.joinable()) t.join();
-    }
-  } join{ts, stop};
+  JoinOnExit join{ts, stop};  // the threads stop, also when a REQUIRE fails
   ts.emplace_back([&] {  // writes and reads through main's folder
     for (int n = 0; !stop; n++) {
       const std::string p = L + "main/data/v" + std::to_string(n % 5);
@@ -806,15 +798,7 @@ TEST_CASE("control folder: changes through the mount and a view at once, both wa
     bad.push_back(what + ": " + errstr(e));
   };
   std::vector<std::thread> ts;
-  struct Join {
-    std::vector<std::thread>& ts;
-    std::atomic<bool>& stop;
-    ~Join() {
-      stop = true;
-      for (auto& t : ts)
-        if (t.joinable()) t.join();
-    }
-  } join{ts, stop};
+  JoinOnExit join{ts, stop};  // the threads stop, also when a REQUIRE fails
   // Names made and removed in d through each side (each side its own names).
   for (const auto& [dir, prefix] : {std::pair(fx / "d/", "m"), std::pair(V + "d/", "v")})
     ts.emplace_back([&, dir = dir, prefix = prefix] {

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -341,6 +342,18 @@ inline void plyctl(const Fixture& fx, std::vector<std::string> args, std::string
 }
 
 // --- file helpers ------------------------------------------------------------
+
+// Threads that are told to stop and joined when the scope ends, also when a
+// REQUIRE fails on the way.
+struct JoinOnExit {
+  std::vector<std::thread>& ts;
+  std::atomic<bool>& stop;
+  ~JoinOnExit() {
+    stop = true;
+    for (auto& t : ts)
+      if (t.joinable()) t.join();
+  }
+};
 
 inline std::string errstr(int e) { return std::string(strerrorname_np(e) ? strerrorname_np(e) : "?"); }
 

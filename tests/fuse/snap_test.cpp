@@ -445,15 +445,7 @@ TEST_CASE("snapshots: writers through the mount and a view while snapshots are t
   // What each writer's directory must hold at the end: name -> bytes.
   std::vector<std::map<std::string, std::string>> model(kWriters);
   std::vector<std::thread> ts;
-  struct Join {
-    std::vector<std::thread>& ts;
-    std::atomic<bool>& stop;
-    ~Join() {
-      stop = true;
-      for (auto& t : ts)
-        if (t.joinable()) t.join();
-    }
-  } join{ts, stop};
+  JoinOnExit join{ts, stop};  // the threads stop, also when a REQUIRE fails
   for (int k = 0; k < kWriters; k++)
     ts.emplace_back([&, k] {
       const std::string dir = roots[size_t(k % 2)] + "w" + std::to_string(k) + "/";
