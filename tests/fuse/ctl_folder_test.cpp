@@ -138,7 +138,7 @@ void wait_until(F&& holds) {
     CHECK((a) == (b));                      \
   } while (0)
 
-std::string error_text(int e) { return "<" + errstr(e) + ">"; }
+std::string error_text(int e) { return std::string("<") + errstr(e) + ">"; }
 
 // A file's bytes, or "<ERRNO>".
 std::string bytes_of(const std::string& p) {

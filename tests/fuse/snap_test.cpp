@@ -434,7 +434,7 @@ TEST_CASE("snapshots: writers through the mount and a view while snapshots are t
   Fixture fx;
   const std::vector<std::string> roots = {fx.root() + "/", fx / ".plyfs/layers/main/data/"};
   constexpr int kWriters = 4;  // two through each
-  for (int k = 0; k < kWriters; k++) REQUIRE(::mkdir((fx / ("w" + std::to_string(k))).c_str(), 0755) == 0);
+  for (int k = 0; k < kWriters; k++) REQUIRE(::mkdir((fx / (std::string("w") + std::to_string(k))).c_str(), 0755) == 0);
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::vector<std::string> bad;
@@ -460,7 +460,7 @@ TEST_CASE("snapshots: writers through the mount and a view while snapshots are t
           fail(dir + " log append", errno);
         else
           logged += rec;
-        const std::string f = "f" + std::to_string(n % 16);
+        const std::string f = std::string("f") + std::to_string(n % 16);
         const std::string body = std::string(size_t(n % 5) * 1000 + 1, char('a' + n % 26));
         const int fd = ::open((dir + f).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
         if (fd < 0) {
@@ -472,7 +472,7 @@ TEST_CASE("snapshots: writers through the mount and a view while snapshots are t
         m[f] = body;
         switch (n % 4) {
           case 0: {  // a rename over an older file
-            const std::string to = "f" + std::to_string((n + 7) % 16);
+            const std::string to = std::string("f") + std::to_string((n + 7) % 16);
             if (::rename((dir + f).c_str(), (dir + to).c_str()) != 0) fail(dir + " rename " + f, errno);
             m[to] = m[f];
             m.erase(f);
@@ -501,7 +501,7 @@ TEST_CASE("snapshots: writers through the mount and a view while snapshots are t
   int snaps = 0;
   while (snaps < 20 || Clock::now() < end) {
     if (snaps < 20) {
-      plyctl(fx, {"snapshot", fx.root(), "--name", "s" + std::to_string(snaps)});
+      plyctl(fx, {"snapshot", fx.root(), "--name", std::string("s") + std::to_string(snaps)});
       snaps++;
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -515,7 +515,7 @@ TEST_CASE("snapshots: writers through the mount and a view while snapshots are t
   }
   auto check = [&] {
     for (int k = 0; k < kWriters; k++) {
-      const std::string dir = fx / ("w" + std::to_string(k));
+      const std::string dir = fx / (std::string("w") + std::to_string(k));
       std::vector<std::string> want;
       for (const auto& [name, body] : model[size_t(k)]) {
         want.push_back(name);
