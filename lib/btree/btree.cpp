@@ -508,6 +508,199 @@ Result<void> BTree::rebalance(MutCtx& m, Ref parent, uint32_t slot) {
   return ok();
 }
 
+// ------------------------------------------------------------------ grafts
+
+// Plans a graft (format.md#btree-graft): walks the source over [lo, hi] only.
+// A leaf whose separator bounds put it wholly inside the range is shared and
+// not read; the leaves at the two ends are read and their items in the range
+// copied. The order is head items, shared leaves, tail items; a whole leaf
+// met after tail items began (cannot happen in a valid tree) is copied too.
+Result<BTree::GraftPlan> BTree::plan_graft(const BTree& src, Key lo, Key hi) {
+  GraftPlan p;
+  p.lo = lo;
+  p.hi = hi;
+  if (hi < lo) return p;
+  Ref root = PLY_TRY(src.read(src.root_.block, src.root_.gen, src.root_.level));
+  PLY_CHECK(src.plan_rec(root, std::nullopt, p));
+  return p;
+}
+
+// `upper`: the lowest key past this node's subtree (its right neighbour's
+// separator), if any.
+Result<void> BTree::plan_rec(const Ref& node, std::optional<Key> upper, GraftPlan& p) const {
+  NodeView v = view(node);
+  if (v.leaf()) {
+    for (uint32_t i = v.lower_bound(p.lo); i < v.n() && v.key(i) <= p.hi; i++) {
+      auto val = v.value(i);
+      (p.leaves.empty() ? p.head : p.tail).emplace_back(v.key(i), std::vector<std::byte>(val.begin(), val.end()));
+    }
+    return ok();
+  }
+  for (uint32_t i = v.child_index(p.lo); i < v.n() && v.key(i) <= p.hi; i++) {
+    // Child i holds keys in [key(i), next) (T1, T2).
+    const std::optional<Key> next = i + 1 < v.n() ? std::optional<Key>(v.key(i + 1)) : upper;
+    const bool whole = v.level() == 1 && v.key(i) >= p.lo && next && *next <= p.hi && p.tail.empty();
+    if (whole) {
+      p.leaves.push_back(GraftLeaf{v.key(i), v.child(i), v.child_gen(i)});
+      p.newest = std::max(p.newest, v.child_gen(i));
+      continue;
+    }
+    Ref c = PLY_TRY(read(v.child(i), v.child_gen(i), v.level() - 1));
+    PLY_CHECK(plan_rec(c, next, p));
+  }
+  return ok();
+}
+
+uint64_t BTree::GraftPlan::max_new_nodes(const BTree& dst) const {
+  // The leaves go in as children of level-1 nodes, each split node at
+  // least 3/8 full: new inner nodes per level are at most a quarter-node
+  // of children's worth each, up every level; the seam fixes and the copied
+  // items are ordinary puts.
+  const uint64_t per_node = (dst.cache_.block_size() - kHeader) / kInnerItem / 4;
+  const uint64_t levels = dst.root_.level + 3ull;
+  return (leaves.size() / per_node + 2) * levels * 2 + (head.size() + tail.size() + 6) * dst.max_new_nodes();
+}
+
+// Replaces an inner node's children with `items`, splitting it into as many
+// nodes as needed, each between 3/8 and 3/4 full (T4): a graft may add more
+// children than one split can take.
+Result<std::vector<BTree::Split>> BTree::spread(MutCtx& m, Ref node, std::vector<Item>& items) {
+  NodeView nv = view(node);
+  const size_t cap = nv.capacity() / kInnerItem;
+  if (items.size() <= cap) {
+    nv.rebuild(items.data(), items.size());
+    return std::vector<Split>{};
+  }
+  const size_t per = cap * 3 / 4;
+  const size_t k = (items.size() + per - 1) / per;
+  std::vector<Split> out;
+  size_t at = 0;
+  for (size_t c = 0; c < k; c++) {
+    const size_t end = items.size() * (c + 1) / k;
+    if (c == 0) {
+      nv.rebuild(items.data(), end);
+    } else {
+      Ref r = PLY_TRY(new_node(m, nv.level()));
+      view(r).rebuild(items.data() + at, end - at);
+      out.push_back(Split{items[at].key, r});
+    }
+    at = end;
+  }
+  return out;
+}
+
+// Descends to the level-1 node whose child P holds the keys just below lo,
+// splits P at lo (what P holds above hi goes to a new leaf Q) and links the
+// shared leaves, then Q, right after P. New nodes from splits go up.
+Result<std::vector<BTree::Split>> BTree::link_rec(MutCtx& m, Ref node, const GraftPlan& p) {
+  NodeView nv = view(node);
+  const uint32_t i = nv.child_index(p.lo);
+  std::vector<Item> kids;
+  if (nv.level() == 1) {
+    Ref leaf = PLY_TRY(cow_child(m, node, i));
+    NodeView lv = view(leaf);
+    const uint32_t s = lv.lower_bound(p.lo);
+    if (s == 0) return Error::corrupt(leaf->blockno.v, "graft seam has no key below it");
+    for (const GraftLeaf& g : p.leaves) kids.push_back(Item{g.key, {}, g.block.v, g.gen.v});
+    if (s < lv.n()) {
+      std::vector<Item> items = lv.items();
+      Ref q = PLY_TRY(new_node(m, 0));
+      view(q).rebuild(items.data() + s, items.size() - s);
+      lv.rebuild(items.data(), s);
+      kids.push_back(Item{items[s].key, {}, q->blockno.v, m.gen.v});
+    }
+  } else {
+    Ref child = PLY_TRY(cow_child(m, node, i));
+    for (Split& sp : PLY_TRY(link_rec(m, child, p)))
+      kids.push_back(Item{sp.key, {}, sp.right->blockno.v, m.gen.v});
+  }
+  if (kids.empty()) return std::vector<Split>{};
+  std::vector<Item> items = nv.items();
+  items.insert(items.begin() + i + 1, std::make_move_iterator(kids.begin()),
+               std::make_move_iterator(kids.end()));
+  return spread(m, node, items);
+}
+
+// Restores T4 along the path to the leaf holding k, as an erase does.
+Result<bool> BTree::fix_rec(MutCtx& m, Ref node, Key k) {
+  NodeView nv = view(node);
+  if (nv.leaf()) return nv.n() == 0 || nv.used() < nv.capacity() / 4;
+  const uint32_t i = nv.child_index(k);
+  Ref child = PLY_TRY(cow_child(m, node, i));
+  const bool under = PLY_TRY(fix_rec(m, child, k));
+  if (view(child).n() > 0) nv.set_key_at(i, view(child).key(0));
+  if (under) PLY_CHECK(rebalance(m, node, i));
+  return nv.used() < nv.capacity() / 4;
+}
+
+Result<uint64_t> BTree::graft(MutCtx& m, const GraftPlan& p) {
+  {
+    Cursor c = PLY_TRY(lower_bound(p.lo));
+    if (c.valid() && c.key() <= p.hi) return Error::io(EEXIST, "graft target range is not empty");
+  }
+  Cursor first = PLY_TRY(lower_bound(Key::min()));
+  const bool below = first.valid() && first.key() < p.lo;
+  std::vector<std::pair<Key, std::vector<std::byte>>> copies = p.head;
+  if (!below) {
+    // No seam to link at: copy the shared leaves' items as well.
+    for (const GraftLeaf& g : p.leaves) {
+      Ref l = PLY_TRY(read(g.block, g.gen, 0));
+      NodeView lv = view(l);
+      for (uint32_t i = 0; i < lv.n(); i++) {
+        auto val = lv.value(i);
+        copies.emplace_back(lv.key(i), std::vector<std::byte>(val.begin(), val.end()));
+      }
+    }
+  } else if (!p.leaves.empty()) {
+    // From now on this tree reaches nodes another one does: changes to them
+    // must look their counts up (format.md#btree-cow).
+    cfg_.last_shared = std::max(cfg_.last_shared, p.newest);
+    Ref root = PLY_TRY(cow_root(m));
+    if (view(root).leaf()) {
+      Ref nr = PLY_TRY(new_node(m, 1));
+      view(nr).inner_insert(0, view(root).key(0), root->blockno, m.gen);
+      root_ = RootPtr{nr->blockno, m.gen, 1};
+      root = nr;
+    }
+    std::vector<Split> splits = PLY_TRY(link_rec(m, root, p));
+    while (!splits.empty()) {
+      const int level = view(root).level();
+      Ref nr = PLY_TRY(new_node(m, level + 1));
+      std::vector<Item> items{Item{view(root).key(0), {}, root->blockno.v, m.gen.v}};
+      for (Split& sp : splits) items.push_back(Item{sp.key, {}, sp.right->blockno.v, m.gen.v});
+      splits = PLY_TRY(spread(m, nr, items));
+      root_ = RootPtr{nr->blockno, m.gen, static_cast<uint8_t>(level + 1)};
+      root = nr;
+    }
+    for (const GraftLeaf& g : p.leaves) PLY_CHECK(m.space.inc_ref(g.block));
+    // The seams: P (keys below lo) and Q (the first key above hi) may be
+    // under a quarter full now. Each merges with or borrows from a
+    // neighbour, which may be a shared leaf (then copied, as any change to
+    // a shared node is).
+    std::vector<Key> seams{p.lo.lo ? Key{p.lo.hi, p.lo.lo - 1} : Key{p.lo.hi - 1, ~0ull}};
+    {
+      Cursor c = PLY_TRY(lower_bound(p.hi));
+      if (c.valid() && c.key() == p.hi) PLY_CHECK(c.next());
+      if (c.valid()) seams.push_back(c.key());
+    }
+    for (Key k : seams) {
+      Ref r = PLY_TRY(cow_root(m));
+      (void)PLY_TRY(fix_rec(m, r, k));
+      PLY_CHECK(collapse_root(m, r));
+    }
+  }
+  copies.insert(copies.end(), p.tail.begin(), p.tail.end());
+  for (const auto& [k, v] : copies) {
+    PLY_CHECK(put(m, k, v));
+    if (cfg_.value_refs) {
+      std::vector<ExtentRef> ext;
+      cfg_.value_refs(k, v, ext);
+      for (const ExtentRef& e : ext) PLY_CHECK(m.space.inc_ref(e.start));
+    }
+  }
+  return below ? p.leaves.size() : 0;
+}
+
 // ------------------------------------------------------------ clone, drop
 
 Result<void> BTree::clone_root(NodeSpace& space, const RootPtr& root) {

@@ -41,6 +41,8 @@
 
 namespace plyfs {
 
+namespace btree_internal { struct Item; }
+
 struct Key {
   uint64_t hi = 0, lo = 0;
   auto operator<=>(const Key&) const = default;
@@ -173,6 +175,37 @@ class BTree {
   static Result<void> diff(const BTree& a, const BTree& b, const DiffFn& fn,
                            uint64_t* nodes_read = nullptr);
 
+  // Grafts (format.md#btree-graft): copies the items of another tree of the
+  // same volume with lo <= key <= hi into this one, sharing the leaves that
+  // lie wholly in that range instead of copying them, as a clone shares a
+  // root. Planned first, without changes, so that the caller can reserve
+  // space; then applied.
+  struct GraftLeaf {
+    Key key;  // its lowest key (its separator in the source, T2)
+    BlockNo block;
+    Generation gen;
+  };
+  struct GraftPlan {
+    Key lo, hi;
+    // Items copied one by one (of the boundary leaves), then the shared
+    // leaves, then items again: in key order.
+    std::vector<std::pair<Key, std::vector<std::byte>>> head, tail;
+    std::vector<GraftLeaf> leaves;
+    Generation newest;  // the newest shared leaf's generation
+    // Blocks applying it to `dst` may allocate at most.
+    uint64_t max_new_nodes(const BTree& dst) const;
+  };
+  static Result<GraftPlan> plan_graft(const BTree& src, Key lo, Key hi);
+  // Applies a plan made from the source tree as it still is. This tree must
+  // hold no key in [lo, hi] (EEXIST, nothing changed). A shared leaf gains
+  // one reference (its values' extents keep theirs: they count leaves, not
+  // trees); a copied item's extents gain one each. This tree's last_shared
+  // rises to plan.newest; the caller raises the source's to it too (both
+  // now reach those leaves, format.md#btree-cow). Returns the number of
+  // leaves shared: 0 if this tree holds no key below lo, as then there is
+  // no seam to link them at and every item is copied instead.
+  Result<uint64_t> graft(MutCtx& m, const GraftPlan& plan);
+
   // Adds the reference a new clone holds on the root.
   static Result<void> clone_root(NodeSpace& space, const RootPtr& root);
   // Releases a tree's reference on its root, freeing every node, and every
@@ -202,6 +235,10 @@ class BTree {
   Result<bool> erase_rec(MutCtx& m, BlockCache::Ref node, Key k);
   Result<void> collapse_root(MutCtx& m, BlockCache::Ref root);
   Result<void> rebalance(MutCtx& m, BlockCache::Ref parent, uint32_t slot);
+  Result<void> plan_rec(const BlockCache::Ref& node, std::optional<Key> upper, GraftPlan& p) const;
+  Result<std::vector<Split>> link_rec(MutCtx& m, BlockCache::Ref node, const GraftPlan& p);
+  Result<std::vector<Split>> spread(MutCtx& m, BlockCache::Ref node, std::vector<btree_internal::Item>& items);
+  Result<bool> fix_rec(MutCtx& m, BlockCache::Ref node, Key k);
   Result<BlockCache::Ref> new_node(MutCtx& m, int level);
   Result<void> free_node(MutCtx& m, const BlockCache::Ref& node);
 

@@ -689,6 +689,42 @@ Result<void> Volume::Txn::put(TreeId t, Key k, std::span<const std::byte> val) {
   return mutated(s->tree->put(m, k, val), s);
 }
 
+Result<uint64_t> Volume::Txn::graft(TreeId dst, TreeId src, Key lo, Key hi) {
+  Volume* v = s_.v;
+  PLY_CHECK(v->writable());
+  if (dst == src) return Error::invalid("graft of a tree into itself");
+  Slot* sd = PLY_TRY(v->slot(dst));
+  Slot* ss = PLY_TRY(v->slot(src));
+  // Both exclusive (the source's last_shared changes), in tree-id order.
+  std::unique_lock first(dst.v < src.v ? sd->mu : ss->mu);
+  std::unique_lock second(dst.v < src.v ? ss->mu : sd->mu);
+  PLY_CHECK(check_kind(v->opts_, sd->info));
+  PLY_CHECK(check_kind(v->opts_, ss->info));
+  if (sd->info.kind != ss->info.kind) return Error::invalid("graft between trees of different kinds");
+  {
+    auto c = sd->tree->lower_bound(lo);
+    if (!c) return c.error();
+    if (c->valid() && c->key() <= hi) return Error::io(EEXIST, "graft target range is not empty");
+  }
+  auto plan = BTree::plan_graft(*ss->tree, lo, hi);
+  if (!plan) return plan.error();
+  PLY_CHECK(top_up(plan->max_new_nodes(*sd->tree)));
+  MutCtx m{s_.gen, s_};
+  auto shared = sd->tree->graft(m, *plan);
+  if (!shared) return mutated(shared.error(), sd).error();
+  sd->info.last_shared = sd->tree->config().last_shared;
+  if (*shared) {
+    // The source now shares those leaves too: its changes to them must
+    // look their counts up, from this generation's commit on.
+    const Generation g = std::max(ss->tree->config().last_shared, plan->newest);
+    ss->tree->set_last_shared(g);
+    ss->info.last_shared = g;
+    PLY_CHECK(mutated(ok(), ss));
+  }
+  PLY_CHECK(mutated(ok(), sd));
+  return *shared;
+}
+
 Result<bool> Volume::Txn::insert(TreeId t, Key k, std::span<const std::byte> val) {
   PLY_CHECK(s_.v->writable());
   PLY_CHECK(check_value(*s_.v, val));

@@ -242,6 +242,13 @@ class Volume::Txn {
   Result<bool> erase(TreeId t, Key k);
   Result<void> scan(TreeId t, Key from, Key to,
                     const std::function<bool(Key, std::span<const std::byte>)>& fn);
+  // Copies src's items with lo <= key <= hi into dst, which holds none there
+  // (EEXIST), sharing src's leaves that lie wholly in the range
+  // (BTree::graft, format.md#btree-graft): the cost follows the leaves at
+  // the two ends and the number of shared leaves, not the items. Extents the
+  // copied and shared items reference gain their references. Returns the
+  // number of leaves shared.
+  Result<uint64_t> graft(TreeId dst, TreeId src, Key lo, Key hi);
   // The keys whose values differ between trees a and b, in order, skipping
   // the subtrees they share (BTree::diff). Both trees are locked for reading
   // meanwhile: fn must not change either of them.

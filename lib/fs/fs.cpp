@@ -904,8 +904,11 @@ Result<Attr> Filesystem::copy_in(Filesystem& src, uint64_t ino, uint64_t dir,
     return m.a;
   }
   // Every item of the object except a directory's entries: xattrs, inline
-  // data and extents, whose space extents gain a reference.
-  PLY_CHECK(c.take_items(PLY_TRY(c.object_items(src.tree_, ino))));
+  // data and extents, whose space extents gain a reference. A file's items
+  // are grafted: the leaves holding only them are shared, not copied, so a
+  // large file costs its leaves at the two ends (format.md#btree-graft).
+  if (is_dir) PLY_CHECK(c.take_items(PLY_TRY(c.object_items(src.tree_, ino))));
+  else (void)PLY_TRY(c.t.graft(tree_, src.tree_, Key{ino, 0}, Key{ino, ~0ull}));
   if (is_dir) {
     r.a.nlink = 2;
     r.a.size = 0;
@@ -1038,8 +1041,9 @@ Result<Attr> Filesystem::replace_from(Filesystem& src, uint64_t ino) {
     return Error::corrupt(Error::kNoBlock, "inode " + std::to_string(ino) + " has two types");
   // Everything but the inode and a directory's entries goes, then comes
   // over from src; extents move their references (copy_in's rule).
+  const bool is_dir = S_ISDIR(r.a.mode);
   const auto drop = PLY_TRY(c.object_items(tree_, ino));
-  const auto take = PLY_TRY(c.object_items(src.tree_, ino));
+  const auto take = is_dir ? PLY_TRY(c.object_items(src.tree_, ino)) : decltype(drop){};
   for (const auto& [k, v] : drop) {
     (void)PLY_TRY(c.t.erase(tree_, k));
     if (type_of(k) == ItemType::Extent) {
@@ -1047,7 +1051,14 @@ Result<Attr> Filesystem::replace_from(Filesystem& src, uint64_t ino) {
       if (e.disk_start) PLY_CHECK(c.t.dec_extent(BlockNo{e.disk_start}));
     }
   }
-  PLY_CHECK(c.take_items(take));
+  if (is_dir) {
+    PLY_CHECK(c.take_items(take));
+  } else {
+    // A file's inode goes too, so that the graft finds its range empty;
+    // put_inode below writes the merged one.
+    (void)PLY_TRY(c.t.erase(tree_, ikey(ino, ItemType::Inode)));
+    (void)PLY_TRY(c.t.graft(tree_, src.tree_, Key{ino, 0}, Key{ino, ~0ull}));
+  }
   r.a.nlink = mine.a.nlink;
   r.parent = mine.parent;
   if (S_ISDIR(r.a.mode)) {
