@@ -185,7 +185,10 @@ class Filesystem {
   Result<void> whiteout(uint64_t dir, std::string_view name);
   // Copies object `ino` of `src` (another tree of the same volume) into this
   // tree under dir/name, keeping its inode number, attributes and xattrs and
-  // sharing its data extents (no data is copied): O(1) in the file size. A
+  // sharing its data extents (no data is copied) and, for a file, grafting
+  // its items (format.md#btree-graft): the leaves holding only them are
+  // shared, so the cost is about one reference per leaf (1.75 MiB of
+  // data at 64-block extents), not one per extent. A
   // directory comes over empty. If this tree already holds `ino` (a hard
   // link copied up by another name) the name is linked to it. A whiteout at
   // the name is replaced. One generation.

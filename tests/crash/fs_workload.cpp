@@ -255,6 +255,14 @@ std::unique_ptr<MemDevice> build_image(const std::string& name) {
     };
     file(root, "a", text("lower a"));
     file(root, "big", pattern(3 * 4096, 1));
+    {
+      // "frag": 240 one-block extents (every other block), about four leaves
+      // of extent items, so that a copy-up or merge of it grafts whole
+      // leaves (format.md#btree-graft) and not just the items at the ends.
+      auto a = f.mknod(root, "frag", S_IFREG | 0644, 0, 0, 0);
+      SETUP(a);
+      for (uint64_t i = 0; i < 240; i++) SETUP(f.write(a->ino, 2 * i * 4096, pattern(4096, i)));
+    }
     auto d = f.mkdir(root, "dir", 0755, 0, 0);
     SETUP(d);
     file(d->ino, "x", text("lower x"));
@@ -684,6 +692,9 @@ std::vector<FsOp> fs_instances() {
       {K::Setxattr, "up", "", 0, 65536},       // 24 a 64 KiB xattr: out of line, its chunks and
                                                //    the LARGE_XATTR bit in one generation
       {K::RenameBranch, "main", "live"},       // 25 rename the mounted writable branch
+      {K::CopyUp, "frag"},                     // 26 copy-up grafting whole leaves
+      {K::Write, "frag", "", 200 * 4096 + 7, 9000},  // 27 copy-up, then a write that copies
+                                               //    a shared leaf
   };
 }
 
@@ -771,7 +782,7 @@ FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
   FsWorkload w;
   w.id = "fs-random/" + std::to_string(seed);
   w.image = "base";
-  const char* names[] = {"a", "big", "up", "gone", "dir/x", "dir/y", "dir/n", "odir/w", "empty/e", "n1", "n2", "dir"};
+  const char* names[] = {"a", "big", "frag", "up", "gone", "dir/x", "dir/y", "dir/n", "odir/w", "empty/e", "n1", "n2", "dir"};
   auto name = [&] { return std::string(names[rng() % std::size(names)]); };
   size_t since = 0, every = 1 + rng() % 8, branches = 0;
   for (size_t i = 0; i < nops; i++) {
