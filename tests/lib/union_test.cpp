@@ -675,6 +675,43 @@ TEST_CASE("union: copy-up is O(1), shares extents and keeps st_ino, owner, mode,
   REQUIRE(check_filesystems(*t.im.dev).empty());
 }
 
+// A file of many extents: copy-up grafts its items (format.md#btree-graft),
+// so what it writes follows the seams, not the 1,500 extent items (at
+// least 24 leaves' worth, which a copy item by item would write).
+TEST_CASE("union: copy-up of a file of 1500 extents shares their leaves", "[union]") {
+  uint64_t ino = 0;
+  TwoLayer t([&](Filesystem& fs) {
+    ino = must(fs.mknod(fs.root(), "frag", S_IFREG | 0644, 0, 0, 0)).ino;
+    for (uint64_t i = 0; i < 1500; i++)
+      must(fs.write(ino, 2 * i * 4096, std::vector<std::byte>(4096, std::byte(i))));
+  });
+  must(t.im.vol->commit());
+  Union& u = *t.u;
+  (void)must(u.lookup(u.root(), "frag"));
+  const auto before = t.im.vol->space_stats();
+  must(u.open(ino, true, kRoot));
+  const auto after = t.im.vol->space_stats();
+  INFO("copy-up took " << before.free_blocks - after.free_blocks << " blocks");
+  REQUIRE(before.free_blocks - after.free_blocks < 16);
+  // Writes on either side copy the shared leaf they change, nothing else.
+  must(u.write(ino, 700 * 2 * 4096, bytes("upper"), kRoot));
+  std::vector<std::byte> buf(5);
+  must(t.im.fs[1]->read(ino, 700 * 2 * 4096, buf));
+  CHECK(buf == std::vector<std::byte>(5, std::byte(700 % 256)));
+  must(u.read(ino, 700 * 2 * 4096, buf));
+  CHECK(buf == bytes("upper"));
+  for (uint64_t i : {0ull, 1ull, 699ull, 701ull, 1499ull}) {
+    must(u.read(ino, 2 * i * 4096 + 100, buf));
+    CHECK(buf == std::vector<std::byte>(5, std::byte(i)));
+  }
+  t.u.reset();
+  t.im.close();
+  REQUIRE(check_filesystems(*t.im.dev).empty());
+  auto rep = must(verify_image(*t.im.dev, VerifyOptions{fs_kinds()}));
+  INFO(rep.summary());
+  REQUIRE(rep.clean());
+}
+
 std::vector<std::byte> xpattern(size_t n, int seed) {
   std::vector<std::byte> v(n);
   for (size_t i = 0; i < n; i++) v[i] = std::byte((i * 31 + size_t(seed) * 7 + i / 251) & 0xff);
