@@ -94,6 +94,11 @@ Result<void> write_generation(BlockDevice& dev, BlockCache& cache, const SuperIn
 
 // ------------------------------------------------------------------- gate
 
+namespace {
+// The volume whose Group this thread holds, if any.
+thread_local const Volume* tl_group = nullptr;
+}  // namespace
+
 void Volume::Gate::enter() {
   for (;;) {
     uint64_t s = state_.load(std::memory_order_acquire);
@@ -402,6 +407,7 @@ Result<void> Volume::write_generation(const std::vector<BlockCache::Ref>& dirty,
 }
 
 Result<Generation> Volume::commit() {
+  if (tl_group == this) return Error::io(EDEADLK, "commit inside a group of operations");
   std::lock_guard cl(commit_mu_);
   PLY_CHECK(writable());
   if (!changed_.load()) return durable_generation();
@@ -472,25 +478,44 @@ static uint64_t change_budget(uint64_t reserve_blocks) {
   return std::max<uint64_t>(64, (reserve_blocks / 2 > 16 ? reserve_blocks / 2 - 16 : 0) * 16);
 }
 
+Volume::Group::Group(Volume& v) {
+  if (tl_group) return;  // nested, or another volume's: Txns behave as usual
+  v.gate_.enter();
+  tl_group = &v;
+  v_ = &v;
+}
+
+Volume::Group::~Group() {
+  if (!v_) return;
+  tl_group = nullptr;
+  v_->gate_.leave();
+  if (v_->opts_.commit_each_txn) (void)v_->commit();  // an error fails the volume (C5)
+}
+
 Result<Volume::Txn> Volume::begin(TxnOptions o) {
-  if (!opts_.read_only && space_->pending_changes() > change_budget(info_.reserve_blocks) &&
+  // Inside this thread's group the gate is already held: entering again
+  // could wait for a commit that waits for the group.
+  const bool grouped = tl_group == this;
+  if (!grouped && !opts_.read_only && space_->pending_changes() > change_budget(info_.reserve_blocks) &&
       !failure())
     (void)PLY_TRY(commit());
-  gate_.enter();
-  Txn t(this, open_generation(), o.for_delete);
+  if (!grouped) gate_.enter();
+  Txn t(this, open_generation(), o.for_delete, grouped);
   if (o.reserve_blocks) PLY_CHECK(t.reserve(o.reserve_blocks));
   return t;
 }
 
-Volume::Txn::Txn(Volume* v, Generation gen, bool for_delete) {
+Volume::Txn::Txn(Volume* v, Generation gen, bool for_delete, bool grouped) {
   s_.v = v;
   s_.gen = gen;
   s_.for_delete = for_delete;
+  s_.grouped = grouped;
 }
 Volume::Txn::Txn(Txn&& o) noexcept {
   s_.v = std::exchange(o.s_.v, nullptr);
   s_.gen = o.s_.gen;
   s_.for_delete = o.s_.for_delete;
+  s_.grouped = o.s_.grouped;
   s_.reserved = std::exchange(o.s_.reserved, 0);
 }
 
@@ -498,6 +523,7 @@ Volume::Txn::~Txn() {
   if (!s_.v) return;
   Volume* v = s_.v;
   if (s_.reserved) v->space_->unreserve(s_.reserved);
+  if (s_.grouped) return;  // the group leaves the gate and commits
   v->gate_.leave();
   if (v->opts_.commit_each_txn) {
     // An error fails the volume (C5); the next operation reports it.

@@ -124,6 +124,25 @@ class Volume {
   Result<Txn> begin(TxnOptions o);
   Result<Txn> begin();
 
+  // Makes the Txns this thread begins while it lives land in one
+  // generation: no commit can come between them (a commit waits for the
+  // group as for one Txn). For a higher-layer operation of several steps
+  // that must commit as one: a union's copy-up with its hard links, a
+  // rename across branches (format.md#fs-union, "Atomicity"). Keep it
+  // bounded: inside a group no commit relieves the reserve (A5). Groups
+  // nest (the inner ones do nothing). A commit asked for inside a group
+  // is refused (EDEADLK) rather than waiting for itself.
+  class Group {
+   public:
+    explicit Group(Volume& v);
+    ~Group();
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+
+   private:
+    Volume* v_ = nullptr;  // null: nested, or another volume's group is open
+  };
+
   // Makes every operation that ended before the call durable; returns the
   // generation that holds them. Concurrent callers are serialized.
   Result<Generation> commit();
@@ -278,13 +297,14 @@ class Volume::Txn {
     Volume* v = nullptr;  // null: moved from
     Generation gen;
     bool for_delete = false;
+    bool grouped = false;  // inside this thread's Group: it holds the gate
     uint64_t reserved = 0;
     Result<BlockNo> alloc_node() override;
     Result<uint32_t> refcount(BlockNo b) override;
     Result<void> inc_ref(BlockNo b) override;
     Result<Freed> dec_ref(BlockNo b) override;
   };
-  Txn(Volume* v, Generation gen, bool for_delete);
+  Txn(Volume* v, Generation gen, bool for_delete, bool grouped);
   Result<void> top_up(uint64_t nblocks);
   Result<void> mutated(const Result<void>& r, Slot* s);
   State s_;

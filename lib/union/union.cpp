@@ -490,6 +490,12 @@ Result<int> Union::copy_up(uint64_t ino, const Caller& c) {
     PLY_CHECK(apply_copyup_mode(t, ino, c));
     return t;
   }
+  // The copy, its parent directories and its other names land in one
+  // generation: a crash never leaves a hard-linked file half copied up
+  // (format.md#fs-union, "Hard links across copy-up"). None of these steps
+  // takes an inode lock, which a writer waiting for the group's commit
+  // could hold; mu_ keeps every other union change out meanwhile.
+  Volume::Group one_generation(br_[t].fs->volume());
   // The name the object was found by must still name it: a file whose
   // name went away has no place to be copied to.
   Node p = PLY_TRY(node(n.parent));

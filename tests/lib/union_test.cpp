@@ -8,8 +8,10 @@
 #include <linux/fs.h>
 #include <sys/xattr.h>
 
+#include <atomic>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "commit/superblock.h"
 #include "fs/check.h"
@@ -707,7 +709,9 @@ TEST_CASE("union: copy-up of a file of 1500 extents shares their leaves", "[unio
   t.u.reset();
   t.im.close();
   REQUIRE(check_filesystems(*t.im.dev).empty());
-  auto rep = must(verify_image(*t.im.dev, VerifyOptions{fs_kinds()}));
+  VerifyOptions vo;
+  vo.kinds = fs_kinds();
+  auto rep = must(verify_image(*t.im.dev, vo));
   INFO(rep.summary());
   REQUIRE(rep.clean());
 }
@@ -904,6 +908,100 @@ TEST_CASE("union: hard links survive copy-up: every visible name moves to the co
   CHECK(must(t.im.fs[1]->getattr(f.ino)).nlink == 4);
   must(t.im.vol->commit());
   check_image(t.im);
+}
+
+// Every filesystem operation its own generation (commit_each_txn), as a
+// crash between any two would see them: the copy-up of a file with four
+// names, their directory among them, still commits once.
+TEST_CASE("union: the copy-up of a hard-linked file is one generation", "[union]") {
+  Image im = make_image(2);
+  {
+    Filesystem& fs = *im.fs[1];
+    Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
+    must(fs.write(f.ino, 0, bytes("old")));
+    Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
+    must(fs.link(f.ino, fs.root(), "f2"));
+    must(fs.link(f.ino, d.ino, "g"));
+    must(fs.link(f.ino, d.ino, "h"));
+  }
+  im.close();
+  im.commit_each_txn = true;
+  im.open();
+  auto u = make_union(im, Config{{true, false}});
+  const Attr f = must(u->lookup(u->root(), "f"));
+  const Generation g0 = im.vol->durable_generation();
+  must(u->open(f.ino, true, kRoot));
+  // Five copies (the file, f2, d, g, h) and the file's ctime: one commit.
+  CHECK(im.vol->durable_generation().v == g0.v + 1);
+  CHECK(must(u->getattr(f.ino)).nlink == 4);
+  CHECK(must(im.fs[0]->getattr(f.ino)).nlink == 4);
+  // Groups nest, and a commit inside one is refused, not waited for.
+  {
+    Volume::Group outer(*im.vol);
+    Volume::Group inner(*im.vol);
+    auto c = im.vol->commit();
+    REQUIRE(!c);
+    CHECK(c.error().code == EDEADLK);
+  }
+  u.reset();
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
+}
+
+// A copy-up group holds the commit gate while other threads' writes wait
+// for a commit with a file's inode lock held: the group must never need
+// one of those locks. Copy-ups of hard-linked files race writers and
+// back-to-back commits; a deadlock hangs the test (ctest's timeout).
+TEST_CASE("union: copy-ups of hard-linked files race writers and commits", "[union]") {
+  constexpr int kFiles = 400;
+  Image im = make_image(2);
+  std::vector<uint64_t> lower;
+  {
+    Filesystem& fs = *im.fs[1];
+    Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
+    for (int i = 0; i < kFiles; i++) {
+      Attr f = must(fs.mknod(fs.root(), "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0));
+      must(fs.write(f.ino, 0, bytes("lower")));
+      must(fs.link(f.ino, d.ino, "g" + std::to_string(i)));
+      lower.push_back(f.ino);
+    }
+  }
+  im.close();
+  im.open();
+  auto u = make_union(im, Config{{true, false}});
+  std::vector<uint64_t> upper;
+  for (int i = 0; i < 8; i++)
+    upper.push_back(must(u->mknod(u->root(), "u" + std::to_string(i), S_IFREG | 0644, 0, kRoot)).ino);
+  for (int i = 0; i < kFiles; i++) (void)must(u->lookup(u->root(), "f" + std::to_string(i)));
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> writes{0}, commits{0};
+  {
+    std::vector<std::jthread> th;
+    for (int w = 0; w < 2; w++)
+      th.emplace_back([&, w] {
+        for (uint64_t k = 0; !stop; k++) {
+          must(u->write(upper[(k + w) % upper.size()], k % 64 * 4096, std::vector<std::byte>(4096, std::byte(k)), kRoot));
+          writes++;
+        }
+      });
+    th.emplace_back([&] {
+      while (!stop) {
+        must(im.vol->commit());
+        commits++;
+      }
+    });
+    for (int i = 0; i < kFiles; i++) {
+      must(u->write(lower[i], 0, bytes("upper"), kRoot));  // copy-up of both names
+      CHECK(must(im.fs[0]->getattr(lower[i])).nlink == 2);
+    }
+    stop = true;
+  }
+  INFO(writes << " writes, " << commits << " commits");
+  CHECK(writes > 0);
+  CHECK(commits > 0);
+  u.reset();
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
 }
 
 TEST_CASE("union: a rename of a hard-linked lower file keeps its other names on the moved copy", "[union]") {
