@@ -189,6 +189,12 @@ struct Daemon {
   std::mutex snap_mu;
   std::condition_variable snap_cv;
   bool snap_stop = false;
+  // The cleaner: drops the branches a merge or rollback doomed, after the
+  // command that doomed them returned (format.md#snapshots, "Online").
+  std::thread cleaner;
+  std::mutex clean_mu;
+  std::condition_variable clean_cv;
+  bool clean_pending = false, clean_stop = false;
   bool read_only = false;
   bool daemonized = false;
   bool acl = false;
@@ -730,17 +736,46 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
   }
   g->stack = next;
   g->ctl->refresh();  // before the replaced branches close
-  // Once the restack returned, nothing uses the replaced branches: they go
-  // now, and what only they held is free again.
+  // Once the restack returned, nothing uses the replaced branches: they
+  // close now, and the cleaner drops them once the command has returned,
+  // so that what the freeing costs (it follows the data the merge
+  // replaced) is not the command's. Their DOOMED flags are durable with
+  // the swap: after a crash the next mount drops them.
   for (TreeId t : replaced) g->branches.erase(t.v);
-  if (!replaced.empty())
-    if (auto d = drop_doomed(*g->vol); !d) log_error("dropping replaced branches: %s", d.error().message().c_str());
   // Durable when the command returns, as btrfs's snapshots are.
   PLY_CHECK(g->vol->commit());
+  if (!replaced.empty()) {
+    std::lock_guard cl(g->clean_mu);
+    g->clean_pending = true;
+    g->clean_cv.notify_all();
+  }
   // A snapshot or a merge shows the same view, with the same inode numbers
   // and attributes: what the kernel cached stays true. A rollback does not.
   if (cmd == "rollback") invalidate_all();
   return format_stack(*g->vol, g->stack);
+}
+
+// Drops doomed branches whenever a merge or rollback made some, as btrfs's
+// cleaner frees deleted subvolumes: under ctl_mu, like the branch changes,
+// so that no view of the control folder opens a branch meanwhile. At
+// unmount it finishes what is pending before it stops.
+void cleaner_loop() {
+  std::unique_lock lk(g->clean_mu);
+  for (;;) {
+    g->clean_cv.wait(lk, [] { return g->clean_pending || g->clean_stop; });
+    if (!g->clean_pending) return;
+    g->clean_pending = false;
+    lk.unlock();
+    {
+      std::lock_guard cl(g->ctl_mu);
+      auto views_held = g->ctl->hold();
+      auto d = drop_doomed(*g->vol);
+      if (!d) log_error("dropping replaced branches: %s", d.error().message().c_str());
+      else if (*d)
+        if (auto c = g->vol->commit(); !c) log_error("commit after dropping branches: %s", c.error().message().c_str());
+    }
+    lk.lock();
+  }
 }
 
 // Automatic snapshots: every interval, a snapshot of the stack; beyond
@@ -1216,6 +1251,7 @@ int main(int argc, char** argv) {
   d.snap_interval = cfg.snapshot_interval;
   d.snap_keep = cfg.snapshot_keep;
   if (d.snap_interval && !cfg.ro) d.snapper = std::thread(snapper_loop);
+  if (!cfg.ro) d.cleaner = std::thread(cleaner_loop);
   fuse_loop_config* lc = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(lc, 16);
   fuse_loop_cfg_set_idle_threads(lc, 8);
@@ -1232,6 +1268,14 @@ int main(int argc, char** argv) {
     }
     d.snap_cv.notify_all();
     d.snapper.join();
+  }
+  if (d.cleaner.joinable()) {  // after the snapshot thread, whose merges feed it
+    {
+      std::lock_guard cl(d.clean_mu);
+      d.clean_stop = true;
+    }
+    d.clean_cv.notify_all();
+    d.cleaner.join();
   }
   d.notifier.stop();  // as the snapshot thread: after the unmount
   fuse_remove_signal_handlers(se);
