@@ -27,27 +27,13 @@
 #include "snap/snap.h"
 #include "union/union.h"
 
+#define BENCH_NAME "merge_bench"
+#include "lib_bench.h"
+
 using namespace plyfs;
-using Clock = std::chrono::steady_clock;
+using namespace bench;
 
 namespace {
-double ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-template <class T>
-T must(Result<T> r, const char* what) {
-  if (!r) {
-    std::fprintf(stderr, "merge_bench: %s: %s\n", what, r.error().message().c_str());
-    std::exit(1);
-  }
-  return std::move(*r);
-}
-void must(Result<void> r, const char* what) {
-  if (!r) {
-    std::fprintf(stderr, "merge_bench: %s: %s\n", what, r.error().message().c_str());
-    std::exit(1);
-  }
-}
 std::vector<double> list(const char* s) {
   std::vector<double> v;
   for (char* e; *s; s = *e ? e + 1 : e) v.push_back(std::strtod(s, &e));
@@ -77,11 +63,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   for (double c : changed) {
     MemDevice dev(2 * big + (2ull << 30));
-    must(format_filesystem(dev, FormatOptions{}, FsCreateOptions{}), "mkfs");
-    VolumeOptions vo;
-    vo.kinds = fs_kinds();
-    vo.cache_bytes = 1ull << 30;
-    auto vol = must(Volume::open(dev, vo), "open");
+      auto vol = memory_volume(dev);
     const TreeId base = must(Filesystem::default_tree(*vol), "tree");
     auto bfs = must(Filesystem::open(*vol, base), "fs");
     const uint64_t dirs = std::max<uint64_t>(1, files / 1000);

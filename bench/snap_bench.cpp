@@ -25,32 +25,12 @@
 #include "snap/snap.h"
 #include "union/union.h"
 
-using namespace plyfs;
-using Clock = std::chrono::steady_clock;
+#define BENCH_NAME "snap_bench"
+#include "lib_bench.h"
 
-namespace {
-double ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-template <class T>
-T must(Result<T> r, const char* what) {
-  if (!r) {
-    std::fprintf(stderr, "snap_bench: %s: %s\n", what, r.error().message().c_str());
-    std::exit(1);
-  }
-  return std::move(*r);
-}
-void must(Result<void> r, const char* what) {
-  if (!r) {
-    std::fprintf(stderr, "snap_bench: %s: %s\n", what, r.error().message().c_str());
-    std::exit(1);
-  }
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-}  // namespace
+using namespace plyfs;
+using namespace bench;
+
 
 int main(int argc, char** argv) {
   uint64_t files = 100000;
@@ -65,11 +45,7 @@ int main(int argc, char** argv) {
   }
   if (snaps < 1) snaps = 1;
   MemDevice dev(4ull << 30);
-  must(format_filesystem(dev, FormatOptions{}, FsCreateOptions{}), "mkfs");
-  VolumeOptions vo;
-  vo.kinds = fs_kinds();
-  vo.cache_bytes = 1ull << 30;
-  auto vol = must(Volume::open(dev, vo), "open");
+  auto vol = memory_volume(dev);
   const TreeId base = must(Filesystem::default_tree(*vol), "tree");
   std::vector<std::unique_ptr<Filesystem>> fs;
   fs.push_back(must(Filesystem::open(*vol, base), "fs"));

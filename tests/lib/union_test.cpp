@@ -864,14 +864,19 @@ TEST_CASE("union: Unionfs's cases one by one", "[union]") {
   }
 }
 
+// A file "f" holding "old" with four names: f, f2, d/g and d/hidden.
+void four_names(Filesystem& fs) {
+  Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
+  must(fs.write(f.ino, 0, bytes("old")));
+  Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
+  must(fs.link(f.ino, fs.root(), "f2"));
+  must(fs.link(f.ino, d.ino, "g"));
+  must(fs.link(f.ino, d.ino, "hidden"));
+}
+
 TEST_CASE("union: hard links survive copy-up: every visible name moves to the copy", "[union]") {
   TwoLayer t([&](Filesystem& fs) {
-    Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
-    must(fs.write(f.ino, 0, bytes("old")));
-    Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
-    must(fs.link(f.ino, fs.root(), "f2"));
-    must(fs.link(f.ino, d.ino, "g"));
-    must(fs.link(f.ino, d.ino, "hidden"));
+    four_names(fs);
   });
   Union& u = *t.u;
   const uint64_t d = must(u.lookup(u.root(), "d")).ino;
@@ -915,15 +920,7 @@ TEST_CASE("union: hard links survive copy-up: every visible name moves to the co
 // names, their directory among them, still commits once.
 TEST_CASE("union: the copy-up of a hard-linked file is one generation", "[union]") {
   Image im = make_image(2);
-  {
-    Filesystem& fs = *im.fs[1];
-    Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0644, 0, 0, 0));
-    must(fs.write(f.ino, 0, bytes("old")));
-    Attr d = must(fs.mkdir(fs.root(), "d", 0755, 0, 0));
-    must(fs.link(f.ino, fs.root(), "f2"));
-    must(fs.link(f.ino, d.ino, "g"));
-    must(fs.link(f.ino, d.ino, "h"));
-  }
+  four_names(*im.fs[1]);
   im.close();
   im.commit_each_txn = true;
   im.open();
@@ -931,7 +928,7 @@ TEST_CASE("union: the copy-up of a hard-linked file is one generation", "[union]
   const Attr f = must(u->lookup(u->root(), "f"));
   const Generation g0 = im.vol->durable_generation();
   must(u->open(f.ino, true, kRoot));
-  // Five copies (the file, f2, d, g, h) and the file's ctime: one commit.
+  // Five copies (the file, f2, d, g, hidden) and the file's ctime: one commit.
   CHECK(im.vol->durable_generation().v == g0.v + 1);
   CHECK(must(u->getattr(f.ino)).nlink == 4);
   CHECK(must(im.fs[0]->getattr(f.ino)).nlink == 4);
