@@ -70,6 +70,7 @@ struct Config {
   const char* crashlog = nullptr;  // testing: log every device write and flush
   unsigned snapshot_interval = 0, snapshot_keep = 0;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
+  int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
 };
 
 enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO };
@@ -87,6 +88,8 @@ const struct fuse_opt kOpts[] = {
     {"crashlog=%s", offsetof(Config, crashlog), 0},
     {"snapshot_interval=%u", offsetof(Config, snapshot_interval), 0},
     {"snapshot_keep=%u", offsetof(Config, snapshot_keep), 0},
+    {"nowriteback", offsetof(Config, nowriteback), 1},
+    {"writeback", offsetof(Config, nowriteback), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -144,6 +147,9 @@ void usage() {
       "                     the oldest into the next\n"
       "  -o delete=MODE     whiteout (default: hide lower names) or all (also delete\n"
       "                     them from the writable branches that hold them)\n"
+      "  -o nowriteback     no writeback cache: every write reaches the daemon at\n"
+      "                     once, and a file open here sees a shorter size made\n"
+      "                     through .plyfs (slower small writes; default: writeback)\n"
       "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
       "  and the other options of mount.fuse3(8).\n"
@@ -200,6 +206,7 @@ struct Daemon {
   bool acl = false;
   bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
   bool no_opendir = false; // the kernel can do without opendir
+  bool writeback = true;    // ask for the kernel's writeback cache
   double timeout = 60.0;  // every change goes through this daemon
 };
 Daemon* g = nullptr;
@@ -281,7 +288,10 @@ Result<void> kill_setid(fuse_req_t req, fuse_ino_t ino, bool kill) {
 // --- operations ---------------------------------------------------------------------
 
 void op_init(void*, fuse_conn_info* conn) {
-  if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) {
+  // The writeback cache makes the kernel the owner of an open file's size
+  // and times (format.md#control-folder, "Caching"); -o nowriteback leaves
+  // them to the daemon.
+  if (g->writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
     conn->want |= FUSE_CAP_WRITEBACK_CACHE;
     g->u->set_kernel_times(true);  // the kernel owns mtime/ctime of written files
     g->ctl->set_kernel_times(true);
@@ -1248,6 +1258,7 @@ int main(int argc, char** argv) {
     report(status_fd, 0);
   }
 
+  d.writeback = !cfg.nowriteback;
   d.snap_interval = cfg.snapshot_interval;
   d.snap_keep = cfg.snapshot_keep;
   if (d.snap_interval && !cfg.ro) d.snapper = std::thread(snapper_loop);

@@ -689,6 +689,50 @@ TEST_CASE("control folder: a change through data/ reaches the mount's caches", "
   fx.unmount();
 }
 
+// With the writeback cache the kernel owns the size of a file it holds open
+// and never takes a smaller one from the daemon, so a file open through one
+// side and made shorter through the other keeps its longer size there until
+// closed (format.md#control-folder, "Caching"). -o nowriteback leaves sizes
+// and times to the daemon: the shorter size reaches open files both ways.
+TEST_CASE("control folder: with -o nowriteback a shorter size reaches open files", "[control-folder]") {
+  Fixture fx("256M", {"nowriteback"});
+  const std::string D = fx / ".plyfs/layers/main/data/";
+  write_file(fx / "g", "gggggg");
+  const int mg = ::open((fx / "g").c_str(), O_RDWR);
+  REQUIRE(mg >= 0);
+  const int vg = ::open((D + "g").c_str(), O_RDONLY);
+  REQUIRE(vg >= 0);
+  CHECK(pread_n(mg, 8, 0) == "gggggg");
+  CHECK(pread_n(vg, 8, 0) == "gggggg");
+  CHECK(fsize_of(mg) == 6);
+  // Shorter through the view: the mount's open file.
+  REQUIRE(::truncate((D + "g").c_str(), 2) == 0);
+  CHECK_SOON(fsize_of(mg), 2);
+  CHECK_SOON(bytes_at(mg, 8), "gg");
+  // Written through the mount's descriptor: at once in the view.
+  REQUIRE(::pwrite(mg, "hhhh", 4, 0) == 4);
+  CHECK_SOON(bytes_at(vg, 8), "hhhh");
+  // Shorter through the mount: the view's open file.
+  REQUIRE(::ftruncate(mg, 1) == 0);
+  CHECK_SOON(fsize_of(vg), 1);
+  CHECK_SOON(bytes_at(vg, 8), "h");
+  // The daemon keeps the times: a write moves mtime.
+  struct stat before{};
+  REQUIRE(::fstat(mg, &before) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(::pwrite(mg, "x", 1, 0) == 1);
+  struct stat after{};
+  REQUIRE(::stat((fx / "g").c_str(), &after) == 0);
+  CHECK((after.st_mtim.tv_sec > before.st_mtim.tv_sec ||
+         (after.st_mtim.tv_sec == before.st_mtim.tv_sec && after.st_mtim.tv_nsec > before.st_mtim.tv_nsec)));
+  ::close(vg);
+  ::close(mg);
+  CHECK(read_file(fx / "g") == "x");
+  fx.remount();
+  CHECK(read_file(fx / "g") == "x");
+  fx.unmount();
+}
+
 // The other way: a change through the mount reaches what the kernel cached
 // of the views that show the branch it wrote. Under .plyfs nothing has a
 // timeout, but the kernel still keeps a listing while the directory's mtime

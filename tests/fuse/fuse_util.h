@@ -200,6 +200,12 @@ class Mount {
       argv.push_back("-o");
       argv.push_back(o);
     }
+    // PLYFS_TEST_OPTS=opt[,opt...]: every mount of the suite gets these
+    // (e.g. nowriteback, to run the suite without the writeback cache).
+    if (const char* x = std::getenv("PLYFS_TEST_OPTS"); x && *x) {
+      argv.push_back("-o");
+      argv.push_back(x);
+    }
     pid_ = spawn(argv, log_);
     auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
     for (;;) {
