@@ -506,6 +506,7 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
         // A failed commit: the volume must be read-only now (C5).
         if (fr.fault_error.empty()) fr.fault_error = "commit: " + g.error().message();
         fr.fault_ops++;
+        fr.failed_ops++;
         if (!v.failure()) run.failed_writable = true;
         stop = true;
       } else if (!g) {

@@ -68,7 +68,7 @@ struct FsRun {
   // and the operation each generation written inside one belongs to.
   std::vector<std::string> view_before, view_after;
   std::map<uint64_t, size_t> inner_gen;  // generation -> operation index
-  size_t failed_ops = 0;                 // operations refused with a clean error
+  size_t failed_ops = 0;                 // operations and commits refused with a clean error
   std::vector<std::string> results;      // per operation: "ok" or the error
   // Fault runs (record_fs with a rule): the first operation or commit the
   // injected failure made fail, with its error (EIO, ENOSPC or EROFS: a
