@@ -57,18 +57,22 @@ inline std::string slurp(const std::string& path) {
 }
 
 // Starts argv with stdout and stderr into `log` (appended); returns its pid.
+// The child only makes system calls: the test may have other threads, and
+// one of them may hold the allocator's lock (ASan's spins for ever) at the
+// fork, so everything the child needs is built before it.
 inline pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> av;
+  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  const char* path = log.c_str();
   pid_t pid = fork();
   if (pid < 0) FAIL("fork: " << std::strerror(errno));
   if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
       dup2(fd, 2);
     }
-    std::vector<char*> av;
-    for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
-    av.push_back(nullptr);
     execv(av[0], av.data());
     _exit(127);
   }
