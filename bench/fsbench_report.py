@@ -17,10 +17,12 @@ import subprocess
 import sys
 import tempfile
 
-FS = ["plyfs5", "plyfs0", "ext4", "fuse2fs", "passthrough_ll", "tmpfs"]
-LABEL = {"plyfs5": "plyfs commit=5", "plyfs0": "plyfs commit=0", "ext4": "ext4 (loop)",
+FS = ["plyfs5", "plyfs0", "plyfsu", "ext4", "fuse2fs", "passthrough_ll", "tmpfs"]
+LABEL = {"plyfs5": "plyfs commit=5", "plyfs0": "plyfs commit=0", "plyfsu": "plyfs commit=5 uring",
+         "ext4": "ext4 (loop)",
          "fuse2fs": "fuse2fs", "passthrough_ll": "passthrough_ll", "tmpfs": "tmpfs"}
-SHORT = {"plyfs5": "plyfs c=5", "plyfs0": "plyfs c=0", "ext4": "ext4", "fuse2fs": "fuse2fs",
+SHORT = {"plyfs5": "plyfs c=5", "plyfs0": "plyfs c=0", "plyfsu": "plyfs uring", "ext4": "ext4",
+         "fuse2fs": "fuse2fs",
          "passthrough_ll": "pt_ll", "tmpfs": "tmpfs"}
 
 # (workload, metric, label, unit, higher is better, counts for targets)
@@ -122,7 +124,8 @@ def main():
         return res.get((wl, metric, fs))
 
     ratio_cols = [("plyfs5", "fuse2fs"), ("plyfs5", "passthrough_ll"), ("plyfs5", "ext4"),
-                  ("plyfs5", "plyfs0")]
+                  ("plyfs5", "plyfs0"), ("plyfsu", "fuse2fs"), ("plyfsu", "passthrough_ll"),
+                  ("plyfsu", "plyfs5")]
     ratio_cols = [(a, b) for a, b in ratio_cols if a in fss and b in fss]
     for wl in ran_wl:
         ms = [m for m in METRICS if m[0] == wl]

@@ -2,10 +2,13 @@
 // field read is checked against the length the read returned.
 #include "kernel_io.h"
 
+#include "uring.h"
+
 #include <linux/fuse.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +22,14 @@ namespace {
 std::atomic<uint64_t> init_unique{0};     // 0: no INIT seen yet
 std::atomic<bool> init_offered{false};    // the kernel offered KILLPRIV_V2
 std::atomic<bool> negotiated{false};      // and the reply took it
+std::atomic<bool> uring_offered{false};   // the kernel offered FUSE_OVER_IO_URING
+std::atomic<bool> init_replied{false};
+bool uring_wanted = false;                // -o uring (set before the mount)
+unsigned uring_depth = 8;
+fuse_session* session = nullptr;
+
+// FUSE_OVER_IO_URING is bit 41 of the INIT flags: bit 9 of flags2.
+constexpr uint32_t kUringFlag2 = 1u << (41 - 32);
 
 thread_local bool tl_kill_setid = false;  // the request this thread handles
 
@@ -29,7 +40,9 @@ bool field(const void* buf, size_t len, size_t off, T& out) {
   return true;
 }
 
-void note_request(const void* buf, size_t len) {
+}  // namespace
+
+void uring::note_request(const void* buf, size_t len) {
   tl_kill_setid = false;
   fuse_in_header h;
   if (!field(buf, len, 0, h)) return;
@@ -39,6 +52,9 @@ void note_request(const void* buf, size_t len) {
       uint32_t flags = 0;
       if (field(buf, len, arg + offsetof(fuse_init_in, flags), flags))
         init_offered = (flags & FUSE_HANDLE_KILLPRIV_V2) != 0;
+      uint32_t flags2 = 0;
+      if ((flags & FUSE_INIT_EXT) && field(buf, len, arg + offsetof(fuse_init_in, flags2), flags2))
+        uring_offered = (flags2 & kUringFlag2) != 0;
       init_unique = h.unique;
       break;
     }
@@ -65,29 +81,54 @@ void note_request(const void* buf, size_t len) {
   }
 }
 
+namespace {
+
 ssize_t kio_read(int fd, void* buf, size_t len, void*) {
   const ssize_t n = ::read(fd, buf, len);
-  if (n > 0) note_request(buf, size_t(n));
+  if (n > 0) uring::note_request(buf, size_t(n));
   return n;
 }
 
 // libfuse sends a reply as [fuse_out_header, argument...]; the INIT reply's
 // argument is one fuse_init_out. Only that reply is changed, in a copy.
+// Replies to requests taken from an io_uring queue go back through it.
 ssize_t kio_writev(int fd, struct iovec* iov, int count, void*) {
+  ssize_t done;
+  if (uring::reply(iov, count, &done)) return done;
   fuse_init_out out;
   const uint64_t want = init_unique.load();
-  if (want && !negotiated.load() && init_offered.load() && count >= 2 &&
+  const bool ask_uring = uring_wanted && uring_offered.load();
+  static std::atomic<bool> told{false};
+  if (want && uring_wanted && !uring_offered.load() && !told.exchange(true)) uring::not_offered();
+  if (want && !init_replied.load() && (init_offered.load() || ask_uring) && count >= 2 &&
       iov[0].iov_len >= sizeof(fuse_out_header) &&
       iov[1].iov_len >= offsetof(fuse_init_out, flags) + sizeof(uint32_t) &&
       iov[1].iov_len <= sizeof out) {
     fuse_out_header oh;
     std::memcpy(&oh, iov[0].iov_base, sizeof oh);
     if (oh.unique == want && oh.error == 0) {
+      std::memset(&out, 0, sizeof out);
       std::memcpy(&out, iov[1].iov_base, iov[1].iov_len);
-      out.flags |= FUSE_HANDLE_KILLPRIV_V2;
+      if (init_offered.load()) out.flags |= FUSE_HANDLE_KILLPRIV_V2;
+      const bool has_flags2 = iov[1].iov_len >= offsetof(fuse_init_out, flags2) + sizeof(uint32_t);
+      const bool uring = ask_uring && has_flags2;
+      if (uring) {
+        out.flags |= FUSE_INIT_EXT;
+        out.flags2 |= kUringFlag2;
+      }
       iov[1].iov_base = &out;
       const ssize_t r = ::writev(fd, iov, count);
-      if (r >= 0) negotiated = true;
+      if (r >= 0) {
+        init_replied = true;
+        negotiated = init_offered.load();
+        // The kernel takes a request's payload (a write's data, a read's
+        // reply) in one buffer of at least max_write and max_pages pages.
+        if (uring) {
+          size_t payload = std::max<size_t>(out.max_write, 8192);
+          if (out.flags & FUSE_MAX_PAGES) payload = std::max<size_t>(payload, size_t(out.max_pages) * 4096);
+          uring::start(session, fd, payload + 4096, uring_depth);
+        }
+      }
       return r;
     }
   }
@@ -96,7 +137,13 @@ ssize_t kio_writev(int fd, struct iovec* iov, int count, void*) {
 
 }  // namespace
 
+void want_uring(bool on, unsigned depth) {
+  uring_wanted = on;
+  uring_depth = depth ? depth : 8;
+}
+
 bool install_kernel_io(fuse_session* se) {
+  session = se;
   static const fuse_custom_io io = {kio_writev, kio_read, nullptr, nullptr};
   return fuse_session_custom_io(se, &io, fuse_session_fd(se)) == 0;
 }

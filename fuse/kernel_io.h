@@ -27,6 +27,10 @@ namespace plyfs {
 // which case the session goes on without KILLPRIV_V2.
 bool install_kernel_io(fuse_session* se);
 
+// Ask for FUSE over io_uring (uring.h) in the INIT reply when the kernel
+// offers it, with `depth` entries per CPU queue. Before the mount.
+void want_uring(bool on, unsigned depth);
+
 // Whether the kernel agreed to FUSE_HANDLE_KILLPRIV_V2 (known after INIT).
 bool killpriv_v2();
 

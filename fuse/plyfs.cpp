@@ -49,6 +49,7 @@
 #include "union/view.h"
 #include "control.h"
 #include "kernel_io.h"
+#include "uring.h"
 #include "ctl_folder.h"
 #include "notifier.h"
 #include "snap/snap.h"
@@ -71,6 +72,7 @@ struct Config {
   unsigned snapshot_interval = 0, snapshot_keep = 0;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
+  int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it
 };
 
 enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO };
@@ -90,6 +92,8 @@ const struct fuse_opt kOpts[] = {
     {"snapshot_keep=%u", offsetof(Config, snapshot_keep), 0},
     {"nowriteback", offsetof(Config, nowriteback), 1},
     {"writeback", offsetof(Config, nowriteback), 0},
+    {"uring", offsetof(Config, uring), 1},
+    {"nouring", offsetof(Config, uring), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -150,6 +154,9 @@ void usage() {
       "  -o nowriteback     no writeback cache: every write reaches the daemon at\n"
       "                     once, and a file open here sees a shorter size made\n"
       "                     through .plyfs (slower small writes; default: writeback)\n"
+      "  -o uring           take requests through FUSE over io_uring, one queue per\n"
+      "                     CPU, when the kernel offers it (Linux 6.14+, with\n"
+      "                     fuse.enable_uring=1); default: /dev/fuse only\n"
       "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
       "  and the other options of mount.fuse3(8).\n"
@@ -1242,6 +1249,8 @@ int main(int argc, char** argv) {
     return 32;
   }
   // Before the first request (INIT) is read: see kernel_io.h.
+  uring::set_logger(log_error);
+  want_uring(cfg.uring != 0, 8);
   if (!install_kernel_io(se)) log_error("cannot take the session's I/O: writes will cost a GETXATTR each");
   d.notifier.start(se);
   if (!cfg.foreground) {
@@ -1272,6 +1281,7 @@ int main(int argc, char** argv) {
   // may be sending the kernel invalidations, which return at once once the
   // connection is gone (and could wait on a lock the kernel holds before).
   fuse_session_unmount(se);
+  uring::stop();  // its threads handle requests: before anything below
   if (d.snapper.joinable()) {
     {
       std::lock_guard sl(d.snap_mu);

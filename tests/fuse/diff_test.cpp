@@ -526,7 +526,9 @@ void change_branches(UnionDiff& u, std::mt19937_64& rng, const std::string& mnt,
   REQUIRE(slurp(log) == join_stack(u.stack) + "\n");
 }
 
-void run_diff(const char* name, uint64_t nops, bool with_union) {
+// `extra`: options for every mount of the run. Returns the daemons' log.
+std::string run_diff(const char* name, uint64_t nops, bool with_union,
+                     const std::vector<std::string>& extra = {}) {
   const uint64_t s = seed(name);
   std::mt19937_64 rng(s);
   g_dir_nlink = !with_union;
@@ -537,13 +539,17 @@ void run_diff(const char* name, uint64_t nops, bool with_union) {
   ::umask(022);
   const std::string img = tmp / "image";
   mkfs(img, "2G", tmp / "mkfs.log");
-  auto m = std::make_unique<Mount>(img, tmp / "mnt");
+  std::vector<std::string> opts = extra;
+  auto with = [&](std::vector<std::string> o) {
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+  };
+  auto m = std::make_unique<Mount>(img, tmp / "mnt", opts);
   m->start();
   // The roots start alike.
   REQUIRE(::chmod(m->path().c_str(), 0755) == 0);
   UnionDiff ud;
   const uint64_t union_from = with_union ? nops / 5 : ~0ull;
-  std::vector<std::string> opts;
   const std::string ctl_log = tmp / "plyctl.log";
 
   std::set<uint64_t> remounts;
@@ -576,7 +582,7 @@ void run_diff(const char* name, uint64_t nops, bool with_union) {
       for (int e = 0; e < UnionDiff::kEmpty; e++)
         plyctl_ok({"branch", "create", img, "e" + std::to_string(e)}, ctl_log);
       ud.stack = {"top=rw", "main=ro"};
-      opts = {"branches=" + join_stack(ud.stack)};
+      opts = with({"branches=" + join_stack(ud.stack)});
       m = std::make_unique<Mount>(img, tmp / "mnt", opts);
       m->start();
       (void)compare_trees(model, m->path(), "through the union");
@@ -584,7 +590,7 @@ void run_diff(const char* name, uint64_t nops, bool with_union) {
     }
     if (i > union_from && i % (nops / 40 + 1) == 0) {
       change_branches(ud, rng, m->path(), ctl_log);
-      opts = {"branches=" + join_stack(ud.stack)};
+      opts = with({"branches=" + join_stack(ud.stack)});
       if (trace) std::fprintf(trace, "--- branches %s\n", join_stack(ud.stack).c_str());
     }
     if (trace && remounts.count(i)) std::fprintf(trace, "--- remount\n");
@@ -647,6 +653,7 @@ void run_diff(const char* name, uint64_t nops, bool with_union) {
   compare_remount(before, compare_trees(model, m->path(), "after the last remount"));
   rc = m->unmount();
   REQUIRE(rc == 0);
+  const std::string daemon_log = m->log();
   m.reset();
   require_fsck_clean(img, tmp / "fsck.log");
 
@@ -656,12 +663,55 @@ void run_diff(const char* name, uint64_t nops, bool with_union) {
   std::printf("\n");
   // The namespace is small enough that collisions and errors are common.
   REQUIRE(errors > nops / 10);
+  return daemon_log;
 }
+
+// The kernel's switch for FUSE over io_uring (Linux 6.14+), set for one
+// test and put back after it. Mounts without -o uring never use it.
+struct UringSwitch {
+  static constexpr const char* kPath = "/sys/module/fuse/parameters/enable_uring";
+  std::string old;
+  bool present = false;
+  UringSwitch() {
+    std::ifstream f(kPath);
+    present = bool(std::getline(f, old));
+  }
+  void set(bool on) const {
+    std::ofstream f(kPath);
+    f << (on ? "Y" : "N") << std::endl;
+    REQUIRE(f.good());
+  }
+  ~UringSwitch() {
+    if (present) std::ofstream(kPath) << old << std::endl;
+  }
+};
 
 }  // namespace
 
 TEST_CASE("differential: random operations on tmpfs and plyfs agree", "[diff]") {
   run_diff("diff", 50000 * scale(), false);
+}
+
+// -o uring (fuse/uring.h): the differential test with the requests taken
+// from the kernel's io_uring queues, then with the kernel's switch off,
+// where the same option must leave the daemon on /dev/fuse.
+TEST_CASE("differential: random operations over FUSE io_uring, and -o uring without it", "[uring]") {
+  const std::string line = "requests go through io_uring";
+  UringSwitch sw;
+  if (sw.present) {
+    sw.set(true);
+    const std::string log = run_diff("uring-diff", 10000 * scale(), false, {"uring"});
+    INFO("plyfs log:\n" << log);
+    REQUIRE(log.find(line) != std::string::npos);
+    REQUIRE(log.find("refused") == std::string::npos);
+    sw.set(false);
+  } else {
+    std::printf("[uring] this kernel has no FUSE io_uring: only the fallback is checked\n");
+  }
+  const std::string log = run_diff("uring-off", 2000 * scale(), false, {"uring"});
+  INFO("plyfs log:\n" << log);
+  REQUIRE(log.find(line) == std::string::npos);
+  REQUIRE(log.find("does not offer FUSE over io_uring") != std::string::npos);
 }
 
 TEST_CASE("differential: random operations on tmpfs and a plyfs union agree, with live branch changes",
