@@ -73,6 +73,7 @@ struct Config {
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
   int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it
+  int commit_stats = 0; // -o commit_stats: what the commits cost, said at unmount
 };
 
 enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO };
@@ -94,6 +95,7 @@ const struct fuse_opt kOpts[] = {
     {"writeback", offsetof(Config, nowriteback), 0},
     {"uring", offsetof(Config, uring), 1},
     {"nouring", offsetof(Config, uring), 0},
+    {"commit_stats", offsetof(Config, commit_stats), 1},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -157,6 +159,8 @@ void usage() {
       "  -o uring           take requests through FUSE over io_uring, one queue per\n"
       "                     CPU, when the kernel offers it (Linux 6.14+, with\n"
       "                     fuse.enable_uring=1); default: /dev/fuse only\n"
+      "  -o commit_stats    at unmount, say how many commits were made, why, and how\n"
+      "                     long operations waited for them\n"
       "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
       "  and the other options of mount.fuse3(8).\n"
@@ -230,6 +234,44 @@ void log_error(const char* fmt, ...) {
   }
   va_end(ap);
 }
+
+// -o commit_stats: the commits of the mount by cause, and what they cost the
+// operations (docs/benchmarks.md, "What a commit costs").
+struct CommitTally {
+  struct Sum {
+    uint64_t n = 0, wait_us = 0, frozen_us = 0, write_us = 0, blocks = 0, max_frozen_us = 0;
+  };
+  std::mutex mu;
+  Sum by[4];
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  void add(const CommitStats& st) {
+    std::lock_guard lk(mu);
+    Sum& s = by[size_t(st.cause)];
+    s.n++;
+    s.wait_us += st.wait_us;
+    s.frozen_us += st.frozen_us;
+    s.write_us += st.write_us;
+    s.blocks += st.blocks;
+    s.max_frozen_us = std::max(s.max_frozen_us, st.frozen_us);
+  }
+  void report() {
+    std::lock_guard lk(mu);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    static const char* const kNames[] = {"requested", "periodic", "dirty", "budget"};
+    log_error("commit_stats: %.1f s mounted", secs);
+    for (size_t i = 0; i < 4; i++) {
+      const Sum& s = by[i];
+      if (!s.n) continue;
+      log_error("commit_stats: %s: %llu commits, %llu blocks; gate closing %.1f ms, closed %.1f ms "
+                "(longest %.1f ms), writing %.1f ms",
+                kNames[i], (unsigned long long)s.n, (unsigned long long)s.blocks, s.wait_us / 1e3,
+                s.frozen_us / 1e3, s.max_frozen_us / 1e3, s.write_us / 1e3);
+    }
+  }
+};
+CommitTally g_commits;
 
 Union& fs() { return *g->u; }
 uint64_t to_fs(fuse_ino_t i) { return i == FUSE_ROOT_ID ? fs().root() : i; }
@@ -1176,6 +1218,7 @@ int main(int argc, char** argv) {
   vo.cache_bytes = cache;
   vo.commit_interval_ms = cfg.commit * 1000;
   vo.dirty_limit_bytes = cache / 4;
+  if (cfg.commit_stats) vo.on_commit = [](const CommitStats& st) { g_commits.add(st); };
   auto vol = Volume::open(*d.dev, vo);
   if (!vol) {
     std::fprintf(stderr, "plyfs: cannot open %s: %s\n", cfg.image, vol.error().message().c_str());
@@ -1331,6 +1374,7 @@ int main(int argc, char** argv) {
     log_error("final commit failed: %s", c.error().message().c_str());
     rc = 1;
   }
+  if (cfg.commit_stats) g_commits.report();
   fuse_opt_free_args(&args);
   return rc;
 }

@@ -3,8 +3,10 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <ctime>
+#include <utility>
 
 #include "commit/disk_root.h"
 #include "commit/disk_superblock.h"
@@ -406,13 +408,16 @@ Result<void> Volume::write_generation(const std::vector<BlockCache::Ref>& dirty,
   return write_generation_to(dev_, *cache_, dirty, sb, opts_.planted_bug);
 }
 
-Result<Generation> Volume::commit() {
+Result<Generation> Volume::commit_for(CommitStats::Cause cause) {
   if (tl_group == this) return Error::io(EDEADLK, "commit inside a group of operations");
   std::lock_guard cl(commit_mu_);
   PLY_CHECK(writable());
   if (!changed_.load()) return durable_generation();
 
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   gate_.close();
+  const auto t1 = Clock::now();
   const Generation g = open_generation();
   changed_ = false;
   std::vector<BlockCache::Ref> dirty;
@@ -425,6 +430,7 @@ Result<Generation> Volume::commit() {
   }
   open_gen_.store(next(g).v, std::memory_order_release);
   gate_.open();  // generation g+1 runs while g is written
+  const auto t2 = Clock::now();
 
   auto wr = write_generation(dirty, sb);
   if (!wr) {
@@ -433,9 +439,24 @@ Result<Generation> Volume::commit() {
   }
   space_->durable(g);
   cache_->mark_clean(dirty);
-  std::lock_guard lk(state_mu_);
-  info_ = sb;
-  durable_gen_ = g;
+  {
+    std::lock_guard lk(state_mu_);
+    info_ = sb;
+    durable_gen_ = g;
+  }
+  if (opts_.on_commit) {
+    auto us = [](Clock::time_point a, Clock::time_point b) {
+      return uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+    };
+    CommitStats st;
+    st.gen = g;
+    st.cause = cause;
+    st.wait_us = us(t0, t1);
+    st.frozen_us = us(t1, t2);
+    st.write_us = us(t2, Clock::now());
+    st.blocks = dirty.size();
+    opts_.on_commit(st);
+  }
   return g;
 }
 
@@ -448,9 +469,10 @@ void Volume::committer_loop() {
     else
       cmt_cv_.wait(lk, wake);
     if (cmt_stop_) break;
-    cmt_kick_ = false;
+    const bool kicked = std::exchange(cmt_kick_, false);
     lk.unlock();
-    if (changed_.load() && !failure()) (void)commit();  // an error stays in failure()
+    if (changed_.load() && !failure())  // an error stays in failure()
+      (void)commit_for(kicked ? CommitStats::Cause::Dirty : CommitStats::Cause::Periodic);
     lk.lock();
   }
 }
@@ -498,7 +520,7 @@ Result<Volume::Txn> Volume::begin(TxnOptions o) {
   const bool grouped = tl_group == this;
   if (!grouped && !opts_.read_only && space_->pending_changes() > change_budget(info_.reserve_blocks) &&
       !failure())
-    (void)PLY_TRY(commit());
+    (void)PLY_TRY(commit_for(CommitStats::Cause::Budget));
   if (!grouped) gate_.enter();
   Txn t(this, open_generation(), o.for_delete, grouped);
   if (o.reserve_blocks) PLY_CHECK(t.reserve(o.reserve_blocks));

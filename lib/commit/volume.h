@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -68,6 +69,23 @@ enum class PlantedBug : uint8_t {
   TrustTornSuper,      // breaks recovery: a torn superblock is accepted
 };
 
+// What one commit cost, for VolumeOptions::on_commit (the daemon's
+// `-o commit_stats`, docs/benchmarks.md "What a commit costs").
+struct CommitStats {
+  enum class Cause : uint8_t {
+    Request,   // commit() called: fsync, sync, unmount, a snapshot...
+    Periodic,  // the commit interval passed
+    Dirty,     // dirty_limit_bytes of metadata were dirty
+    Budget,    // the generation's space changes reached their budget (A5)
+  };
+  Generation gen;
+  Cause cause = Cause::Request;
+  uint64_t wait_us = 0;    // closing the gate: the Txns in flight finish
+  uint64_t frozen_us = 0;  // the gate closed: no Txn can begin
+  uint64_t write_us = 0;   // nodes, flush, superblock, flush (Txns run again)
+  uint64_t blocks = 0;     // metadata blocks written
+};
+
 struct VolumeOptions {
   bool read_only = false;
   uint64_t cache_bytes = 256ull << 20;
@@ -81,6 +99,8 @@ struct VolumeOptions {
   // make a crash land between any two steps of a multi-step operation): a
   // commit waits for every other transaction to end.
   bool commit_each_txn = false;
+  // Called after every successful commit, on the committing thread.
+  std::function<void(const CommitStats&)> on_commit = nullptr;
 };
 
 
@@ -145,7 +165,7 @@ class Volume {
 
   // Makes every operation that ended before the call durable; returns the
   // generation that holds them. Concurrent callers are serialized.
-  Result<Generation> commit();
+  Result<Generation> commit() { return commit_for(CommitStats::Cause::Request); }
 
   Generation durable_generation() const;
   Generation open_generation() const;
@@ -205,6 +225,7 @@ class Volume {
   Result<void> writable() const;
   TreeConfig config_for(const TreeInfo& info) const;
   void committer_loop();
+  Result<Generation> commit_for(CommitStats::Cause cause);
 
   BlockDevice& dev_;
   VolumeOptions opts_;

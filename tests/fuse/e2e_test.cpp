@@ -2,6 +2,7 @@
 // Each test checks its results, unmounts (the daemon must exit 0 and fsck
 // must find the image clean), mounts again and checks them once more.
 #include <linux/falloc.h>
+#include <regex>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <grp.h>
@@ -1178,4 +1179,35 @@ TEST_CASE("setuid and setgid bits are cleared the way Linux clears them", "[e2e]
   check();
   CHECK(::getxattr(cap.c_str(), "security.capability", nullptr, 0) == -1);
   fx.unmount();
+}
+
+// -o commit_stats (plyfs.8): the commits an fsync asks for, and the periodic
+// ones, are counted and reported at unmount; without the option, nothing.
+TEST_CASE("commit_stats: the daemon reports its commits by cause at unmount", "[e2e]") {
+  Fixture fx("64M", {"commit=1", "commit_stats"});
+  for (int i = 0; i < 3; i++) {
+    const std::string p = fx / ("f" + std::to_string(i));
+    write_file(p, "data\n");
+    int fd = ::open(p.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE(::fsync(fd) == 0);
+    ::close(fd);
+  }
+  write_file(fx / "late", "x");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // a periodic commit or two
+  const std::string log_path = fx.m->log_path();
+  fx.unmount();
+  const std::string log = slurp(log_path);
+  INFO(log);
+  std::smatch mr, mp;
+  REQUIRE(std::regex_search(log, mr, std::regex("commit_stats: requested: ([0-9]+) commits")));
+  REQUIRE(std::stoi(mr[1]) >= 3);  // the three fsyncs (and the unmount)
+  REQUIRE(std::regex_search(log, mp, std::regex("commit_stats: periodic: ([0-9]+) commits")));
+  REQUIRE(std::stoi(mp[1]) >= 1);
+  // Without the option the daemon says nothing of the sort.
+  fx.opts = {"commit=1"};
+  fx.mount();
+  write_file(fx / "again", "y");
+  fx.unmount();
+  REQUIRE(slurp(log_path).size() == log.size());
 }

@@ -1,6 +1,8 @@
 // lib/commit: the generation protocol (C1-C6) under crashes, faults and load.
 #include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "test_util.h"
@@ -438,11 +440,30 @@ TEST_CASE("commit: operations go on in the next generation while a commit writes
   require_clean(*mem);
 }
 
+// What on_commit saw, from the committing threads.
+struct Seen {
+  std::mutex mu;
+  std::vector<CommitStats> v;
+  std::function<void(const CommitStats&)> hook() {
+    return [this](const CommitStats& st) {
+      std::lock_guard lk(mu);
+      v.push_back(st);
+    };
+  }
+  std::vector<CommitStats> get() {
+    std::lock_guard lk(mu);
+    return v;
+  }
+};
+
 TEST_CASE("commit: the timer and the dirty limit trigger commits by themselves", "[commit]") {
+  using Cause = CommitStats::Cause;
+  Seen seen;
   SECTION("timer") {
     auto dev = fresh_device(64 << 20);
     VolumeOptions vo;
     vo.commit_interval_ms = 20;
+    vo.on_commit = seen.hook();
     auto vol = must(Volume::open(*dev, vo));
     const Generation g0 = vol->durable_generation();
     TreeId t;
@@ -454,6 +475,27 @@ TEST_CASE("commit: the timer and the dirty limit trigger commits by themselves",
     for (int i = 0; i < 500 && vol->durable_generation() == g0; i++)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     REQUIRE(vol->durable_generation() > g0);
+    // The hook runs after the commit is durable: wait for it, then it names
+    // the periodic commit, its generation and the blocks it wrote.
+    for (int i = 0; i < 500 && seen.get().empty(); i++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto st = seen.get();
+    REQUIRE(st.size() == 1);
+    REQUIRE(st[0].cause == Cause::Periodic);
+    REQUIRE(st[0].gen == next(g0));
+    REQUIRE(st[0].blocks >= 2);  // the new tree's root and the root tree's
+    {
+      auto txn = must(vol->begin());
+      must(txn.put(t, Key{2, 0}, bytes("asked")));
+    }
+    const Generation asked = must(vol->commit());
+    const size_t n = seen.get().size();
+    (void)must(vol->commit());  // nothing changed since: no commit, no call
+    st = seen.get();
+    REQUIRE(st.size() == n);
+    REQUIRE(st.back().gen == asked);
+    // Ours, unless the timer came first and left ours nothing to do.
+    REQUIRE((st.back().cause == Cause::Request || st.back().cause == Cause::Periodic));
     vol.reset();  // a crash right after: the timed commit kept the change
     auto again = must(Volume::open(*dev));
     REQUIRE(*must(must(again->begin()).get(t, Key{1, 0})) == bytes("timed"));
@@ -462,6 +504,7 @@ TEST_CASE("commit: the timer and the dirty limit trigger commits by themselves",
     auto dev = fresh_device(64 << 20);
     VolumeOptions vo;
     vo.dirty_limit_bytes = 256 * 1024;
+    vo.on_commit = seen.hook();
     auto vol = must(Volume::open(*dev, vo));
     const Generation g0 = vol->durable_generation();
     TreeId t;
@@ -477,6 +520,12 @@ TEST_CASE("commit: the timer and the dirty limit trigger commits by themselves",
     }
     REQUIRE(vol->durable_generation() > g0);
     REQUIRE(i < 200000);
+    for (int k = 0; k < 500 && seen.get().empty(); k++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto st = seen.get();
+    REQUIRE_FALSE(st.empty());
+    REQUIRE(st[0].cause == Cause::Dirty);
+    REQUIRE(st[0].blocks * vol->block_size() >= 256 * 1024);  // at least the limit's worth went out
     must(vol->close());
   }
 }
