@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -98,6 +99,7 @@ struct Pool {
   std::unordered_map<uint64_t, Entry*> pending;
   std::atomic<uint64_t> requests{0};
   std::atomic<bool> announced{false}, refused{false};
+  std::atomic<unsigned> helpers{0};  // control commands running off the queues
 };
 
 Pool* g_pool = nullptr;
@@ -201,6 +203,24 @@ void handle(Pool* p, Queue* q, Entry* e) {
   if (!p->announced.exchange(true))
     log("requests go through io_uring: %zu queues of %u entries", p->queues.size(), p->depth);
   p->requests.fetch_add(1, std::memory_order_relaxed);
+  if (in.opcode == FUSE_IOCTL) {
+    // A control command (plyctl) may invalidate the kernel's caches from
+    // its handler, and the kernel may then need requests served (dirty
+    // pages written back) before the notification returns: they would
+    // queue behind the handler on this thread. So it runs on a thread of
+    // its own, and its reply comes back through the eventfd.
+    auto copy = std::make_shared<std::vector<char>>(b, b + in.len);
+    p->helpers.fetch_add(1);
+    std::thread([p, copy] {
+      note_request(copy->data(), copy->size());
+      fuse_buf fb{};
+      fb.size = copy->size();
+      fb.mem = copy->data();
+      fuse_session_process_buf(p->se, &fb);
+      p->helpers.fetch_sub(1);
+    }).detach();
+    return;
+  }
   note_request(b, in.len);
   fuse_buf fb{};
   fb.size = in.len;
@@ -387,6 +407,8 @@ bool reply(const struct iovec* iov, int count, ssize_t* written) {
 void stop() {
   Pool* p = g_pool;
   if (!p) return;
+  // A control command still running replies through its queue: let it end.
+  for (int i = 0; i < 3000 && p->helpers.load(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   g_active = false;
   for (auto& q : p->queues) {
     q->stopping = true;
