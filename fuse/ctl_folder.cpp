@@ -63,8 +63,19 @@ Result<ControlFolder::InView> ControlFolder::in_view(fuse_ino_t ino) {
   if (slot > views_.size() || !views_[slot - 1]->u)
     return Error::io(ESTALE, "the layer of this node is gone");
   View* v = views_[slot - 1].get();
+  drain_unholds(*v);
   uint64_t n = num_of(ino);
   return InView{std::move(lk), v, slot, n};
+}
+
+void ControlFolder::drain_unholds(View& v) {
+  std::vector<uint64_t> inos;
+  {
+    std::lock_guard lk(v.unhold_mu);
+    inos.swap(v.unholds);
+  }
+  if (v.u)
+    for (uint64_t i : inos) (void)v.u->unhold(i);
 }
 
 Result<BranchMeta> ControlFolder::branch_named(std::string_view name) {
@@ -682,21 +693,30 @@ void ControlFolder::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!a) return reply_err(req, a.error());
   if (S_ISDIR(a->mode)) return (void)fuse_reply_err(req, EISDIR);
   if (for_write && u.read_only()) return (void)fuse_reply_err(req, EROFS);
+  // Held until release, as in the mount (plyfs.cpp, op_open).
+  if (auto h = u.hold(w->ino); !h) return reply_err(req, h.error());
+  auto fail = [&](const Error& e) {
+    (void)u.unhold(w->ino);
+    reply_err(req, e);
+  };
   if (for_write)
-    if (auto o = u.open(w->ino, true, h_.caller(req)); !o) return reply_err(req, o.error());
+    if (auto o = u.open(w->ino, true, h_.caller(req)); !o) return fail(o.error());
   if ((fi->flags & O_TRUNC) && S_ISREG(a->mode)) {
     SetAttr s;
     s.size = 0;
     if (auto k = kill_setid_before_change(u, w->ino, request_kills_setid(), h_.caller(req)); !k)
-      return reply_err(req, k.error());
-    if (auto t = u.setattr(w->ino, s, h_.caller(req)); !t) return reply_err(req, t.error());
+      return fail(k.error());
+    if (auto t = u.setattr(w->ino, s, h_.caller(req)); !t) return fail(t.error());
     view_changed(*w, {ViewChange::data(w->ino, 0, 0)});
   }
   // Another view may have changed the file since the kernel cached it.
   fi->keep_cache = 0;
   fi->fh = reinterpret_cast<uint64_t>(w->v);  // for release, which takes no lock
   w->v->open_files++;
-  if (fuse_reply_open(req, fi) != 0) w->v->open_files--;
+  if (fuse_reply_open(req, fi) != 0) {
+    (void)u.unhold(w->ino);
+    w->v->open_files--;
+  }
 }
 
 void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -710,6 +730,11 @@ void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, 
     view_changed(*w, {ViewChange::entry(w->ino, name)});
     return (void)fuse_reply_err(req, EOVERFLOW);
   }
+  view_changed(*w, {ViewChange::entry(w->ino, name)});
+  if (auto h = w->v->u->hold(a->ino); !h) {
+    (void)w->v->u->unpin(a->ino);
+    return reply_err(req, h.error());
+  }
   fuse_entry_param e{};
   e.ino = node(w->slot, a->ino);
   e.generation = a->generation;
@@ -719,8 +744,8 @@ void ControlFolder::create(fuse_req_t req, fuse_ino_t parent, const char* name, 
   fi->fh = reinterpret_cast<uint64_t>(w->v);
   w->v->open_files++;
   w->v->kernel_refs++;
-  view_changed(*w, {ViewChange::entry(w->ino, name)});
   if (fuse_reply_create(req, &e, fi) != 0) {
+    (void)w->v->u->unhold(a->ino);
     w->v->open_files--;
     unref(w->slot, 1);
     (void)w->v->u->unpin(a->ino);
@@ -763,6 +788,15 @@ void ControlFolder::release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
     // Without waiting for mu_, which a snapshot or merge holds for a while:
     // rmdir waits for this. A View is never freed (C3), only its union.
     View* v = reinterpret_cast<View*>(fi->fh);
+    // Before open_files drops, which may let the view's union go.
+    std::shared_lock lk(mu_, std::try_to_lock);
+    if (lk.owns_lock() && v->u) {
+      (void)v->u->unhold(num_of(ino));
+    } else if (!lk.owns_lock()) {
+      std::lock_guard ul(v->unhold_mu);
+      v->unholds.push_back(num_of(ino));
+    }
+    if (lk.owns_lock()) lk.unlock();
     v->open_files--;
     if (v->idle()) retire_if_idle(slot_of(ino));
   }

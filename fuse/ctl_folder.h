@@ -274,7 +274,13 @@ class ControlFolder {
     // dropped by forget. With open_files, what keeps the union (C3).
     std::atomic<uint64_t> kernel_refs{0};
     bool idle() const { return kernel_refs.load() == 0 && open_files.load() == 0; }
+    // The holds (Union::hold) of handles released while mu_ was taken
+    // exclusive: release never waits for it, so the next user of the view
+    // drops them (drain_unholds).
+    std::mutex unhold_mu;  // a leaf
+    std::vector<uint64_t> unholds;
   };
+  void drain_unholds(View& v);  // mu_ held (either way)
   // An operation's view and the union inode number it names, mu_ held shared.
   struct InView {
     std::shared_lock<std::shared_mutex> lk;

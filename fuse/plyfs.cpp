@@ -74,6 +74,9 @@ struct Config {
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
   int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it
   int commit_stats = 0; // -o commit_stats: what the commits cost, said at unmount
+  // libfuse's session loop: at most max_threads workers, and at most
+  // max_idle_threads of them waiting for requests (0: the default, below).
+  unsigned max_threads = 16, max_idle_threads = 0;
 };
 
 enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO };
@@ -96,6 +99,8 @@ const struct fuse_opt kOpts[] = {
     {"uring", offsetof(Config, uring), 1},
     {"nouring", offsetof(Config, uring), 0},
     {"commit_stats", offsetof(Config, commit_stats), 1},
+    {"max_threads=%u", offsetof(Config, max_threads), 0},
+    {"max_idle_threads=%u", offsetof(Config, max_idle_threads), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -161,11 +166,26 @@ void usage() {
       "                     fuse.enable_uring=1); default: /dev/fuse only\n"
       "  -o commit_stats    at unmount, say how many commits were made, why, and how\n"
       "                     long operations waited for them\n"
+      "  -o max_threads=N   at most N threads serve requests (default 16)\n"
+      "  -o max_idle_threads=N  at most N of them wait for requests (default: the\n"
+      "                     number of CPUs, at least 2)\n"
       "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
       "  and the other options of mount.fuse3(8).\n"
       "\n"
       "With mount(8): mount -t fuse.plyfs IMAGE MOUNTPOINT\n");
+}
+
+// The kernel hands each request to the waiting thread that has waited
+// longest, so with more waiting threads than CPUs a request that could run
+// at once lands on a thread whose caches went cold meanwhile: on 2 CPUs,
+// 8 idle threads made the deletion of 100,000 files ~15 % slower than 2
+// (docs/benchmarks.md, "Worker threads"). Fewer than 2 makes libfuse start
+// and end a thread around nearly every request.
+unsigned idle_threads(unsigned asked, unsigned max_threads) {
+  if (asked) return std::min(asked, max_threads);
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return std::min<unsigned>(std::max<long>(n, 2), max_threads);
 }
 
 bool parse_size(const char* s, uint64_t& out) {
@@ -481,24 +501,32 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (S_ISDIR(a->mode)) return (void)fuse_reply_err(req, EISDIR);
   const bool for_write = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
   if (for_write && fs().read_only()) return (void)fuse_reply_err(req, EROFS);
+  // Held until release: the file outlives its last name meanwhile. A file
+  // deleted since the kernel looked it up gives ESTALE, and the kernel
+  // looks the name up again (union.h, hold).
+  if (auto h = fs().hold(to_fs(ino)); !h) return reply_err(req, h.error());
+  auto fail = [&](const Error& e) {
+    (void)fs().unhold(to_fs(ino));
+    reply_err(req, e);
+  };
   // A file of a read-only branch is copied up now, so that the writes of
   // this handle land in a writable branch.
   if (for_write) {
     auto o = fs().open(to_fs(ino), true, caller(req));
-    if (!o) return reply_err(req, o.error());
+    if (!o) return fail(o.error());
   }
   // libfuse turns on FUSE_CAP_ATOMIC_O_TRUNC by default: the kernel then
   // sends O_TRUNC here instead of a SETATTR, and trusts the open to truncate.
   if ((fi->flags & O_TRUNC) && S_ISREG(a->mode)) {
-    if (auto k = kill_setid(req, ino, request_kills_setid()); !k) return reply_err(req, k.error());
+    if (auto k = kill_setid(req, ino, request_kills_setid()); !k) return fail(k.error());
     SetAttr s;
     s.size = 0;
     auto t = fs().setattr(to_fs(ino), s, caller(req));
-    if (!t) return reply_err(req, t.error());
+    if (!t) return fail(t.error());
     changed({ViewChange::data(to_fs(ino), 0, 0)});
   }
   fi->keep_cache = 1;  // only this daemon changes the files
-  fuse_reply_open(req, fi);
+  if (fuse_reply_open(req, fi) != 0) (void)fs().unhold(to_fs(ino));
 }
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -507,10 +535,18 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   if (is_ctl_name(parent, name)) return (void)fuse_reply_err(req, EEXIST);
   auto a = fs().mknod(to_fs(parent), name, S_IFREG | (mode & 07777), 0, caller(req));
   if (!a) return reply_err(req, a.error());
+  changed({ViewChange::entry(to_fs(parent), name)});
+  // Held as op_open holds (another thread may have deleted it already).
+  if (auto h = fs().hold(a->ino); !h) {
+    (void)fs().unpin(a->ino);
+    return reply_err(req, h.error());
+  }
   fuse_entry_param e = to_entry(*a);
   fi->keep_cache = 1;
-  changed({ViewChange::entry(to_fs(parent), name)});
-  if (fuse_reply_create(req, &e, fi) != 0) (void)fs().unpin(a->ino);
+  if (fuse_reply_create(req, &e, fi) != 0) {
+    (void)fs().unhold(a->ino);
+    (void)fs().unpin(a->ino);
+  }
 }
 
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -540,6 +576,8 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off
 // stops sending FLUSH: one round trip fewer per close(2).
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (is_ctl(ino)) return g->ctl->release(req, ino, fi);
+  auto r = fs().unhold(to_fs(ino));
+  if (!r) (void)errno_of(r.error());  // logged; the handle is gone regardless
   fuse_reply_err(req, 0);
 }
 
@@ -1132,6 +1170,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "plyfs: bad cache size '%s' (e.g. 256M, at least 1M)\n", cfg.cache);
     return 1;
   }
+  if (cfg.max_threads < 1 || cfg.max_threads > 1024) {
+    std::fprintf(stderr, "plyfs: bad max_threads %u (1 to 1024)\n", cfg.max_threads);
+    return 1;
+  }
   CopyUpMode copyup;
   if (cfg.copyup) {
     std::string m = cfg.copyup;
@@ -1316,8 +1358,8 @@ int main(int argc, char** argv) {
   if (d.snap_interval && !cfg.ro) d.snapper = std::thread(snapper_loop);
   if (!cfg.ro) d.cleaner = std::thread(cleaner_loop);
   fuse_loop_config* lc = fuse_loop_cfg_create();
-  fuse_loop_cfg_set_max_threads(lc, 16);
-  fuse_loop_cfg_set_idle_threads(lc, 8);
+  fuse_loop_cfg_set_max_threads(lc, cfg.max_threads);
+  fuse_loop_cfg_set_idle_threads(lc, idle_threads(cfg.max_idle_threads, cfg.max_threads));
   int ret = cfg.debug ? fuse_session_loop(se) : fuse_session_loop_mt(se, lc);
   fuse_loop_cfg_destroy(lc);
   // The snapshot thread stops after the unmount: a snapshot it is taking

@@ -35,6 +35,11 @@ constexpr uint32_t kMaxLinks = 65000;
 // a multi-item operation cannot run out of space halfway.
 constexpr uint64_t kOpBlocks = 20;
 constexpr size_t kPunchBatch = 512;   // extent items removed per transaction
+// Items of an object freed with its last name, in that transaction (an
+// empty file has 1, a small one with xattrs a few); larger objects go
+// through the orphan list. Its reservation covers shadowing that many
+// leaves along with the name's.
+constexpr size_t kFreeNow = 16;
 
 // The coarse clock, as the kernel's own filesystems use (current_time()):
 // with the writeback cache the kernel compares a file's times with its
@@ -131,6 +136,29 @@ struct Filesystem::Ctx {
     if (err) return *err;
     return out;
   }
+  // Removes every item of object `ino` (dereferencing its extents) if it
+  // has at most kFreeNow of them: a file freed with its last name, in the
+  // same generation. False, with nothing changed, for a larger one, which
+  // goes through the orphan list instead (format.md#fs-orphan).
+  Result<bool> erase_small_object(uint64_t ino) {
+    std::vector<std::pair<Key, uint64_t>> items;  // key, extent start (0: none)
+    bool small = true;
+    PLY_CHECK(t.scan(fs.tree_, Key{ino, 0}, Key{ino, ~0ull}, [&](Key k, std::span<const std::byte> v) {
+      if (items.size() == kFreeNow) return small = false;
+      uint64_t ext = 0;
+      if (type_of(k) == ItemType::Extent && v.size() >= sizeof(disk::Extent))
+        ext = view_as<disk::Extent>(v)->disk_start.get();
+      items.emplace_back(k, ext);
+      return true;
+    }));
+    if (!small) return false;
+    for (auto& [k, ext] : items) {
+      (void)PLY_TRY(t.erase(fs.tree_, k));
+      if (ext) PLY_CHECK(t.dec_extent(BlockNo{ext}));
+    }
+    return true;
+  }
+
   // Puts items of another tree's object into this one; their space extents
   // gain a reference (the blocks are shared, not copied).
   Result<void> take_items(const Items& items) {
@@ -647,6 +675,59 @@ bool Filesystem::pinned(uint64_t ino) {
   return false;
 }
 
+// This filesystem's own pins are strong (a library user that pins an inode
+// keeps it readable); a shared table's only by its holds (pins.h).
+bool Filesystem::held(uint64_t ino) {
+  if (pins_.pinned(ino)) return true;
+  std::lock_guard lk(pin_mu_);
+  for (const auto& t : shared_pins_)
+    if (t->held(ino)) return true;
+  return false;
+}
+
+Result<void> Filesystem::hold(uint64_t ino, PinTable& t) {
+  auto tx = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(tx)};
+  // Shared: remove_name decides under the exclusive lock whether anything
+  // holds the inode, so a hold is either seen there or sees the result.
+  std::shared_lock lk(mu_);
+  auto r = c.inode(ino);
+  if (!r) return r.error().code == ENOENT ? Error::io(ESTALE, "the file was deleted") : r.error();
+  // An orphan nothing holds is being freed; it can only be held again by a
+  // holder's second open.
+  if (r->a.nlink == 0 && !S_ISDIR(r->a.mode) && !held(ino))
+    return Error::io(ESTALE, "the file was deleted");
+  t.hold(ino);
+  return ok();
+}
+
+void Filesystem::add_ghost(const Attr& a) {
+  std::lock_guard lk(ghost_mu_);
+  ghosts_[a.ino] = a;
+}
+
+std::optional<Attr> Filesystem::ghost(uint64_t ino) {
+  std::lock_guard lk(ghost_mu_);
+  auto it = ghosts_.find(ino);
+  if (it == ghosts_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool Filesystem::drop_ghost(uint64_t ino) {
+  std::lock_guard lk(ghost_mu_);
+  return ghosts_.erase(ino) != 0;
+}
+
+void Filesystem::drop_unpinned_ghosts() {
+  std::vector<uint64_t> inos;
+  {
+    std::lock_guard lk(ghost_mu_);
+    for (const auto& [ino, a] : ghosts_) inos.push_back(ino);
+  }
+  for (uint64_t ino : inos)
+    if (!pinned(ino)) drop_ghost(ino);
+}
+
 void Filesystem::attach_pins(std::shared_ptr<const PinTable> t) {
   std::lock_guard lk(pin_mu_);
   shared_pins_.push_back(std::move(t));
@@ -661,6 +742,7 @@ Result<void> Filesystem::detach_pins(const PinTable* t) {
 }
 
 Result<void> Filesystem::release_orphans() {
+  drop_unpinned_ghosts();
   if (read_only()) return ok();
   // The orphans are few (the files unlinked while open), and listed.
   std::vector<uint64_t> inos;
@@ -670,7 +752,8 @@ Result<void> Filesystem::release_orphans() {
 }
 
 Result<void> Filesystem::release(uint64_t ino) {
-  if (pinned(ino) || read_only()) return ok();
+  if (pinned(ino)) return ok();
+  if (drop_ghost(ino) || read_only()) return ok();
   auto a = getattr(ino);
   if (!a) return a.error().code == ENOENT ? ok() : Result<void>(a.error());
   if (a->nlink == 0) {
@@ -683,9 +766,16 @@ Result<void> Filesystem::release(uint64_t ino) {
 // An inode whose last name just went: freed now unless something above
 // still holds it (then at its last unpin, or at the next mount).
 Result<void> Filesystem::free_if_unpinned(uint64_t ino) {
-  if (pinned(ino)) return ok();
+  // Not held now, never again (hold refuses an orphan nothing holds): it
+  // goes, and lives on as a ghost while the kernel still knows it.
+  if (held(ino)) return ok();
   std::lock_guard il(inode_lock(ino));
-  return free_inode(ino);
+  std::optional<Attr> a;
+  if (pinned(ino))
+    if (auto g = getattr(ino)) a = *g;
+  PLY_CHECK(free_inode(ino));
+  if (a && pinned(ino)) add_ghost(*a);
+  return ok();
 }
 
 Result<void> Filesystem::release_all() {
@@ -705,6 +795,10 @@ Result<void> Filesystem::release_all() {
     std::lock_guard lk(pin_mu_);
     shared_pins_.clear();
   }
+  {
+    std::lock_guard lk(ghost_mu_);
+    ghosts_.clear();
+  }
   for (uint64_t ino : inos) PLY_CHECK(release(ino));
   return ok();
 }
@@ -715,8 +809,11 @@ Result<Attr> Filesystem::getattr(uint64_t ino) {
   auto t = PLY_TRY(vol_.begin());
   Ctx c{*this, std::move(t)};
   std::shared_lock lk(mu_);
-  Rec r = PLY_TRY(c.inode(ino));
-  return r.a;
+  auto r = c.inode(ino);
+  if (!r && r.error().code == ENOENT)
+    if (auto g = ghost(ino)) return *g;
+  if (!r) return r.error();
+  return r->a;
 }
 
 Result<bool> Filesystem::same_content(Filesystem& other, uint64_t ino) {
@@ -1097,7 +1194,7 @@ Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool w
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
   uint64_t freed = 0;
   {
-    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 8 * kOpBlocks}));
+    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 12 * kOpBlocks}));
     Ctx c{*this, std::move(t)};
     std::unique_lock lk(mu_);
     Rec d = PLY_TRY(c.dir(dir));
@@ -1117,6 +1214,13 @@ Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool w
     PLY_CHECK(c.put_inode(d));
     r.a.ctime = n;
     r.a.nlink = is_dir ? 0 : r.a.nlink - 1;
+    // Nothing holds it open: it goes now, with its name (a ghost keeps its
+    // attributes for the kernel meanwhile). Else, or if it is large, it
+    // becomes an orphan, freed at the last release (format.md#fs-orphan).
+    if (r.a.nlink == 0 && !held(r.a.ino) && PLY_TRY(c.erase_small_object(r.a.ino))) {
+      if (pinned(r.a.ino)) add_ghost(r.a);
+      return ok();
+    }
     PLY_CHECK(c.put_inode(r));
     if (r.a.nlink == 0) {
       PLY_CHECK(c.t.put(tree_, ikey(0, ItemType::Orphan, r.a.ino), {}));
@@ -1294,17 +1398,9 @@ Result<void> Filesystem::readdir(uint64_t dir, uint64_t cookie,
 
 // --- attributes ---------------------------------------------------------------
 
-Result<Attr> Filesystem::setattr(uint64_t ino, const SetAttr& s) {
-  if (read_only()) return Error::io(EROFS, "read-only filesystem");
-  if (s.size) {
-    std::lock_guard il(inode_lock(ino));
-    PLY_CHECK(truncate_locked(ino, *s.size));
-  }
-  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 2 * kOpBlocks}));
-  Ctx c{*this, std::move(t)};
-  std::unique_lock lk(mu_);
-  Rec r = PLY_TRY(c.inode(ino));
-  timespec n = now();
+namespace {
+// setattr's changes to an inode (kernel_times: see set_kernel_times).
+Result<void> apply_setattr(Rec& r, const SetAttr& s, timespec n, bool kernel_times) {
   if (s.mode) r.a.mode = (r.a.mode & S_IFMT) | (*s.mode & 07777);
   if (s.uid) r.a.uid = *s.uid;
   if (s.gid) r.a.gid = *s.gid;
@@ -1318,11 +1414,37 @@ Result<Attr> Filesystem::setattr(uint64_t ino, const SetAttr& s) {
     if (!S_ISDIR(r.a.mode)) return Error::io(ENOTDIR, "only directories are opaque");
     r.a.opaque = *s.opaque;
   }
-  if (s.size && !s.mtime && !kernel_times_) r.a.mtime = n;
+  if (s.size && !s.mtime && !kernel_times) r.a.mtime = n;
   r.a.ctime = s.ctime ? *s.ctime : n;
+  return ok();
+}
+}  // namespace
+
+Result<Attr> Filesystem::setattr(uint64_t ino, const SetAttr& s) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  // A ghost (inode numbers are never reused, so it is no file of the
+  // tree): the kernel flushing the times of a file it saw deleted.
+  if (!s.size)
+    if (auto g = ghost(ino)) {
+      Rec r;
+      r.a = *g;
+      PLY_CHECK(apply_setattr(r, s, now(), kernel_times_));
+      add_ghost(r.a);
+      return r.a;
+    }
+  if (s.size) {
+    std::lock_guard il(inode_lock(ino));
+    PLY_CHECK(truncate_locked(ino, *s.size));
+  }
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 2 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::unique_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  PLY_CHECK(apply_setattr(r, s, now(), kernel_times_));
   PLY_CHECK(c.put_inode(r));
   return r.a;
 }
+
 
 // --- file data ------------------------------------------------------------------
 

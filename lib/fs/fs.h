@@ -232,8 +232,9 @@ class Filesystem {
   struct StatFs { uint64_t blocks, bfree, bavail, files, ffree; uint32_t bsize, namemax; };
   StatFs statfs();
 
-  // Open references from above (FUSE lookups): an inode whose last name is
-  // removed while pinned becomes an orphan and is freed at the last unpin.
+  // References from above (pins.h). This filesystem's own pins keep an
+  // inode whole: one whose last name is removed while pinned becomes an
+  // orphan and is freed at the last unpin.
   void pin(uint64_t ino, uint64_t n = 1);
   Result<void> unpin(uint64_t ino, uint64_t n = 1);
   // References kept in a table shared with other filesystems (a union's,
@@ -244,7 +245,12 @@ class Filesystem {
   // The table no longer pins anything here: the orphans nothing else pins
   // are freed.
   Result<void> detach_pins(const PinTable* t);
-  // Frees `ino` if it is an orphan here that nothing pins any more.
+  // Counts an open handle to `ino` in t (a table attached here): from then
+  // on the inode outlives its last name until the hold goes. ESTALE for an
+  // inode already freed (a ghost) or being freed (an orphan nothing holds).
+  Result<void> hold(uint64_t ino, PinTable& t);
+  // Frees `ino` if it is an orphan here that nothing pins any more, and
+  // forgets its ghost.
   Result<void> release(uint64_t ino);
   // The same for every orphan (after a shared table was cleared).
   Result<void> release_orphans();
@@ -285,7 +291,19 @@ class Filesystem {
   uint32_t bs_;
   std::shared_mutex mu_;  // the tree: shared for reads, exclusive for changes
   std::array<std::mutex, 64> ino_mu_;
-  bool pinned(uint64_t ino);
+  bool pinned(uint64_t ino);  // any reference
+  bool held(uint64_t ino);    // one that keeps the inode whole
+  // Ghosts: the last attributes of inodes freed while the kernel still
+  // knew them (pinned, not held; pins.h). getattr answers with them and
+  // setattr changes them, so that the kernel's flush of a deleted file's
+  // times costs no transaction; nothing else sees them. Each goes with its
+  // last pin. Memory only: a crash or unmount loses nothing that was kept.
+  void add_ghost(const Attr& a);
+  std::optional<Attr> ghost(uint64_t ino);
+  bool drop_ghost(uint64_t ino);
+  void drop_unpinned_ghosts();
+  std::mutex ghost_mu_;  // a leaf
+  std::unordered_map<uint64_t, Attr> ghosts_;
   Result<void> for_each_orphan(const std::function<void(uint64_t)>& fn);
   PinTable pins_;  // this filesystem's own references
   std::mutex pin_mu_;  // guards shared_pins_ (taken before a table's own mutex)

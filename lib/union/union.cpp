@@ -1239,6 +1239,21 @@ Result<void> Union::unpin(uint64_t ino, uint64_t n) {
   return r;
 }
 
+Result<void> Union::hold(uint64_t ino) {
+  std::shared_lock sl(mu_);  // the instance stays where it is meanwhile
+  auto [fs, i] = PLY_TRY(part(ino));
+  return fs->hold(i, *refs_);
+}
+
+Result<void> Union::unhold(uint64_t ino) {
+  std::shared_lock sl(mu_);
+  Result<void> r = ok();
+  if (refs_->unhold(ino) && !refs_->pinned(ino))
+    for (Filesystem* f : holders_)
+      if (auto e = f->release(ino); !e && r) r = e;
+  return r;
+}
+
 Result<void> Union::release_all() {
   std::shared_lock lk(mu_);
   // Only this union's references go: another user of the same branches

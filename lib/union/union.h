@@ -187,6 +187,12 @@ class Union {
   // could not hand the entry out unpins it at once). A node stays known while
   // referenced; the writable branches keep unlinked files alive meanwhile.
   Result<void> unpin(uint64_t ino, uint64_t n = 1);
+  // Open handles (FUSE open and create, until release): a file held is kept
+  // whole when its last name goes (an orphan), one only referenced is freed
+  // with it (fs/pins.h). ESTALE for a file already deleted. unhold frees an
+  // orphan nothing references any more.
+  Result<void> hold(uint64_t ino);
+  Result<void> unhold(uint64_t ino);
   // Forgets every reference (the mount is going away) and frees the files
   // that were unlinked while open, unless another user of the branch pins
   // them.

@@ -2036,6 +2036,7 @@ TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there
   Union& u = *mt.u;
   Attr a = must(u.lookup(u.root(), "f"));  // the kernel's references: two
   must(u.lookup(u.root(), "f"));
+  must(u.hold(a.ino));  // and an open handle
   mt.snapshot_live("s1");
   must(u.write(a.ino, 0, bytes("new"), kRoot));  // the copy-up into the new branch
   REQUIRE(u.branch_of(a.ino) == 0);
@@ -2045,6 +2046,8 @@ TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there
   std::vector<std::byte> buf(10);
   REQUIRE(must(u.read(a.ino, 0, buf)) == 10);
   CHECK(buf == bytes("new bytes!"));
+  must(u.unhold(a.ino));  // the release
+  CHECK(im.fs[0]->orphan_count() == 1);
   must(u.unpin(a.ino));
   CHECK(im.fs[0]->orphan_count() == 1);
   must(u.unpin(a.ino));  // the last forget
@@ -2107,23 +2110,94 @@ TEST_CASE("union: two unions over one branch keep their references apart", "[uni
   must(two.lookup(two.root(), "f"));
   must(one->lookup(one->root(), "g"));
   must(two.lookup(two.root(), "g"));
+  must(one->hold(f.ino));  // both have f open, the second g
+  must(two.hold(f.ino));
+  must(two.hold(g.ino));
   must(one->unlink(one->root(), "f"));
   must(one->unlink(one->root(), "g"));
   REQUIRE(im.fs[0]->orphan_count() == 2);
+  must(one->unhold(f.ino));
   must(one->unpin(f.ino));
   CHECK(im.fs[0]->orphan_count() == 2);
   std::vector<std::byte> buf(6);
   REQUIRE(must(two.read(f.ino, 0, buf)) == 6);
   CHECK(buf == bytes("shared"));
+  must(two.unhold(f.ino));
+  CHECK(im.fs[0]->orphan_count() == 2);  // still known to the second
   must(two.unpin(f.ino));
   CHECK(im.fs[0]->orphan_count() == 1);
   // The first union goes away: the file the second still holds stays.
   must(one->release_all());
   one.reset();
   CHECK(im.fs[0]->orphan_count() == 1);
+  must(two.unhold(g.ino));
+  CHECK(im.fs[0]->orphan_count() == 1);
   must(two.unpin(g.ino));
   CHECK(im.fs[0]->orphan_count() == 0);
   must(two.release_all());
+  im.close();
+  REQUIRE(check_filesystems(*im.dev).empty());
+}
+
+TEST_CASE("union: a file only looked up goes with its last name; its ghost answers the kernel", "[union]") {
+  // Without an open handle nothing can read the file once its name is
+  // gone: it is freed in the unlink's own transaction, no orphan. The
+  // kernel may still ask for its attributes and flush its times (a ghost,
+  // fs.h); it can no longer open it (ESTALE: look the name up again).
+  Image im = make_image(1);
+  auto& fs = *im.fs[0];
+  const auto free0 = fs.statfs().bfree;
+  Attr f = must(fs.mknod(fs.root(), "f", S_IFREG | 0640, 0, 7, 8));
+  must(fs.write(f.ino, 0, std::vector<std::byte>(3 * 4096, std::byte{1})));
+  must(fs.setxattr(f.ino, "user.k", bytes("v"), 0));
+  // A large one (more items than one unlink frees at once): freed at once
+  // too, through the orphan list.
+  Attr big = must(fs.mknod(fs.root(), "big", S_IFREG | 0644, 0, 0, 0));
+  for (uint64_t i = 0; i < 40; i++) must(fs.write(big.ino, i * 2 * 4096, std::vector<std::byte>(4096, std::byte{2})));
+  Union u({{&fs, true}});
+  Attr a = must(u.lookup(u.root(), "f"));
+  Attr b = must(u.lookup(u.root(), "big"));
+  must(u.unlink(u.root(), "f"));
+  must(u.unlink(u.root(), "big"));
+  CHECK(fs.orphan_count() == 0);
+  must(fs.sync());
+  CHECK(check_filesystems(*im.dev).empty());
+  CHECK(fs.statfs().bfree == free0);  // the data blocks are free already
+  Attr g = must(u.getattr(a.ino));
+  CHECK((g.nlink == 0 && g.size == 3 * 4096 && g.uid == 7 && (g.mode & 07777) == 0640));
+  CHECK(must(u.getattr(b.ino)).nlink == 0);
+  SetAttr times;
+  times.mtime = timespec{1000, 5};
+  times.ctime = timespec{2000, 6};
+  Attr t = must(u.setattr(a.ino, times, kRoot));
+  CHECK((t.mtime.tv_sec == 1000 && t.ctime.tv_sec == 2000));
+  CHECK(must(u.getattr(a.ino)).mtime.tv_nsec == 5);
+  CHECK(u.hold(a.ino).error().code == ESTALE);
+  CHECK(u.hold(b.ino).error().code == ESTALE);
+  std::vector<std::byte> buf(10);
+  CHECK(!u.read(a.ino, 0, buf));
+  CHECK(!u.getxattr(a.ino, "user.k"));
+  // The last forget drops the ghost; nothing was written for it.
+  must(u.unpin(a.ino));
+  must(u.unpin(b.ino));
+  CHECK(!u.getattr(a.ino));
+  CHECK(!fs.getattr(b.ino));
+  // Held: an orphan, readable, freed at the release and last forget.
+  Attr h = must(u.mknod(u.root(), "h", S_IFREG | 0644, 0, kRoot));
+  must(u.write(h.ino, 0, bytes("kept"), kRoot));
+  must(u.hold(h.ino));
+  must(u.unlink(u.root(), "h"));
+  CHECK(fs.orphan_count() == 1);
+  REQUIRE(must(u.read(h.ino, 0, buf)) == 4);
+  must(u.hold(h.ino));  // a second open of a file held
+  must(u.unhold(h.ino));
+  must(u.unhold(h.ino));
+  CHECK(fs.orphan_count() == 1);  // the kernel still knows it
+  must(u.unpin(h.ino));
+  CHECK(fs.orphan_count() == 0);
+  CHECK(!u.getattr(h.ino));
+  must(u.release_all());
+  must(fs.sync());
   im.close();
   REQUIRE(check_filesystems(*im.dev).empty());
 }
@@ -2137,6 +2211,7 @@ TEST_CASE("union: a branch that turns read-only keeps serving a file unlinked wh
   Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}});
   Attr a = must(u.lookup(u.root(), "f"));  // the kernel's reference
   REQUIRE(a.ino == f.ino);
+  must(u.hold(a.ino));  // open
   must(u.unlink(u.root(), "f"));
   REQUIRE(im.fs[0]->orphan_count() == 1);
   // The top branch turns read-only; the other one takes the writes.
@@ -2145,11 +2220,15 @@ TEST_CASE("union: a branch that turns read-only keeps serving a file unlinked wh
   std::vector<std::byte> buf(10);
   REQUIRE(must(u.read(a.ino, 0, buf)) == 10);
   CHECK(buf == bytes("still here"));
-  // A new write branch holds it too; the last forget frees it in both.
+  // A new write branch holds it too; the release and the last forget free
+  // it in both.
+  must(u.unhold(a.ino));
+  CHECK(im.fs[0]->orphan_count() == 1);
   must(u.unpin(a.ino));
   CHECK(im.fs[0]->orphan_count() == 0);
   // A branch that leaves the stack gives its references up at once.
   Attr g = must(u.mknod(u.root(), "g", S_IFREG | 0644, 0, kRoot));
+  must(u.hold(g.ino));
   must(u.unlink(u.root(), "g"));
   REQUIRE(im.fs[1]->orphan_count() == 1);
   must(u.restack({{im.fs[0].get(), true}}));
