@@ -6,6 +6,8 @@
 
 #include <linux/fuse.h>
 #include <sys/uio.h>
+#include <poll.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,7 +85,30 @@ void uring::note_request(const void* buf, size_t len) {
 
 namespace {
 
+std::atomic<unsigned> spin_us{0};
+std::atomic<bool> spinning{false};  // one spinner at a time
+
+uint64_t now_us() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return uint64_t(t.tv_sec) * 1000000 + uint64_t(t.tv_nsec) / 1000;
+}
+
+// Polls (without taking the request: another thread may) until a request
+// is ready or the time is up; the read below then finds it, or sleeps.
+void spin_for_request(int fd) {
+  const unsigned budget = spin_us.load(std::memory_order_relaxed);
+  if (!budget || spinning.exchange(true)) return;
+  const uint64_t end = now_us() + budget;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 0 || now_us() >= end) break;
+  }
+  spinning.store(false);
+}
+
 ssize_t kio_read(int fd, void* buf, size_t len, void*) {
+  spin_for_request(fd);
   const ssize_t n = ::read(fd, buf, len);
   if (n > 0) uring::note_request(buf, size_t(n));
   return n;
@@ -136,6 +161,8 @@ ssize_t kio_writev(int fd, struct iovec* iov, int count, void*) {
 }
 
 }  // namespace
+
+void set_spin(unsigned microseconds) { spin_us = microseconds; }
 
 void want_uring(bool on, unsigned depth) {
   uring_wanted = on;

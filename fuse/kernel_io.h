@@ -31,6 +31,14 @@ bool install_kernel_io(fuse_session* se);
 // offers it, with `depth` entries per CPU queue. Before the mount.
 void want_uring(bool on, unsigned depth);
 
+// -o spin=MICROSECONDS: before a worker thread sleeps in read(2) for the
+// next request, one thread at a time polls /dev/fuse for up to this long.
+// A program that issues one request after another (rm -r, tar, a
+// single-threaded build) then finds a thread awake and running: the
+// kernel's wakeup of a sleeping thread on another CPU (an inter-processor
+// interrupt, dear in a VM) is saved on each request. 0 turns it off.
+void set_spin(unsigned microseconds);
+
 // Whether the kernel agreed to FUSE_HANDLE_KILLPRIV_V2 (known after INIT).
 bool killpriv_v2();
 

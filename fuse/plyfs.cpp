@@ -77,6 +77,7 @@ struct Config {
   // libfuse's session loop: at most max_threads workers, and at most
   // max_idle_threads of them waiting for requests (0: the default, below).
   unsigned max_threads = 16, max_idle_threads = 0;
+  unsigned spin = 100;  // -o spin=MICROSECONDS (kernel_io.h)
 };
 
 enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO };
@@ -101,6 +102,7 @@ const struct fuse_opt kOpts[] = {
     {"commit_stats", offsetof(Config, commit_stats), 1},
     {"max_threads=%u", offsetof(Config, max_threads), 0},
     {"max_idle_threads=%u", offsetof(Config, max_idle_threads), 0},
+    {"spin=%u", offsetof(Config, spin), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -169,6 +171,8 @@ void usage() {
       "  -o max_threads=N   at most N threads serve requests (default 16)\n"
       "  -o max_idle_threads=N  at most N of them wait for requests (default: the\n"
       "                     number of CPUs, at least 2)\n"
+      "  -o spin=MICROSECONDS  before sleeping, one thread polls for the next\n"
+      "                     request this long (default 100; 0: never)\n"
       "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
       "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
       "  and the other options of mount.fuse3(8).\n"
@@ -1170,6 +1174,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "plyfs: bad cache size '%s' (e.g. 256M, at least 1M)\n", cfg.cache);
     return 1;
   }
+  if (cfg.spin > 100000) {
+    std::fprintf(stderr, "plyfs: bad spin %u (0 to 100000 microseconds)\n", cfg.spin);
+    return 1;
+  }
   if (cfg.max_threads < 1 || cfg.max_threads > 1024) {
     std::fprintf(stderr, "plyfs: bad max_threads %u (1 to 1024)\n", cfg.max_threads);
     return 1;
@@ -1336,6 +1344,7 @@ int main(int argc, char** argv) {
   // Before the first request (INIT) is read: see kernel_io.h.
   uring::set_logger(log_error);
   want_uring(cfg.uring != 0, 8);
+  set_spin(cfg.spin);
   if (!install_kernel_io(se)) log_error("cannot take the session's I/O: writes will cost a GETXATTR each");
   d.notifier.start(se);
   if (!cfg.foreground) {

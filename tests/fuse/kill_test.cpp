@@ -4,6 +4,8 @@
 #include <map>
 #include <thread>
 
+#include <algorithm>
+
 #include "fuse_util.h"
 
 using namespace plyfs::fusetest;
@@ -164,6 +166,43 @@ TEST_CASE("a second mount of a mounted image fails", "[kill]") {
   m2.start();
   REQUIRE_SAME(read_file(m2 / "f"), "first mount");
   REQUIRE(m2.unmount() == 0);
+}
+
+// The worker options (-o spin, max_threads, max_idle_threads): bad values
+// give one line and exit 1 without mounting; the extremes serve a mount
+// (one thread, no spinning; a long spin) and lose nothing.
+TEST_CASE("worker thread options: bad values refused, extremes work", "[kill]") {
+  TempDir tmp;
+  const std::string img = tmp / "image";
+  mkfs(img, "64M", tmp / "mkfs.log");
+  ::mkdir((tmp / "mnt").c_str(), 0755);
+  const dev_t before = dev_of(tmp / "mnt");
+  for (const char* bad : {"spin=100001", "max_threads=0", "max_threads=5000"}) {
+    const std::string log = tmp / "bad.log";
+    ::unlink(log.c_str());
+    const int rc = run({plyfs_bin(), img, tmp / "mnt", "-f", "-o", bad}, log, 60);
+    const std::string out = slurp(log);
+    INFO(bad << ": exit " << rc << ", output:\n" << out);
+    CHECK(rc == 1);
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+    CHECK(out.find("plyfs: bad") == 0);
+    CHECK(dev_of(tmp / "mnt") == before);
+  }
+  int n = 0;
+  for (const char* o : {"spin=0,max_threads=1,max_idle_threads=1", "spin=5000,max_idle_threads=2"}) {
+    Mount m(img, tmp / "mnt", {o});
+    m.start();
+    for (int i = 0; i < 200; i++) write_file(m / ("f" + std::to_string(n * 1000 + i)), "data " + std::to_string(i));
+    for (int i = 0; i < 200; i += 2) REQUIRE(::unlink((m / ("f" + std::to_string(n * 1000 + i))).c_str()) == 0);
+    REQUIRE(m.unmount() == 0);
+    n++;
+  }
+  require_fsck_clean(img, tmp / "fsck.log");
+  Mount m(img, tmp / "mnt");
+  m.start();
+  for (int k = 0; k < 2; k++)
+    for (int i = 1; i < 200; i += 2) REQUIRE_SAME(read_file(m / ("f" + std::to_string(k * 1000 + i))), "data " + std::to_string(i));
+  REQUIRE(m.unmount() == 0);
 }
 
 // SIGTERM and SIGINT unmount and commit: everything written is there at the
