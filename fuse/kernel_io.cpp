@@ -149,6 +149,9 @@ ssize_t kio_writev(int fd, struct iovec* iov, int count, void*) {
         // The kernel takes a request's payload (a write's data, a read's
         // reply) in one buffer of at least max_write and max_pages pages.
         if (uring) {
+          // The rings serve the requests; /dev/fuse carries only forgets
+          // and interrupts, not worth a spinning thread.
+          spin_us = 0;
           size_t payload = std::max<size_t>(out.max_write, 8192);
           if (out.flags & FUSE_MAX_PAGES) payload = std::max<size_t>(payload, size_t(out.max_pages) * 4096);
           uring::start(session, fd, payload + 4096, uring_depth);

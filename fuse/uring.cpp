@@ -102,7 +102,7 @@ struct Pool {
   std::atomic<unsigned> helpers{0};  // control commands running off the queues
 };
 
-Pool* g_pool = nullptr;
+std::atomic<Pool*> g_pool{nullptr};  // read by every replying thread
 std::atomic<bool> g_active{false};
 void (*g_log)(const char* fmt, ...) = nullptr;
 thread_local Queue* tl_queue = nullptr;  // the queue this thread serves
@@ -333,7 +333,7 @@ void not_offered() {
 }
 
 bool start(fuse_session* se, int devfd, size_t payload, unsigned depth) {
-  if (g_pool) return false;
+  if (g_pool.load()) return false;
   auto* p = new Pool;
   p->se = se;
   p->devfd = devfd;
@@ -366,7 +366,7 @@ bool start(fuse_session* se, int devfd, size_t payload, unsigned depth) {
 }
 
 bool reply(const struct iovec* iov, int count, ssize_t* written) {
-  Pool* p = g_pool;
+  Pool* p = g_pool.load();
   if (!p || !g_active.load(std::memory_order_acquire) || count < 1 || iov[0].iov_len < sizeof(fuse_out_header))
     return false;
   fuse_out_header oh;
@@ -405,7 +405,7 @@ bool reply(const struct iovec* iov, int count, ssize_t* written) {
 }
 
 void stop() {
-  Pool* p = g_pool;
+  Pool* p = g_pool.load();
   if (!p) return;
   // A control command still running replies through its queue: let it end.
   for (int i = 0; i < 3000 && p->helpers.load(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -428,7 +428,13 @@ void stop() {
   delete p;
 }
 
-bool active() { return g_active.load() && g_pool && g_pool->announced.load() && !g_pool->refused.load(); }
-uint64_t requests() { return g_pool ? g_pool->requests.load() : 0; }
+bool active() {
+  Pool* p = g_pool.load();
+  return g_active.load() && p && p->announced.load() && !p->refused.load();
+}
+uint64_t requests() {
+  Pool* p = g_pool.load();
+  return p ? p->requests.load() : 0;
+}
 
 }  // namespace plyfs::uring
