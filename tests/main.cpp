@@ -1,9 +1,8 @@
-// Catch2 v2 test runner, compiled once for every test program (Catch2's
-// implementation is the slowest file of the build). A program that must
-// check its preconditions first (the loop-device tests need root) defines
-// plyfs_test_precheck(): a non-zero result is the exit status (77: skipped).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+// The test runner of every Catch2 (v3) test program, so that a program that
+// must check its preconditions first (the loop-device tests need root) can
+// define plyfs_test_precheck(): a non-zero result is the exit status (77:
+// skipped). Catch2's implementation comes from its library (libCatch2).
+#include <catch2/catch_session.hpp>
 
 extern "C" int plyfs_test_precheck() __attribute__((weak));
 

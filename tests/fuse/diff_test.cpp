@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include <functional>
+
 #include "fuse_util.h"
 
 using namespace plyfs::fusetest;

@@ -8,7 +8,7 @@
 
 #include "../random_seed.h"
 
-#include <catch2/catch.hpp>
+#include <catch2/catch_test_macros.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>

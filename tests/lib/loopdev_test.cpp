@@ -1,7 +1,7 @@
 // lib/blockdev on real loop devices: sizes and sector sizes from the ioctls,
 // O_EXCL against a second writer, and a whole volume round trip. Needs root
 // and loop devices; exits 77 (skipped) without them and says why.
-#include <catch2/catch.hpp>
+#include <catch2/catch_test_macros.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>

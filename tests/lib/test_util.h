@@ -3,7 +3,7 @@
 
 #include "../random_seed.h"
 
-#include <catch2/catch.hpp>
+#include <catch2/catch_test_macros.hpp>
 
 #include <cstdio>
 #include <cstdlib>
