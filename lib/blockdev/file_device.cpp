@@ -32,7 +32,7 @@ Result<std::unique_ptr<FileDevice>> FileDevice::open(const std::string& path,
 
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
-    return Error::io(errno, "cannot open " + path);
+    return Error::sys(errno, "cannot open " + path);
   d->is_bdev_ = S_ISBLK(st.st_mode);
   if (!d->is_bdev_ && !S_ISREG(st.st_mode))
     return Error::invalid(path + " is neither a regular file nor a block device");
@@ -44,13 +44,13 @@ Result<std::unique_ptr<FileDevice>> FileDevice::open(const std::string& path,
     int e = errno;
     if (e == EBUSY)
       return Error::io(EBUSY, path + " is busy: mounted, or open by another program");
-    return Error::io(e, "cannot open " + path);
+    return Error::sys(e, "cannot open " + path);
   }
   if (opts.lock && ::flock(d->fd_, (opts.read_only ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
     int e = errno;
     if (e == EWOULDBLOCK)
       return Error::io(EBUSY, path + " is in use by another plyfs program (it holds the lock)");
-    return Error::io(e, "cannot lock " + path);
+    return Error::sys(e, "cannot lock " + path);
   }
 
   if (d->is_bdev_) {
@@ -58,16 +58,16 @@ Result<std::unique_ptr<FileDevice>> FileDevice::open(const std::string& path,
     int lss = 0;
     unsigned int pss = 0;
     if (::ioctl(d->fd_, BLKGETSIZE64, &bytes) != 0)
-      return Error::io(errno, "BLKGETSIZE64 failed on " + path);
+      return Error::sys(errno, "BLKGETSIZE64 failed on " + path);
     if (::ioctl(d->fd_, BLKSSZGET, &lss) != 0)
-      return Error::io(errno, "BLKSSZGET failed on " + path);
+      return Error::sys(errno, "BLKSSZGET failed on " + path);
     if (::ioctl(d->fd_, BLKPBSZGET, &pss) != 0)
-      return Error::io(errno, "BLKPBSZGET failed on " + path);
+      return Error::sys(errno, "BLKPBSZGET failed on " + path);
     d->size_ = bytes;
     d->lss_ = static_cast<uint32_t>(lss);
     d->pss_ = pss;
   } else {
-    if (::fstat(d->fd_, &st) != 0) return Error::io(errno, "cannot stat " + path);
+    if (::fstat(d->fd_, &st) != 0) return Error::sys(errno, "cannot stat " + path);
     d->lss_ = 512;
     d->pss_ = st.st_blksize >= 512 && st.st_blksize <= 65536 ? static_cast<uint32_t>(st.st_blksize)
                                                               : 4096;
@@ -89,7 +89,7 @@ Result<void> FileDevice::read(uint64_t offset, std::span<std::byte> out) {
                         static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Error::io(errno, "read of " + path_ + " at byte " + std::to_string(offset + done) +
+      return Error::sys(errno, "read of " + path_ + " at byte " + std::to_string(offset + done) +
                                   " failed");
     }
     if (n == 0) return Error::io(EIO, "unexpected end of " + path_);
@@ -109,7 +109,7 @@ Result<void> FileDevice::write(uint64_t offset, std::span<const std::byte> in) {
                          static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Error::io(errno, "write of " + path_ + " at byte " + std::to_string(offset + done) +
+      return Error::sys(errno, "write of " + path_ + " at byte " + std::to_string(offset + done) +
                                   " failed");
     }
     if (n == 0) return Error::io(EIO, "write of " + path_ + " made no progress");
@@ -120,7 +120,7 @@ Result<void> FileDevice::write(uint64_t offset, std::span<const std::byte> in) {
 
 Result<void> FileDevice::flush() {
   if (read_only_) return ok();
-  if (::fdatasync(fd_) != 0) return Error::io(errno, "flush (fdatasync) of " + path_ + " failed");
+  if (::fdatasync(fd_) != 0) return Error::sys(errno, "flush (fdatasync) of " + path_ + " failed");
   return ok();
 }
 
@@ -138,7 +138,7 @@ Result<void> FileDevice::discard(uint64_t offset, uint64_t len) {
   }
   // Discard is advisory (D7): a device that cannot do it loses nothing.
   if (r != 0 && errno != EOPNOTSUPP && errno != ENOTTY)
-    return Error::io(errno, "discard on " + path_ + " failed");
+    return Error::sys(errno, "discard on " + path_ + " failed");
   return ok();
 }
 

@@ -37,14 +37,14 @@ class LogDevice final : public BlockDevice {
   static Result<std::unique_ptr<LogDevice>> create(std::unique_ptr<BlockDevice> inner,
                                                    const std::string& path) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return Error::io(errno, "crashlog: cannot create " + path);
+    if (fd < 0) return Error::sys(errno, "crashlog: cannot create " + path);
     std::unique_ptr<LogDevice> d(new LogDevice(std::move(inner), fd));
     unsigned char h[24] = {};
     std::memcpy(h, kLogMagic, 8);
     put64(h + 8, d->inner_->logical_sector_size());
     put64(h + 16, d->inner_->size_bytes());
     d->buf_.insert(d->buf_.end(), h, h + sizeof h);
-    if (!d->drain()) return Error::io(errno, "crashlog: cannot write " + path);
+    if (!d->drain()) return Error::sys(errno, "crashlog: cannot write " + path);
     return d;
   }
   ~LogDevice() override {

@@ -160,7 +160,7 @@ Result<SuperInfo> Volume::plan(const BlockDevice& dev, const FormatOptions& o) {
   s.uuid = o.uuid;
   if (std::all_of(s.uuid.begin(), s.uuid.end(), [](uint8_t b) { return b == 0; })) {
     if (getrandom(s.uuid.data(), s.uuid.size(), 0) != 16)
-      return Error::io(errno, "cannot get random bytes for the uuid");
+      return Error::sys(errno, "cannot get random bytes for the uuid");
     s.uuid[6] = static_cast<uint8_t>((s.uuid[6] & 0x0f) | 0x40);  // RFC 4122 version 4
     s.uuid[8] = static_cast<uint8_t>((s.uuid[8] & 0x3f) | 0x80);
   }

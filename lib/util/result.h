@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -19,6 +20,11 @@ struct Error {
   int code = EIO;            // an errno value
   std::string reason;        // one plain sentence, no trailing period
   uint64_t block = kNoBlock; // the block concerned, when there is one
+  // The code came from a system call (open, pread, ioctl...): its strerror
+  // text tells the user something. plyfs's own refusals and findings carry
+  // an errno only for the caller's benefit (FUSE replies, exit codes); their
+  // reason says it all, so messages do not end in ": Invalid argument".
+  bool system = false;
 
   static constexpr uint64_t kNoBlock = ~uint64_t{0};
 
@@ -31,12 +37,20 @@ struct Error {
   static Error io(int code, std::string why, uint64_t block = kNoBlock) {
     return Error{code, std::move(why), block};
   }
+  // A system call failed with `code` (errno) while doing `what`.
+  static Error sys(int code, std::string what, uint64_t block = kNoBlock) {
+    return Error{code, std::move(what), block, true};
+  }
   static Error invalid(std::string why) { return Error{EINVAL, std::move(why)}; }
   static Error no_space(std::string why) { return Error{ENOSPC, std::move(why)}; }
 
   bool is_corruption() const { return code == EUCLEAN; }
-  // "reason (block N): strerror"
+  // "reason (block N)", and ": strerror" for a system error. Every tool
+  // prints errors this way, as one line.
   std::string message() const;
+  // What a tool prints: message(), and for a damaged image (EUCLEAN) the
+  // advice to check it: "...; the image is damaged: run fsck.plyfs IMAGE".
+  std::string user_message(std::string_view image = {}) const;
 };
 
 template <class T>

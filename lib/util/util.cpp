@@ -15,8 +15,19 @@ uint64_t xxh3(std::span<const std::byte> data) { return XXH3_64bits(data.data(),
 std::string Error::message() const {
   std::string s = reason;
   if (block != kNoBlock) s += " (block " + std::to_string(block) + ")";
-  s += ": ";
-  s += std::strerror(code);
+  if (system) {
+    s += ": ";
+    s += std::strerror(code);
+  }
+  return s;
+}
+
+std::string Error::user_message(std::string_view image) const {
+  std::string s = message();
+  if (is_corruption()) {
+    s += "; the image is damaged: run fsck.plyfs";
+    if (!image.empty()) s += " " + std::string(image);
+  }
   return s;
 }
 

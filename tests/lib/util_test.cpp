@@ -1,0 +1,101 @@
+// lib/util: the one size and number parser every tool uses, the error
+// message rule, and the progress line.
+#include <cstdio>
+
+#include "test_util.h"
+#include "util/parse.h"
+#include "util/progress.h"
+
+using namespace plyfs;
+
+TEST_CASE("sizes follow util-linux's units, case-insensitive", "[util]") {
+  struct Case { const char* s; uint64_t v; };
+  for (auto c : {Case{"0", 0}, Case{"4096", 4096}, Case{"1k", 1024}, Case{"1K", 1024},
+                 Case{"1KiB", 1024}, Case{"1kib", 1024}, Case{"1KB", 1000}, Case{"1kb", 1000},
+                 Case{"1g", 1ull << 30}, Case{"1G", 1ull << 30}, Case{"2GiB", 2ull << 30},
+                 Case{"1GB", 1000000000}, Case{"1.5M", 1572864}, Case{"0.5k", 512},
+                 Case{"3T", 3ull << 40}, Case{"1P", 1ull << 50}, Case{"15E", 15ull << 60},
+                 Case{"512B", 512}, Case{"512b", 512},
+                 Case{"18446744073709551615", ~uint64_t{0}}}) {
+    INFO(c.s);
+    auto r = parse_size(c.s);
+    REQUIRE(r);
+    CHECK(*r == c.v);
+  }
+  for (const char* s : {"", "-1", "+1", "-1G", "1x", "1 G", "G", "1GiBs", "1.", ".5", "16E",
+                        "18446744073709551616", "1e3", "0x10", "1,5G"}) {
+    INFO(s);
+    auto r = parse_size(s, "cache size");
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == EINVAL);
+    CHECK(r.error().message().find("invalid cache size '") == 0);
+    CHECK(r.error().message().find("Invalid argument") == std::string::npos);
+  }
+}
+
+TEST_CASE("whole numbers refuse signs, junk and values out of range", "[util]") {
+  CHECK(*parse_uint("0", "n") == 0);
+  CHECK(*parse_uint("18446744073709551615", "n") == ~uint64_t{0});
+  CHECK(*parse_uint("0x1f", "n", 0, 100, true) == 31);
+  CHECK_FALSE(parse_uint("0x1f", "n"));
+  CHECK_FALSE(parse_uint("18446744073709551616", "n"));
+  CHECK_FALSE(parse_uint("-1", "commit interval"));
+  CHECK(parse_uint("-1", "commit interval").error().reason ==
+        "invalid commit interval '-1': must not be negative");
+  CHECK_FALSE(parse_uint(" 1", "n"));
+  CHECK_FALSE(parse_uint("1 ", "n"));
+  CHECK_FALSE(parse_uint("", "n"));
+  CHECK_FALSE(parse_uint("5", "n", 10, 20));
+  CHECK_FALSE(parse_uint("25", "n", 10, 20));
+  CHECK(*parse_uint("20", "n", 10, 20) == 20);
+}
+
+TEST_CASE("only system errors end in strerror; damage points at fsck", "[util]") {
+  CHECK(Error::invalid("no branch named x").message() == "no branch named x");
+  CHECK(Error::io(EBUSY, "x is busy").message() == "x is busy");
+  CHECK(Error::sys(ENOENT, "cannot open /y").message() == "cannot open /y: No such file or directory");
+  CHECK(Error::corrupt(77, "keys out of order").message() == "keys out of order (block 77)");
+  CHECK(Error::corrupt(77, "keys out of order").user_message("a.img") ==
+        "keys out of order (block 77); the image is damaged: run fsck.plyfs a.img");
+  CHECK(Error::invalid("bad").user_message("a.img") == "bad");
+}
+
+TEST_CASE("sizes and times print the way the progress line shows them", "[util]") {
+  CHECK(format_size(0) == "0 B");
+  CHECK(format_size(1023) == "1023 B");
+  CHECK(format_size(1024) == "1.00 KiB");
+  CHECK(format_size(1536ull << 20) == "1.50 GiB");
+  CHECK(format_size(200ull << 20) == "200 MiB");
+  CHECK(Progress::eta(0) == "0:00:00");
+  CHECK(Progress::eta(3725) == "1:02:05");
+  CHECK(Progress::eta(-1) == "--:--:--");
+  CHECK(Progress::count(1234567) == "1,234,567");
+  CHECK(Progress::count(999) == "999");
+}
+
+TEST_CASE("a progress line shows totals, percentage and the final summary", "[util]") {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  {
+    Progress p("merging", 400, Progress::Unit::Count, "entries", f, true);
+    p.update(100);
+    p.finish();
+  }
+  std::fclose(f);
+  const std::string out(buf, len);
+  std::free(buf);
+  CHECK(out.find("merging: 100 / 400 entries (25%)") != std::string::npos);
+  CHECK(out.find("\rmerging: 100 entries in 0:00:00\033[K\n") != std::string::npos);
+  // Not a terminal and not forced: nothing at all.
+  buf = nullptr;
+  f = open_memstream(&buf, &len);
+  {
+    Progress p("x", 10, Progress::Unit::Count, "", f);
+    p.update(5);
+    p.finish();
+  }
+  std::fclose(f);
+  CHECK(len == 0);
+  std::free(buf);
+}
