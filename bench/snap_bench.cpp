@@ -1,5 +1,5 @@
 // Snapshot latency benchmark (issue 7): the steps of a mounted stack's
-// snapshot as the daemon runs them (fuse/plyfs.cpp, lifecycle), through the
+// snapshot as the daemon runs them (fuse/lifecycle.cpp, lifecycle), through the
 // library on an in-memory device, so that no FUSE and no disk enter the
 // figures: the snapshot transaction, the union's restack onto the new
 // stack, and the commit. The union first looks up every file, as a warm

@@ -693,7 +693,7 @@ void ControlFolder::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!a) return reply_err(req, a.error());
   if (S_ISDIR(a->mode)) return (void)fuse_reply_err(req, EISDIR);
   if (for_write && u.read_only()) return (void)fuse_reply_err(req, EROFS);
-  // Held until release, as in the mount (plyfs.cpp, op_open).
+  // Held until release, as in the mount (ops_files.cpp, op_open).
   if (auto h = u.hold(w->ino); !h) return reply_err(req, h.error());
   auto fail = [&](const Error& e) {
     (void)u.unhold(w->ino);

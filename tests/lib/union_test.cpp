@@ -1285,7 +1285,7 @@ struct Mounted {
     return -1;
   }
   // A snapshot as a mount takes it: inside the union's restack, which keeps
-  // what the union knows (fuse/plyfs.cpp, lifecycle).
+  // what the union knows (fuse/lifecycle.cpp, lifecycle).
   Snapshot snapshot_live(const std::string& name) {
     Snapshot sn;
     must(u->restack([&]() -> Result<std::vector<UnionBranch>> {

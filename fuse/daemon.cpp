@@ -1,0 +1,133 @@
+// The daemon's state (daemon.h) and the helpers its parts share: the
+// mounted union's inode numbers as FUSE knows them, the one errno mapping,
+// the replies that pin what they hand the kernel, and what every restack
+// of the mounted stack needs (the branches opened, the kernel's caches
+// dropped).
+#include "daemon.h"
+
+#include <syslog.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernel_io.h"
+
+namespace plyfs::daemon {
+
+Daemon* g = nullptr;
+
+void log_error(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (g && g->daemonized) {
+    vsyslog(LOG_ERR, fmt, ap);
+  } else {
+    std::fputs("plyfs: ", stderr);
+    std::vfprintf(stderr, fmt, ap);
+    std::fputc('\n', stderr);
+  }
+  va_end(ap);
+}
+
+Union& fs() { return *g->u; }
+uint64_t to_fs(fuse_ino_t i) { return i == FUSE_ROOT_ID ? fs().root() : i; }
+fuse_ino_t to_fuse(uint64_t i) { return i == fs().root() ? FUSE_ROOT_ID : i; }
+
+// The single place errors become errno replies. Damage and device errors
+// are EIO to the caller, logged, and turn the mount read-only.
+int errno_of(const Error& e) {
+  if (e.code == EUCLEAN || e.code == EIO) {
+    log_error("%s", e.message().c_str());
+    g->u->fail(e);
+    return EIO;
+  }
+  return e.code;
+}
+void reply_err(fuse_req_t req, const Error& e) { fuse_reply_err(req, errno_of(e)); }
+
+// A change through the mount, before its reply: the views of .plyfs that
+// show a branch the mount writes to drop what the kernel holds stale of
+// them (format.md#control-folder, "Caching"). Nothing to do, and no lock
+// taken, while no view is open.
+void changed(std::initializer_list<ViewChange> cs) {
+  if (cs.size() && g->ctl->has_views()) g->ctl->mount_changed(std::vector<ViewChange>(cs));
+}
+
+struct stat to_stat(const Attr& a) { return stat_of(a, to_fuse(a.ino), fs().block_size()); }
+
+fuse_entry_param to_entry(const Attr& a) {
+  fuse_entry_param e{};
+  e.ino = to_fuse(a.ino);
+  e.generation = a.generation;
+  e.attr = to_stat(a);
+  e.attr_timeout = g->timeout;
+  e.entry_timeout = g->timeout;
+  return e;
+}
+
+// `cs`: what a successful operation changed (none for a lookup).
+void reply_entry(fuse_req_t req, const Result<Attr>& a, std::initializer_list<ViewChange> cs) {
+  if (!a) return reply_err(req, a.error());
+  fuse_entry_param e = to_entry(*a);  // the union counted the reference
+  changed(cs);
+  if (fuse_reply_entry(req, &e) != 0) (void)fs().unpin(a->ino);
+}
+
+namespace {
+uint32_t umask_of(const fuse_ctx* c) { return g->dont_mask ? c->umask : 0; }
+}  // namespace
+Caller caller(fuse_req_t req) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  return Caller{c->uid, c->gid, umask_of(c)};
+}
+
+// Clears setuid/setgid before a change when `kill` (kernel_io.h), and then
+// drops the kernel's cached attributes of the file: a write's or open's
+// reply carries none, and the kernel would show the old mode until its
+// attribute timeout. An attributes-only invalidation takes no lock the
+// request holds, so it is safe from inside the request.
+Result<void> kill_setid(fuse_req_t req, fuse_ino_t ino, bool kill) {
+  if (PLY_TRY(kill_setid_before_change(fs(), to_fs(ino), kill, caller(req))))
+    fuse_lowlevel_notify_inval_inode(g->se, ino, -1, 0);
+  return ok();
+}
+
+// --- live branch changes (fuse/control.h) -------------------------------------------------
+
+// Drops what the kernel cached of names and attributes after a restack:
+// every object the union knows, and every name the new stack shows in a
+// known directory (the kernel may hold a negative entry for it).
+void invalidate_all() {
+  std::set<uint64_t> dirs{g->u->root()};
+  for (const auto& k : g->u->known()) {
+    dirs.insert(k.parent);
+    (void)fuse_lowlevel_notify_inval_entry(g->se, to_fuse(k.parent), k.name.c_str(), k.name.size());
+    (void)fuse_lowlevel_notify_inval_inode(g->se, to_fuse(k.ino), 0, 0);
+  }
+  for (uint64_t d : dirs) {
+    std::vector<std::string> names;
+    (void)g->u->readdir(d, 2, [&](const DirEntry& e) {
+      names.emplace_back(e.name);
+      return true;
+    });
+    for (const auto& n : names)
+      (void)fuse_lowlevel_notify_inval_entry(g->se, to_fuse(d), n.c_str(), n.size());
+  }
+  (void)fuse_lowlevel_notify_inval_inode(g->se, FUSE_ROOT_ID, 0, 0);
+}
+
+// The union's branches for a stack, opening those not open yet.
+Result<std::vector<UnionBranch>> union_branches(const std::vector<ViewLayer>& s) {
+  std::vector<UnionBranch> ub;
+  for (const auto& l : s) {
+    auto& f = g->branches[l.tree.v];
+    if (!f) f = PLY_TRY(Filesystem::open(*g->vol, l.tree));
+    ub.push_back({f.get(), l.writable});
+  }
+  return ub;
+}
+
+}  // namespace plyfs::daemon

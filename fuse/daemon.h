@@ -1,0 +1,121 @@
+// The daemon's state and what its parts share: the one Daemon (g), the one
+// errno mapping, the replies that hand the kernel an inode, and the
+// functions one part calls in another. The parts: plyfs.cpp (main),
+// options.cpp, daemon.cpp (this header's helpers), ops_names.cpp and
+// ops_files.cpp (the FUSE operations on the mounted union), control.cpp
+// (the control requests, control.h) and lifecycle.cpp (snapshot, merge,
+// rollback and the threads that run them unasked).
+#pragma once
+
+#ifndef FUSE_USE_VERSION
+#define FUSE_USE_VERSION 312
+#endif
+#include <fuse_lowlevel.h>
+
+#include <sys/stat.h>
+
+#include <condition_variable>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "blockdev/blockdev.h"
+#include "fs/fs.h"
+#include "union/union.h"
+#include "union/view.h"
+#include "ctl_folder.h"
+#include "notifier.h"
+
+namespace plyfs::daemon {
+
+// --- the daemon's state -------------------------------------------------------
+
+struct Daemon {
+  std::unique_ptr<BlockDevice> dev;
+  std::unique_ptr<Volume> vol;
+  // Every branch opened since the mount, by tree id: kept until unmount,
+  // because an operation that began before a restack may still use one.
+  std::map<uint64_t, std::unique_ptr<Filesystem>> branches;
+  std::unique_ptr<Union> u;
+  std::unique_ptr<ControlFolder> ctl;  // every branch's view, under .plyfs
+  Notifier notifier;                   // the invalidations for those views' caches (notifier.h)
+  fuse_session* se = nullptr;
+  std::mutex ctl_mu;                // one branch change at a time
+  std::vector<ViewLayer> stack;     // what the union shows, under ctl_mu
+  // Automatic snapshots (-o snapshot_interval, snapshot_keep).
+  unsigned snap_interval = 0, snap_keep = 0;
+  std::thread snapper;
+  std::mutex snap_mu;
+  std::condition_variable snap_cv;
+  bool snap_stop = false;
+  // The cleaner: drops the branches a merge or rollback doomed, after the
+  // command that doomed them returned (format.md#snapshots, "Online").
+  std::thread cleaner;
+  std::mutex clean_mu;
+  std::condition_variable clean_cv;
+  bool clean_pending = false, clean_stop = false;
+  bool read_only = false;
+  bool daemonized = false;
+  bool acl = false;
+  bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
+  bool no_opendir = false; // the kernel can do without opendir
+  bool writeback = true;    // ask for the kernel's writeback cache
+  double timeout = 60.0;  // every change goes through this daemon
+};
+extern Daemon* g;
+
+// To stderr, or to syslog once the daemon runs in the background.
+void log_error(const char* fmt, ...);
+
+// The mounted union and its inode numbers as FUSE knows them (the root is 1).
+Union& fs();
+uint64_t to_fs(fuse_ino_t i);
+fuse_ino_t to_fuse(uint64_t i);
+int errno_of(const Error& e);
+void reply_err(fuse_req_t req, const Error& e);
+void changed(std::initializer_list<ViewChange> cs);
+struct stat to_stat(const Attr& a);
+fuse_entry_param to_entry(const Attr& a);
+void reply_entry(fuse_req_t req, const Result<Attr>& a, std::initializer_list<ViewChange> cs = {});
+Caller caller(fuse_req_t req);
+Result<void> kill_setid(fuse_req_t req, fuse_ino_t ino, bool kill);
+
+// The session's operations (ops_names.cpp), and those of other parts that
+// the table takes: ops_files.cpp's and control.cpp's ioctl.
+fuse_lowlevel_ops make_ops();
+void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi);
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
+void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off, fuse_file_info*);
+void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*);
+void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+                 int flags);
+void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size);
+void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name);
+void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*);
+void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*);
+void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_info*, fuse_ino_t out,
+                        off_t off_out, fuse_file_info*, size_t len, int flags);
+void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*, unsigned flags,
+              const void* in_buf, size_t in_size, size_t out_size);
+
+// Live branch changes (control.h). control() runs one request, for
+// op_ioctl and for the automatic snapshots (`may_change`: from root or the
+// mount's owner); lifecycle() runs a snapshot, merge or rollback
+// (lifecycle.cpp). Every restack opens its branches with union_branches
+// and, unless the view stays the same, drops what the kernel cached with
+// invalidate_all (daemon.cpp).
+Result<std::string> control(const std::string& request, bool may_change);
+Result<std::string> lifecycle(const std::string& cmd, const std::string& name);
+void cleaner_loop();  // Daemon::cleaner and Daemon::snapper, started by main
+void snapper_loop();
+void invalidate_all();
+Result<std::vector<UnionBranch>> union_branches(const std::vector<ViewLayer>& s);
+
+}  // namespace plyfs::daemon
