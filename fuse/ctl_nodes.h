@@ -1,6 +1,10 @@
 // The node ids of the control folder (ctl_folder.h, "Node ids"; C3, C6),
-// shared by its parts (ctl_folder.cpp, ctl_caches.cpp).
+// and what its replies share, for its parts (ctl_folder.cpp,
+// ctl_layers.cpp, ctl_names.cpp, ctl_files.cpp, ctl_caches.cpp).
 #pragma once
+
+#include <string>
+#include <string_view>
 
 #include "ctl_folder.h"
 
@@ -26,5 +30,12 @@ inline bool is_info(fuse_ino_t i) { return kind_of(i) == kInfo; }
 inline bool is_children(fuse_ino_t i) { return kind_of(i) == kChildren; }
 inline bool is_child_link(fuse_ino_t i) { return kind_of(i) == kChildLink; }
 inline uint64_t folder_of(fuse_ino_t i) { return (i & kNumMask) >> 3; }
+
+// A link of children/: to the child's folder.
+inline std::string child_target(std::string_view name) { return "../../" + std::string(name); }
+
+// Names and numbers here change under the kernel's feet (another view,
+// plyctl on the mount): nothing is cached (format.md#control-folder).
+inline constexpr double kTimeout = 0.0;
 
 }  // namespace plyfs::ctl
