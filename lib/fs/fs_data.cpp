@@ -1,0 +1,467 @@
+// File data (format.md#fs-inline, #fs-extent): read, write, truncate,
+// fallocate, lseek and copy_range, with inline data and extents.
+#include "fs/fs.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "fs/fs_internal.h"
+#include "util/checksum.h"
+
+namespace plyfs {
+
+// --- file data ------------------------------------------------------------------
+
+namespace {
+bool all_zero(std::span<const std::byte> s) {
+  return std::all_of(s.begin(), s.end(), [](std::byte b) { return b == std::byte{0}; });
+}
+}  // namespace
+
+Result<size_t> Filesystem::read(uint64_t ino, uint64_t off, std::span<std::byte> out) {
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::vector<Ext> es;
+  uint64_t n, fb, lb;
+  {
+    std::shared_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    if (S_ISDIR(r.a.mode)) return Error::io(EISDIR, "is a directory");
+    if (off >= r.a.size || out.empty()) return size_t{0};
+    n = std::min<uint64_t>(out.size(), r.a.size - off);
+    if (r.is_inline()) {
+      auto d = PLY_TRY(c.inline_data(ino, r.a.size));
+      std::memcpy(out.data(), d.data() + off, n);
+      return size_t(n);
+    }
+    fb = off / bs_;
+    lb = (off + n - 1) / bs_;
+    es = PLY_TRY(c.extents(ino, fb, lb + 1));
+  }
+  // The device reads run without the tree lock; the Txn keeps the blocks
+  // from being reused (a block freed now is free only once this generation
+  // is durable, and it cannot commit while the Txn is open).
+  std::memset(out.data(), 0, n);
+  std::vector<std::byte> buf;
+  for (const Ext& e : es) {
+    if (e.prealloc()) continue;
+    uint64_t a = std::max(fb, e.file_blk), b = std::min(lb + 1, e.end());
+    buf.resize((b - a) * bs_);
+    PLY_CHECK(vol_.read_data(BlockNo{e.disk_start + e.offset + (a - e.file_blk)}, buf));
+    for (uint64_t i = a; i < b; i++) {
+      std::span<const std::byte> blk(buf.data() + (i - a) * bs_, bs_);
+      if (xxh3(blk) != e.csums[i - e.file_blk]) {
+        Error err = Error::io(EIO, "data checksum mismatch in inode " + std::to_string(ino) +
+                                       " file block " + std::to_string(i),
+                              e.disk_start + e.offset + (i - e.file_blk));
+        fail(err);
+        return err;
+      }
+      // The overlap of block i with [off, off + n).
+      uint64_t bs0 = i * bs_, lo = std::max(off, bs0), hi = std::min(off + n, bs0 + bs_);
+      std::memcpy(out.data() + (lo - off), blk.data() + (lo - bs0), hi - lo);
+    }
+  }
+  return size_t(n);
+}
+
+namespace {
+// Allocates blocks for `data` (whole blocks for file blocks from `fb`),
+// writes them and returns the extent items to map, in pieces of at most
+// kMaxExtentBlocks. On error, frees what it allocated.
+Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
+                                    std::span<const std::byte> data, uint32_t bs) {
+  std::vector<Ext> out;
+  const uint64_t total = data.size() / bs;
+  uint64_t done = 0;
+  auto undo = [&](Error e) -> Error {
+    for (const Ext& x : out) (void)t.dec_extent(BlockNo{x.disk_start});
+    return e;
+  };
+  uint32_t want = disk::kMaxExtentBlocks;
+  while (done < total) {
+    uint32_t n = uint32_t(std::min<uint64_t>(want, total - done));
+    auto b = t.alloc_extent(n);
+    if (!b) {
+      if (b.error().code == ENOSPC && n > 1) {  // fragmented: try shorter pieces
+        want = std::max<uint32_t>(1, n / 2);
+        continue;
+      }
+      return undo(b.error());
+    }
+    Ext e;
+    e.file_blk = fb + done;
+    e.disk_start = b->v;
+    e.disk_nblocks = n;
+    e.offset = 0;
+    e.nblocks = n;
+    out.push_back(e);
+    auto piece = data.subspan(done * bs, uint64_t(n) * bs);
+    auto w = vol.write_data(*b, piece);
+    if (!w) return undo(w.error());
+    out.back().csums.resize(n);
+    for (uint32_t i = 0; i < n; i++) out.back().csums[i] = xxh3(piece.subspan(uint64_t(i) * bs, bs));
+    done += n;
+  }
+  return out;
+}
+}  // namespace
+
+// Moves an inline file's data into a block (format.md#fs-inline).
+Result<void> Filesystem::unshare_inline(uint64_t ino) {
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::vector<std::byte> data;
+  {
+    std::shared_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    if (!r.is_inline()) return ok();
+    data = PLY_TRY(c.inline_data(ino, r.a.size));
+  }
+  std::vector<Ext> news;
+  if (!data.empty() && !all_zero(data)) {
+    data.resize(bs_);
+    news = PLY_TRY(put_blocks(vol_, c.t, 0, data, bs_));
+  }
+  std::unique_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  PLY_CHECK(c.set_inline(ino, {}, r.a.size));
+  for (const Ext& e : news) PLY_CHECK(c.put_extent(ino, e));
+  r.flags &= ~kInodeInline;
+  r.a.blocks = news.size() * (bs_ / 512);
+  return c.put_inode(r);
+}
+
+Result<size_t> Filesystem::write(uint64_t ino, uint64_t off, std::span<const std::byte> in) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  if (in.empty()) return size_t{0};
+  if (off + in.size() < off || off + in.size() > (kOffMask >> 1) * uint64_t(bs_))
+    return Error::io(EFBIG, "file too large");
+  std::lock_guard il(inode_lock(ino));
+  return write_locked(ino, off, in);
+}
+
+Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in) {
+  Attr a = PLY_TRY(getattr(ino));
+  if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
+  if (!S_ISREG(a.mode)) return Error::invalid("not a regular file");
+  const uint64_t end = off + in.size();
+  {
+    auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    if (r.is_inline() && end <= disk::kInlineMax) {
+      auto d = PLY_TRY(c.inline_data(ino, r.a.size));
+      uint64_t old = r.a.size;
+      if (d.size() < end) d.resize(end);
+      std::memcpy(d.data() + off, in.data(), in.size());
+      PLY_CHECK(c.set_inline(ino, d, old));
+      r.a.size = d.size();
+      if (!kernel_times_) r.a.mtime = r.a.ctime = now();
+      PLY_CHECK(c.put_inode(r));
+      return in.size();
+    }
+  }
+  if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino));
+  a = PLY_TRY(getattr(ino));
+  const uint64_t fb = off / bs_, lb = (end - 1) / bs_, nb = lb - fb + 1;
+  std::vector<std::byte> buf(nb * bs_);
+  // Partial first and last blocks keep their other bytes.
+  if (off % bs_ && fb * bs_ < a.size)
+    (void)PLY_TRY(read(ino, fb * bs_, std::span(buf).first(bs_)));
+  if (end % bs_ && lb * bs_ < a.size && (lb != fb || off % bs_ == 0))
+    (void)PLY_TRY(read(ino, lb * bs_, std::span(buf).last(bs_)));
+  std::memcpy(buf.data() + off % bs_, in.data(), in.size());
+
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = (nb / disk::kMaxExtentBlocks + 8) * 2 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  auto news = PLY_TRY(put_blocks(vol_, c.t, fb, buf, bs_));
+  std::unique_lock lk(mu_);
+  auto apply = [&]() -> Result<void> {
+    Rec r = PLY_TRY(c.inode(ino));
+    int64_t delta = 0;
+    // Blocks past the old end can hold leftovers of a truncation a crash
+    // cut short (format.md#fs-extent); they must read as zeros.
+    uint64_t eof_blk = (r.a.size + bs_ - 1) / bs_;
+    if (eof_blk < fb) (void)PLY_TRY(c.punch(ino, eof_blk, fb, delta));
+    (void)PLY_TRY(c.punch(ino, fb, fb + nb, delta));
+    for (const Ext& e : news) {
+      PLY_CHECK(c.put_extent(ino, e));
+      delta += e.nblocks;
+    }
+    r.a.size = std::max(r.a.size, end);
+    r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+    if (!kernel_times_) r.a.mtime = r.a.ctime = now();
+    return c.put_inode(r);
+  };
+  auto r = apply();
+  if (!r) {
+    if (!vol_.failure()) for (const Ext& e : news) (void)c.t.dec_extent(BlockNo{e.disk_start});
+    return r.error();
+  }
+  return in.size();
+}
+
+Result<void> Filesystem::truncate_locked(uint64_t ino, uint64_t size) {
+  Attr a = PLY_TRY(getattr(ino));
+  if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
+  if (!S_ISREG(a.mode)) return Error::invalid("not a regular file");
+  if (size > (kOffMask >> 1) * uint64_t(bs_)) return Error::io(EFBIG, "file too large");
+  {
+    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 8 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    if (r.is_inline() && size <= disk::kInlineMax) {
+      auto d = PLY_TRY(c.inline_data(ino, r.a.size));
+      uint64_t old = r.a.size;
+      d.resize(size);
+      PLY_CHECK(c.set_inline(ino, d, old));
+      r.a.size = size;
+      if (!kernel_times_) r.a.mtime = r.a.ctime = now();
+      return c.put_inode(r);
+    }
+  }
+  if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino));
+  a = PLY_TRY(getattr(ino));
+  // The block that will hold the new end: its bytes past the end become
+  // zeros, in the same generation as the size change.
+  std::vector<std::byte> tail;
+  const uint64_t keep = (size + bs_ - 1) / bs_;  // blocks that stay
+  if (size < a.size && size % bs_) {
+    tail.assign(bs_, std::byte{0});
+    (void)PLY_TRY(read(ino, (size / bs_) * bs_, std::span(tail).first(size % bs_)));
+  }
+  bool first = true, done = false;
+  while (!done) {
+    auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 4 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::vector<Ext> news;
+    if (first && !tail.empty()) news = PLY_TRY(put_blocks(vol_, c.t, size / bs_, tail, bs_));
+    std::unique_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    int64_t delta = 0;
+    if (size >= r.a.size) {
+      // Growing: what lies past the old end must read as zeros.
+      uint64_t eof_blk = (r.a.size + bs_ - 1) / bs_;
+      done = PLY_TRY(c.punch(ino, eof_blk, keep, delta, kPunchBatch));
+    } else {
+      if (first && !news.empty()) {
+        (void)PLY_TRY(c.punch(ino, size / bs_, size / bs_ + 1, delta));
+        PLY_CHECK(c.put_extent(ino, news[0]));
+        delta += 1;
+      }
+      done = PLY_TRY(c.punch(ino, keep, kOffMask, delta, kPunchBatch));
+    }
+    if (first) {
+      r.a.size = size;
+      if (!kernel_times_) r.a.mtime = r.a.ctime = now();
+    }
+    r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+    PLY_CHECK(c.put_inode(r));
+    first = false;
+  }
+  return ok();
+}
+
+Result<void> Filesystem::fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  const int known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+  if (mode & ~known) return Error::io(EOPNOTSUPP, "unsupported fallocate mode");
+  if ((mode & FALLOC_FL_PUNCH_HOLE) && !(mode & FALLOC_FL_KEEP_SIZE))
+    return Error::invalid("PUNCH_HOLE needs KEEP_SIZE");
+  if ((mode & FALLOC_FL_PUNCH_HOLE) && (mode & FALLOC_FL_ZERO_RANGE))
+    return Error::invalid("PUNCH_HOLE with ZERO_RANGE");
+  if (len == 0) return Error::invalid("zero length");
+  const uint64_t end = off + len;
+  if (end < off || end > (kOffMask >> 1) * uint64_t(bs_)) return Error::io(EFBIG, "file too large");
+  std::lock_guard il(inode_lock(ino));
+  Attr a = PLY_TRY(getattr(ino));
+  if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
+  if (!S_ISREG(a.mode)) return Error::io(ENODEV, "not a regular file");
+  PLY_CHECK(unshare_inline(ino));
+  a = PLY_TRY(getattr(ino));
+  const bool zeroing = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE);
+  if (zeroing) {
+    // Partial blocks at the edges get zeros written; whole blocks are unmapped.
+    const uint64_t wf = (off + bs_ - 1) / bs_, wl = end / bs_;  // whole blocks [wf, wl)
+    auto zero_bytes = [&](uint64_t from, uint64_t to) -> Result<void> {
+      to = std::min(to, a.size);
+      if (from >= to) return ok();
+      std::vector<std::byte> z(to - from);
+      (void)PLY_TRY(write_locked(ino, from, z));
+      return ok();
+    };
+    if (wf > wl) {
+      PLY_CHECK(zero_bytes(off, end));
+    } else {
+      PLY_CHECK(zero_bytes(off, wf * bs_));
+      PLY_CHECK(zero_bytes(wl * bs_, end));
+    }
+    bool done = wf >= wl;
+    while (!done) {
+      auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 4 * kOpBlocks}));
+      Ctx c{*this, std::move(t)};
+      std::unique_lock lk(mu_);
+      Rec r = PLY_TRY(c.inode(ino));
+      int64_t delta = 0;
+      done = PLY_TRY(c.punch(ino, wf, wl, delta, kPunchBatch));
+      r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+      if (!kernel_times_) r.a.mtime = r.a.ctime = now();
+      PLY_CHECK(c.put_inode(r));
+    }
+    if (mode & FALLOC_FL_PUNCH_HOLE) return ok();
+  }
+  // Allocate: holes in [off, end) get preallocated extents.
+  const uint64_t fb = off / bs_, lb = (end - 1) / bs_ + 1;
+  uint64_t pos = fb;
+  while (pos < lb) {
+    auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    uint64_t stop = std::min<uint64_t>(lb, pos + 16 * disk::kMaxExtentBlocks);
+    std::vector<Ext> es;
+    {
+      std::shared_lock lk(mu_);
+      es = PLY_TRY(c.extents(ino, pos, stop));
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> holes;
+    uint64_t p = pos;
+    for (const Ext& e : es) {
+      if (e.file_blk > p) holes.push_back({p, std::min(e.file_blk, stop)});
+      p = std::max(p, e.end());
+    }
+    if (p < stop) holes.push_back({p, stop});
+    std::vector<Ext> news;
+    for (auto [h0, h1] : holes) {
+      for (uint64_t q = h0; q < h1;) {
+        uint32_t n = uint32_t(std::min<uint64_t>(disk::kMaxExtentBlocks, h1 - q));
+        auto b = c.t.alloc_extent(n);
+        if (!b) {
+          for (const Ext& x : news) (void)c.t.dec_extent(BlockNo{x.disk_start});
+          return b.error();
+        }
+        Ext e;
+        e.file_blk = q;
+        e.disk_start = b->v;
+        e.disk_nblocks = n;
+        e.nblocks = n;
+        e.flags = disk::kExtentPrealloc;
+        news.push_back(e);
+        q += n;
+      }
+    }
+    std::unique_lock lk(mu_);
+    Rec r = PLY_TRY(c.inode(ino));
+    int64_t delta = 0;
+    for (const Ext& e : news) {
+      PLY_CHECK(c.put_extent(ino, e));
+      delta += e.nblocks;
+    }
+    r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+    if (!(mode & FALLOC_FL_KEEP_SIZE) && stop == lb && end > r.a.size) r.a.size = end;
+    if (!kernel_times_) r.a.ctime = now();
+    if (!kernel_times_ && !(mode & FALLOC_FL_KEEP_SIZE)) r.a.mtime = r.a.ctime;
+    PLY_CHECK(c.put_inode(r));
+    pos = stop;
+  }
+  return ok();
+}
+
+Result<uint64_t> Filesystem::lseek(uint64_t ino, uint64_t off, int whence) {
+  if (whence != SEEK_DATA && whence != SEEK_HOLE) return Error::invalid("lseek whence");
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  if (off >= r.a.size) return Error::io(ENXIO, "offset past the end");
+  if (r.is_inline()) return whence == SEEK_DATA ? off : r.a.size;
+  uint64_t blk = off / bs_;
+  const uint64_t eof_blk = (r.a.size + bs_ - 1) / bs_;
+  while (blk < eof_blk) {
+    auto es = PLY_TRY(c.extents(ino, blk, eof_blk, 64));
+    if (whence == SEEK_DATA) {
+      if (es.empty()) return Error::io(ENXIO, "no data past the offset");
+      uint64_t d = std::max(off, es[0].file_blk * bs_);
+      if (d >= r.a.size) return Error::io(ENXIO, "no data past the offset");
+      return d;
+    }
+    uint64_t p = blk;
+    for (const Ext& e : es) {
+      if (e.file_blk > p) return std::max(off, std::min(p * bs_, r.a.size));
+      p = std::max(p, e.end());
+    }
+    if (es.size() < 64) return std::max(off, std::min(p * bs_, r.a.size));
+    blk = p;
+  }
+  return whence == SEEK_DATA ? Result<uint64_t>(Error::io(ENXIO, "no data past the offset"))
+                             : Result<uint64_t>(r.a.size);
+}
+
+Result<uint64_t> Filesystem::copy_range(uint64_t in, uint64_t off_in, uint64_t out,
+                                        uint64_t off_out, uint64_t len) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  Attr ai = PLY_TRY(getattr(in));
+  Attr ao = PLY_TRY(getattr(out));
+  if (S_ISDIR(ai.mode) || S_ISDIR(ao.mode)) return Error::io(EISDIR, "is a directory");
+  if (!S_ISREG(ai.mode) || !S_ISREG(ao.mode)) return Error::invalid("not a regular file");
+  if (off_in >= ai.size) return uint64_t{0};
+  len = std::min(len, ai.size - off_in);
+  if (in == out && off_in < off_out + len && off_out < off_in + len)
+    return Error::invalid("overlapping ranges in one file");
+  const bool aligned = off_in % bs_ == 0 && off_out % bs_ == 0 &&
+                       (len % bs_ == 0 || (off_in + len == ai.size && off_out + len >= ao.size));
+  if (!aligned || ai.size <= disk::kInlineMax) {
+    // Copy through a buffer.
+    std::vector<std::byte> buf(1 << 20);
+    uint64_t done = 0;
+    while (done < len) {
+      size_t n = PLY_TRY(read(in, off_in + done, std::span(buf).first(std::min<uint64_t>(buf.size(), len - done))));
+      if (n == 0) break;
+      (void)PLY_TRY(write(out, off_out + done, std::span(buf).first(n)));
+      done += n;
+    }
+    return done;
+  }
+  // Share: lock both files, lower stripe first.
+  std::mutex* m1 = &inode_lock(in);
+  std::mutex* m2 = &inode_lock(out);
+  if (m1 > m2) std::swap(m1, m2);
+  std::lock_guard l1(*m1);
+  std::unique_lock<std::mutex> l2;
+  if (m2 != m1) l2 = std::unique_lock(*m2);
+  PLY_CHECK(unshare_inline(in));
+  PLY_CHECK(unshare_inline(out));
+  const uint64_t sfb = off_in / bs_, dfb = off_out / bs_, nb = (len + bs_ - 1) / bs_;
+  for (uint64_t done = 0; done < nb;) {
+    uint64_t step = std::min<uint64_t>(nb - done, 64 * disk::kMaxExtentBlocks);
+    auto t = PLY_TRY(vol_.begin({.reserve_blocks = (step / disk::kMaxExtentBlocks + 4) * 3 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    std::unique_lock lk(mu_);
+    auto es = PLY_TRY(c.extents(in, sfb + done, sfb + done + step));
+    Rec r = PLY_TRY(c.inode(out));
+    int64_t delta = 0;
+    (void)PLY_TRY(c.punch(out, dfb + done, dfb + done + step, delta));
+    for (const Ext& e : es) {
+      uint64_t a = std::max(sfb + done, e.file_blk), b = std::min(sfb + done + step, e.end());
+      Ext s = slice(e, a, b);
+      s.file_blk = dfb + (a - sfb);
+      PLY_CHECK(c.put_extent(out, s));
+      PLY_CHECK(c.t.inc_extent(BlockNo{s.disk_start}));
+      delta += int64_t(b - a);
+    }
+    r.a.blocks = uint64_t(int64_t(r.a.blocks) + delta * int64_t(bs_ / 512));
+    done += step;
+    if (done == nb) r.a.size = std::max(r.a.size, off_out + len);
+    if (!kernel_times_) r.a.mtime = r.a.ctime = now();
+    PLY_CHECK(c.put_inode(r));
+  }
+  return len;
+}
+
+}  // namespace plyfs
