@@ -108,6 +108,8 @@ check "/dev/disk/by-uuid/UUID -> the device" links_to "/dev/disk/by-uuid/$U" "$P
 check "/dev/disk/by-label/my\\x20data -> the device" links_to '/dev/disk/by-label/my\x20data' "$P"
 check "findfs UUID= (libblkid through the udev link)" is_out "$P" findfs UUID=$U
 check "findfs LABEL= with a space in the label" is_out "$P" findfs 'LABEL=my data'
+check "blkid -U" is_out "$P" blkid -U $U
+check "blkid -L" is_out "$P" blkid -L 'my data'
 check "lsblk -f reads the type, UUID and label from udev's database" \
   is_out "FSTYPE=\"plyfs\" UUID=\"$U\" LABEL=\"my data\"" lsblk -nP -o FSTYPE,UUID,LABEL "$P"
 
