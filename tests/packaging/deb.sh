@@ -15,6 +15,7 @@
 # Needs root, dpkg-buildpackage with the build dependencies, loop devices,
 # /dev/fuse and overlayfs; exits 77 and says why without.
 # Usage: deb.sh SOURCE_DIR
+# PLYFS_DEB=FILE.deb tests that package instead of building one.
 set -euo pipefail
 
 skip() { echo "skipped: $*"; exit 77; }
@@ -37,11 +38,14 @@ if [[ -z ${PLYFS_DEB_NS:-} ]]; then
 fi
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/plyfs_deb.XXXXXX")
-LOOP=""
+LOOP="" MOUNTED=()
 cleanup() {
   mountpoint -q "$T/mnt" 2>/dev/null && umount "$T/mnt"
   [[ -n $LOOP ]] && losetup -d "$LOOP" 2>/dev/null
-  # The overlays go with the namespace; their tmpfs with them.
+  # Only this namespace sees these mounts; lazily, as this shell still runs
+  # from the overlays.
+  local m
+  for m in "${MOUNTED[@]}"; do umount -l "$m" 2>/dev/null || true; done
   rm -rf "$T"
 }
 trap cleanup EXIT
@@ -71,17 +75,22 @@ else
   tar -C "$SRC" --anchored --exclude=./.git --exclude='./build*' --exclude='./obj-*' -cf - . |
     tar -C "$T/src/plyfs" -xf -
 fi
-start=$(date +%s)
+TIMEFORMAT='%R s wall, %U s user, %S s system'
 # -g off (DEB_CXXFLAGS_STRIP) and no debug symbol package: the same binaries
 # once stripped, in less time.
-if ! (cd "$T/src/plyfs" &&
+if [[ -n ${PLYFS_DEB:-} ]]; then
+  cp "$PLYFS_DEB" "$T/src/"
+  echo "testing $PLYFS_DEB (not built)"
+elif ! { time (cd "$T/src/plyfs" &&
       DEB_BUILD_OPTIONS="nocheck parallel=2 noautodbgsym" DEB_CXXFLAGS_STRIP=-g \
-        dpkg-buildpackage -us -uc -b >"$T/build.log" 2>&1); then
+        dpkg-buildpackage -us -uc -b >"$T/build.log" 2>&1); } 2>"$T/time"; then
   tail -40 "$T/build.log"
   check "dpkg-buildpackage -us -uc -b" false
   exit 1
+else
+  # CPU time too: on a loaded machine the wall time says little.
+  echo "built: $(cat "$T/time")"
 fi
-echo "built in $(( $(date +%s) - start )) s"
 debs=("$T"/src/plyfs_*.deb)
 check "one .deb built" test ${#debs[@]} -eq 1 -a -f "${debs[0]}"
 DEB=${debs[0]}
@@ -103,15 +112,18 @@ check "no test or benchmark binary" bash -c "! grep -E 'unit_tests|_bench|crash_
 # --- install, into overlays only this namespace sees
 mkdir "$T/ov"
 mount -t tmpfs plyfs-deb "$T/ov"
+MOUNTED=("$T/ov")
 for d in usr etc var; do
   mkdir -p "$T/ov/$d.up" "$T/ov/$d.work"
   mount -t overlay overlay -o "lowerdir=/$d,upperdir=$T/ov/$d.up,workdir=$T/ov/$d.work" "/$d"
+  MOUNTED=("/$d" "${MOUNTED[@]}")
 done
 # Private /run, /dev/disk and /dev/block for the udev part (see udev_rule.sh).
 mkdir -p /dev/disk /dev/block
-mount -t tmpfs plyfs-deb /run
-mount -t tmpfs plyfs-deb /dev/disk
-mount -t tmpfs plyfs-deb /dev/block
+for d in /run /dev/disk /dev/block; do
+  mount -t tmpfs plyfs-deb "$d"
+  MOUNTED=("$d" "${MOUNTED[@]}")
+done
 mkdir -p /run/mount /run/lock
 cp /etc/magic "$T/magic.before" 2>/dev/null || : >"$T/magic.before"
 # The installed paths only: nothing from the build tree or /usr/local.
