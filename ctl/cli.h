@@ -1,0 +1,56 @@
+// What plyctl's parts share (plyctl.8): the error and usage exits, the
+// argument parser, opening an image, and the commands main.cpp dispatches.
+// Exit status: 0 success, 1 failure, 2 usage error.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "blockdev/blockdev.h"
+#include "commit/volume.h"
+#include "util/result.h"
+
+namespace plyfs::ctl {
+
+inline constexpr const char* kProg = "plyctl";
+
+// "plyctl: MSG" on stderr; returns 1.
+int fail(const std::string& msg);
+// "plyctl: MSG" and where to find help; returns 2.
+int usage_error(const std::string& msg);
+void usage(FILE* out);
+
+Result<uint64_t> number(const std::string& s, const char* what);
+Result<std::unique_ptr<FileDevice>> open_image(const std::string& path, bool write);
+bool is_directory(const std::string& p);
+
+// An image opened for the branch commands (offline: it must not be mounted).
+struct Opened {
+  std::unique_ptr<FileDevice> dev;
+  std::unique_ptr<Volume> vol;
+};
+Result<Opened> open_volume(const std::string& image, bool write);
+
+// Splits options (--x [value]) from positional arguments.
+struct Parsed {
+  std::vector<std::string> pos;
+  std::map<std::string, std::string> opt;
+};
+Result<Parsed> parse(const std::vector<std::string>& args, const std::set<std::string>& with_value,
+                     const std::set<std::string>& flags);
+
+// The commands (args: what follows the command and subcommand words).
+int cmd_show(const std::vector<std::string>& args);
+int cmd_branch(const std::string& sub, const std::vector<std::string>& args);
+int cmd_layer(const std::string& sub, const std::vector<std::string>& args);
+int cmd_view(const std::string& sub, const std::vector<std::string>& args);
+int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args);
+int cmd_tree(const std::vector<std::string>& args);
+int cmd_fields(const std::vector<std::string>& args);
+int cmd_corrupt(std::vector<std::string> args);
+
+}  // namespace plyfs::ctl

@@ -1,0 +1,68 @@
+// plyctl: inspects plyfs images and, for testing, damages them on purpose.
+//   plyctl show IMAGE [--json]
+//   plyctl branch list|create|remove|set IMAGE ...
+//   plyctl branch list|add|remove|set|move MOUNTPOINT ...   (a mounted stack)
+//   plyctl view list|create|delete|default IMAGE ...
+//   plyctl layer list|create|delete IMAGE ...
+//   plyctl snapshot|clone|merge|rollback|delete|diff IMAGE|MOUNTPOINT ...
+//   plyctl debug tree IMAGE TREE
+//   plyctl debug fields STRUCT
+//   plyctl debug corrupt IMAGE STRUCT [LOCATOR] FIELD (--set V|--flip BIT|--zero|--add N) [--keep-checksum]
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+#ifndef PLYFS_VERSION
+#define PLYFS_VERSION "unknown"
+#endif
+
+namespace plyfs::ctl {
+namespace {
+
+int real_main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return usage_error("no command given");
+  if (args[0] == "-h" || args[0] == "--help") return usage(stdout), 0;
+  if (args[0] == "-V" || args[0] == "--version") {
+    std::printf("%s (plyfs) %s\n", kProg, PLYFS_VERSION);
+    return 0;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  if (cmd == "show") return cmd_show(args);
+  if (cmd == "branch" || cmd == "view" || cmd == "layer") {
+    if (args.empty()) return usage_error(cmd + " needs a subcommand");
+    const std::string sub = args[0];
+    args.erase(args.begin());
+    return cmd == "branch" ? cmd_branch(sub, args) : cmd == "view" ? cmd_view(sub, args) : cmd_layer(sub, args);
+  }
+  if (cmd == "snapshot" || cmd == "clone" || cmd == "merge" || cmd == "rollback" || cmd == "delete" ||
+      cmd == "diff")
+    return cmd_lifecycle(cmd, args);
+  if (cmd == "debug") {
+    if (args.empty()) return usage_error("debug needs a subcommand: tree, fields or corrupt");
+    const std::string sub = args[0];
+    args.erase(args.begin());
+    if (sub == "tree") return cmd_tree(args);
+    if (sub == "fields") return cmd_fields(args);
+    if (sub == "corrupt") return cmd_corrupt(args);
+    return usage_error("unknown debug subcommand '" + sub + "'");
+  }
+  return usage_error("unknown command '" + cmd + "'");
+}
+
+
+}  // namespace
+}  // namespace plyfs::ctl
+
+int main(int argc, char** argv) {
+  try {
+    return plyfs::ctl::real_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "plyctl: %s\n", e.what());
+    return 1;
+  }
+}
