@@ -15,6 +15,7 @@
 
 #include "fs/disk_fs.h"
 #include "union/union.h"
+#include "util/text.h"
 
 namespace plyfs {
 
@@ -122,7 +123,7 @@ Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress) {
 }
 
 Result<BranchMeta> clone_branch(Volume& v, TreeId src, std::string_view name, bool read_only) {
-  if (name.empty() || name.size() > 32) return Error::invalid("a branch name has 1 to 32 bytes");
+  PLY_CHECK(check_branch_name(name));
   if (find_branch(v, name)) return Error::io(EEXIST, "a branch named \"" + std::string(name) + "\" exists");
   auto t = PLY_TRY(v.begin({.reserve_blocks = 64 + Filesystem::kSetBranchBlocks}));
   BranchMeta s = PLY_TRY(live_branch(t, src));
@@ -165,7 +166,7 @@ Result<Snapshot> snapshot(Volume& v, const std::vector<ViewLayer>& stack, std::s
   if (top == stack.end()) return Error::io(EROFS, "the stack has no writable branch to snapshot");
   if (stack.size() >= kMaxViewLayers)
     return Error::invalid("the stack holds " + std::to_string(kMaxViewLayers) + " branches already");
-  if (snap_name.empty() || snap_name.size() > 32) return Error::invalid("a branch name has 1 to 32 bytes");
+  PLY_CHECK(check_branch_name(snap_name, "snapshot"));
   if (find_branch(v, snap_name)) return Error::io(EEXIST, "a branch named \"" + std::string(snap_name) + "\" exists");
   // Everything is checked before the transaction, which cannot be undone.
   for (const auto& view : PLY_TRY(list_views(v)))

@@ -10,6 +10,7 @@
 #include "btree/btree.h"
 #include "fs/check.h"
 #include "util/endian.h"
+#include "util/text.h"
 
 namespace plyfs {
 
@@ -150,7 +151,10 @@ Result<void> check_stack(Volume& v, const std::vector<ViewLayer>& s) {
 }
 
 Result<void> put_view(Volume& v, const View& view) {
-  if (view.name.empty() || view.name.size() > 32) return Error::invalid("a view name has 1 to 32 bytes");
+  // A new view's name follows the rule; an old image's view keeps its own.
+  const auto views = PLY_TRY(list_views(v));
+  if (std::none_of(views.begin(), views.end(), [&](const View& w) { return w.name == view.name; }))
+    PLY_CHECK(check_branch_name(view.name, "view"));
   PLY_CHECK(check_stack(v, view.layers));
   if (encode_view(view).size() > BTree::max_value_len(v.block_size()))
     return Error::invalid("too many branches for one view");
@@ -269,12 +273,32 @@ Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name) {
   return s;
 }
 
-Result<void> check_branch_name(std::string_view name) {
-  if (name.empty()) return Error::invalid("a branch name has 1 to 32 bytes");
-  if (name.size() > 32) return Error::io(ENAMETOOLONG, "a branch name has 1 to 32 bytes");
-  for (char c : name)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '/' || c == ':' || c == '=')
-      return Error::invalid("a branch name has no control character, '/', ':' or '='");
+Result<void> check_branch_name(std::string_view name, std::string_view what) {
+  // The name is shown escaped: it may hold the very characters refused.
+  auto bad = [&](int code, const std::string& why) {
+    std::string m = "invalid ";
+    m += what;
+    m += " name \"";
+    m += shown(name);
+    m += "\": ";
+    m += why;
+    m += " (see NAMES in plyctl(8))";
+    return Error::io(code, m);
+  };
+  if (name.empty()) return bad(EINVAL, "a name has 1 to 32 bytes");
+  if (name.size() > kMaxNameBytes) return bad(ENAMETOOLONG, "a name has 1 to 32 bytes, not " + std::to_string(name.size()));
+  if (!valid_utf8(name)) return bad(EINVAL, "a name is UTF-8 text");
+  if (name == "." || name == "..") return bad(EINVAL, "a name is not . or ..");
+  if (name.front() == '-') return bad(EINVAL, "a name does not start with - (it would read as an option)");
+  if (name.front() == ' ' || name.back() == ' ') return bad(EINVAL, "a name does not start or end with a space");
+  std::string why;
+  for_each_char(name, [&](long cp, std::string_view) {
+    if (!why.empty()) return;
+    if (cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp <= 0x9f)) why = "a name holds no control character";
+    else if (kNameForbidden.find(char(cp)) != std::string_view::npos && cp < 0x80)
+      why = std::string("a name holds none of / \\ : = , ('") + char(cp) + "' is used by paths, stacks or option lists)";
+  });
+  if (!why.empty()) return bad(EINVAL, why);
   return ok();
 }
 
@@ -302,6 +326,17 @@ Result<BranchMeta> create_layer(Volume& v, std::string_view name, TreeId parent,
   auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kCreateBlocks}));
   if (PLY_TRY(Filesystem::branch(t, parent)).doomed) return Error::io(ENOENT, "the parent is being dropped");
   if (PLY_TRY(name_taken(t, name))) return Error::io(EEXIST, "a branch named \"" + fo.name + "\" exists");
+  TreeId id = PLY_TRY(Filesystem::create(t, fo));
+  return Filesystem::branch(t, id);
+}
+
+Result<BranchMeta> create_branch(Volume& v, std::string_view name, bool read_only) {
+  PLY_CHECK(check_branch_name(name));
+  FsCreateOptions fo;
+  fo.name = std::string(name);
+  fo.read_only = read_only;
+  auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kCreateBlocks}));
+  if (PLY_TRY(name_taken(t, name))) return Error::io(EEXIST, "a branch named \"" + shown(name) + "\" exists");
   TreeId id = PLY_TRY(Filesystem::create(t, fo));
   return Filesystem::branch(t, id);
 }
@@ -485,7 +520,7 @@ std::string format_stack(Volume& v, const std::vector<ViewLayer>& s) {
   for (const auto& l : s) {
     if (!out.empty()) out += ':';
     auto b = Filesystem::branch(v, l.tree);
-    out += b ? b->name : std::to_string(l.tree.v);
+    out += b ? shown(b->name) : std::to_string(l.tree.v);
     out += l.writable ? "=rw" : "=ro";
   }
   return out;

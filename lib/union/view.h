@@ -59,15 +59,25 @@ Result<std::vector<ViewLayer>> view_stack(Volume& v, std::string_view view);
 // up to and including the first ancestor that is not a layer.
 Result<bool> is_layer(Volume& v, const BranchMeta& b);
 Result<std::vector<ViewLayer>> layer_stack(Volume& v, std::string_view name);
-// Whether `name` can name a new branch: 1 to 32 bytes (ENAMETOOLONG beyond),
-// no control character and none of '/', ':' and '=', which the stack syntax
-// uses (EINVAL).
-Result<void> check_branch_name(std::string_view name);
+// The name rule (format.md#fs-info, "Names"), one for every name a branch,
+// layer, snapshot or view gets: 1 to 32 bytes (ENAMETOOLONG beyond) of valid
+// UTF-8; not "." or ".."; no control character (C0, DEL, C1); none of
+// / \ : = , (paths, the stack syntax top=rw:base=ro, mount option lists);
+// no leading '-' (an option) and no leading or trailing space (EINVAL).
+// Every function here and in lib/snap that gives a name checks it; names
+// that old images hold are read, listed, renamed and deleted as they are.
+// `what` names the kind of name in the message ("branch", "view"...).
+inline constexpr size_t kMaxNameBytes = 32;
+inline constexpr std::string_view kNameForbidden = "/\\:=,";
+Result<void> check_branch_name(std::string_view name, std::string_view what = "branch");
 // A new empty layer `name` over branch `parent` (plyctl layer create, and
 // mkdir in a mount's control folder, format.md#control-folder); its root
 // starts with the parent root's owner and mode. EEXIST when a branch has the
 // name. The check and the creation are one transaction, so one generation.
 Result<BranchMeta> create_layer(Volume& v, std::string_view name, TreeId parent, bool read_only);
+// A new empty branch `name` that is no layer (plyctl branch create): one
+// generation; EEXIST when a branch has the name.
+Result<BranchMeta> create_branch(Volume& v, std::string_view name, bool read_only);
 // Gives branch `tree` a new name, in one generation; EEXIST when another
 // branch has it. Views name branches by tree, so none changes.
 Result<BranchMeta> rename_branch(Volume& v, TreeId tree, std::string_view name);
