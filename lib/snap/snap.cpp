@@ -52,7 +52,8 @@ Result<bool> layer(Volume::Txn& t, const BranchMeta& b) {
 Result<void> no_layers_on(Volume::Txn& t, const BranchMeta& b, TreeId except) {
   for (const auto& x : PLY_TRY(Filesystem::branches(t)))
     if (!x.doomed && x.parent == b.tree && x.tree != except && x.tree != b.tree && PLY_TRY(layer(t, x)))
-      return Error::io(EBUSY, "branch \"" + x.name + "\" is layered on \"" + b.name + "\"");
+      return Error::io(EBUSY, "layer \"" + shown(x.name) + "\" is made on \"" + shown(b.name) +
+                                  "\": merge or delete that layer first");
   return ok();
 }
 
@@ -368,11 +369,13 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
       for (size_t i = 0; i < view.layers.size(); i++) {
         const TreeId x = view.layers[i].tree;
         if (x == low.tree && (i == 0 || view.layers[i - 1].tree != up.tree))
-          return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + low.name +
-                                      "\" other than right below \"" + up.name + "\"");
+          return Error::io(EBUSY, "view \"" + shown(view.name) + "\" shows \"" + shown(low.name) +
+                                      "\" other than right below \"" + shown(up.name) +
+                                      "\": change or delete that view first (plyctl view create|delete)");
         if (x == up.tree && (i + 1 == view.layers.size() || view.layers[i + 1].tree != low.tree))
-          return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + up.name + "\" without \"" +
-                                      low.name + "\" right below it");
+          return Error::io(EBUSY, "view \"" + shown(view.name) + "\" shows \"" + shown(up.name) + "\" without \"" +
+                                      shown(low.name) + "\" right below it: change or delete that view first "
+                                      "(plyctl view create|delete)");
       }
   }
   const uint64_t swap = PLY_TRY(swap_blocks(v));
@@ -479,11 +482,15 @@ Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& 
   BranchMeta b = PLY_TRY(live_branch(t, branch));
   size_t live = 0;
   for (const auto& x : PLY_TRY(Filesystem::branches(t))) live += !x.doomed;
-  if (live == 1) return Error::io(EBUSY, "\"" + b.name + "\" is the only branch");
+  if (live == 1) return Error::io(EBUSY, "\"" + shown(b.name) + "\" is the image's only branch: create another first");
   PLY_CHECK(no_layers_on(t, b, TreeId{0}));
   for (const auto& view : PLY_TRY(list_views(t)))
     for (const auto& l : view.layers)
-      if (l.tree == b.tree) return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + b.name + "\"");
+      if (l.tree == b.tree)
+        return Error::io(EBUSY, "view \"" + shown(view.name) + "\" shows \"" + shown(b.name) +
+                                    "\": delete that view or make it show other branches first (plyctl view "
+                                    "delete|create)" +
+                                    (view.is_default ? std::string("; it is the default view, the one a mount shows") : ""));
   PLY_CHECK(forget_parent(t, b.tree));
   return t.drop_tree(b.tree, progress);
 }

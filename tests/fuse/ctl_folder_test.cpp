@@ -606,7 +606,7 @@ TEST_CASE("control folder: views, layer changes and online snapshots and merges 
     INFO(slurp(log));
     // Refused only because a layer hangs on the frozen branch: the message
     // names it (plyfs's own refusals carry no strerror text).
-    if (rc != 0) REQUIRE(slurp(log).find("is layered on") != std::string::npos);
+    if (rc != 0) REQUIRE(slurp(log).find("is made on") != std::string::npos);
     return rc == 0;
   };
   while (Clock::now() < end || (snaps == 0 && Clock::now() < last)) {
