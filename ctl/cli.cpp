@@ -11,48 +11,92 @@
 
 namespace plyfs::ctl {
 
+namespace {
+// Errors are one line: a name in a message may hold a newline (an old
+// image's branch), which would make it two.
+std::string one_line(const std::string& msg) {
+  std::string o;
+  for (char c : msg) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\%03o", unsigned(static_cast<unsigned char>(c)));
+      o += b;
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+}  // namespace
+
 int fail(const std::string& msg) {
-  std::fprintf(stderr, "%s: %s\n", kProg, msg.c_str());
+  std::fprintf(stderr, "%s: %s\n", kProg, one_line(msg).c_str());
   return 1;
 }
+int fail_on(const std::string& image, const Error& e) {
+  std::string m = image;
+  m += ": ";
+  m += e.user_message(image);
+  return fail(m);
+}
 int usage_error(const std::string& msg) {
-  std::fprintf(stderr, "%s: %s\nTry '%s --help' for more information.\n", kProg, msg.c_str(), kProg);
+  std::fprintf(stderr, "%s: %s\nTry '%s --help' for more information.\n", kProg, one_line(msg).c_str(), kProg);
   return 2;
+}
+
+int need_mount(const std::string& what, const std::string& path, const std::string& instead) {
+  std::string m = what;
+  m += " needs a mount point, and ";
+  m += path;
+  m += " is not a directory";
+  if (!instead.empty()) m += "; on an image, " + instead;
+  return usage_error(m);
+}
+int need_image(const std::string& what, const std::string& path, const std::string& instead) {
+  std::string m = what;
+  m += " needs an image (a file or block device), and ";
+  m += path;
+  m += " is a directory";
+  if (!instead.empty()) m += "; on a mount point, " + instead;
+  return usage_error(m);
 }
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "Usage: %s COMMAND ...\n\n"
-               "  show IMAGE [--json]          superblocks, space and trees of an image\n"
-               "  branch list IMAGE [--json]   the branches (subvolumes) and their parents\n"
+               "Usage: %s COMMAND ... [--json]\n\n"
+               "On an image (a file or block device, not mounted):\n"
+               "  show IMAGE                   superblocks, space and trees of an image\n"
+               "  branch list IMAGE            the branches and their parents\n"
                "  branch create IMAGE NAME [--clone SRC | --parent P] [--ro]\n"
                "                               a new empty branch (a layer over P), or an\n"
                "                               O(1) clone of SRC sharing all its blocks\n"
                "  branch remove IMAGE NAME     delete a branch, freeing what only it used\n"
                "  branch set IMAGE NAME [--name NEW] [--ro | --rw]\n"
-               "On a mount point, the branch commands change the mounted stack, at once\n"
-               "and until unmount (root or the mount's owner):\n"
-               "  branch list MNT [--json]     the stack, leftmost first\n"
-               "  branch add MNT NAME [--at POS] [--ro]   show branch NAME (default: leftmost, rw)\n"
-               "  branch remove MNT NAME       stop showing NAME (its data stays)\n"
-               "  branch set MNT NAME --ro | --rw\n"
-               "  branch move MNT NAME POS     POS 0 is the leftmost place\n"
-               "  layer list IMAGE [--json]    the layer trees (layers: branches made over a parent)\n"
+               "  layer list IMAGE             the layer trees (layers: branches made over a parent)\n"
                "  layer create IMAGE NAME --on PARENT [--ro]\n"
                "  layer delete IMAGE NAME      (plyfs -o layer=NAME mounts a layer over its ancestors)\n"
-               "  view list IMAGE [--json]     the views: ordered stacks of branches\n"
+               "  view list IMAGE              the views: ordered stacks of branches\n"
                "  view create IMAGE NAME STACK [--default]\n"
                "                               STACK: top=rw:base=ro (leftmost wins)\n"
                "  view delete IMAGE NAME\n"
                "  view default IMAGE NAME      the view a mount shows without -o view=\n"
-               "  snapshot IMAGE|MNT [--view V] [--name SNAP] [--json]\n"
+               "On a mount point, the stack changes at once, until unmount (root or the\n"
+               "mount's owner):\n"
+               "  branch list MNT              the stack, leftmost first\n"
+               "  branch add MNT NAME [--at POS] [--ro]   show branch NAME (default: leftmost, rw)\n"
+               "  branch remove MNT NAME       stop showing NAME (its data stays)\n"
+               "  branch set MNT NAME --ro | --rw\n"
+               "  branch move MNT NAME POS     POS 0 is the leftmost place\n"
+               "On an image or a mount point:\n"
+               "  snapshot IMAGE|MNT [--view V] [--name SNAP]\n"
                "                               freeze the stack's writable branch as SNAP (default\n"
                "                               NAME@YYMMDD-HHMMSS) under a new empty one, O(1)\n"
                "  clone IMAGE|MNT SRC NAME [--ro]   a new branch sharing all of SRC's blocks, O(1)\n"
-               "  merge IMAGE|MNT BRANCH [--json]   merge layer BRANCH into the branch below it\n"
+               "  merge IMAGE|MNT BRANCH       merge layer BRANCH into the branch below it\n"
                "  rollback IMAGE|MNT BRANCH    discard a layer's changes\n"
                "  delete IMAGE|MNT BRANCH      delete a branch, freeing what only it used\n"
-               "  diff IMAGE|MNT FROM TO [--json]  paths added (+), removed (-), modified (M), renamed (R)\n"
+               "  diff IMAGE|MNT FROM TO [-z]  paths added (+), removed (-), modified (M), renamed (R)\n"
+               "For testing:\n"
                "  debug tree IMAGE TREE        every node of a tree (TREE: an id, root or space)\n"
                "  debug fields STRUCT          the fields debug corrupt can damage\n"
                "  debug corrupt IMAGE STRUCT [LOCATOR] FIELD ACTION [--keep-checksum]\n"
@@ -63,6 +107,8 @@ void usage(FILE* out) {
                "      ACTION: --set VALUE, --flip BIT, --zero or --add N\n"
                "      The checksum is recomputed unless --keep-checksum, so that the\n"
                "      field checks themselves must find the damage.\n\n"
+               "Every command takes --json: one JSON value on stdout (plyctl(8), JSON SCHEMA).\n"
+               "A branch is named by its name or its id; -- ends the options.\n"
                "Exit status: 0 success, 1 failure, 2 usage error.\n",
                kProg);
 }
@@ -85,7 +131,7 @@ Result<Opened> open_volume(const std::string& image, bool write) {
   auto dev = open_image(image, write);
   if (!dev) {
     if (dev.error().code == EBUSY)
-      return Error::io(EBUSY, image + " is mounted or in use; unmount it first");
+      return Error::io(EBUSY, "it is mounted or in use: unmount it first, or give the mount point");
     return dev.error();
   }
   o.dev = std::move(*dev);
@@ -105,19 +151,34 @@ Result<Opened> open_volume(const std::string& image, bool write) {
 Result<Parsed> parse(const std::vector<std::string>& args, const std::set<std::string>& with_value,
                      const std::set<std::string>& flags) {
   Parsed p;
+  bool options = true;
   for (size_t i = 0; i < args.size(); i++) {
-    const std::string& a = args[i];
-    if (a.rfind("--", 0) == 0) {
-      if (with_value.count(a)) {
-        if (i + 1 >= args.size()) return Error::invalid(a + " needs a value");
-        p.opt[a] = args[++i];
-      } else if (flags.count(a)) {
-        p.opt[a] = "";
-      } else {
-        return Error::invalid("unknown option '" + a + "'");
-      }
-    } else {
+    std::string a = args[i];
+    if (!options || a.size() < 2 || a[0] != '-') {
       p.pos.push_back(a);
+      continue;
+    }
+    if (a == "--") {  // what follows is names, even one that starts with '-' (an old image's)
+      options = false;
+      continue;
+    }
+    std::string value;
+    bool has_value = false;
+    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a.resize(eq);
+      has_value = true;
+    }
+    if (with_value.count(a)) {
+      if (!has_value) {
+        if (i + 1 >= args.size()) return Error::invalid(a + " needs a value");
+        value = args[++i];
+      }
+      p.opt[a] = value;
+    } else if (flags.count(a) && !has_value) {
+      p.opt[a] = "";
+    } else {
+      return Error::invalid("unknown option '" + a + "'");
     }
   }
   return p;

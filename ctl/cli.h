@@ -20,8 +20,15 @@ inline constexpr const char* kProg = "plyctl";
 
 // "plyctl: MSG" on stderr; returns 1.
 int fail(const std::string& msg);
+// "plyctl: IMAGE: MSG" for an error about an image (a damaged one: and
+// the advice to run fsck.plyfs); returns 1.
+int fail_on(const std::string& image, const Error& e);
 // "plyctl: MSG" and where to find help; returns 2.
 int usage_error(const std::string& msg);
+// The usage errors of a command given an image where it needs a mount point
+// (or the reverse): one line saying so, and `instead`, what to do there.
+int need_mount(const std::string& what, const std::string& path, const std::string& instead);
+int need_image(const std::string& what, const std::string& path, const std::string& instead);
 void usage(FILE* out);
 
 Result<uint64_t> number(const std::string& s, const char* what);
@@ -49,8 +56,10 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args);
 int cmd_layer(const std::string& sub, const std::vector<std::string>& args);
 int cmd_view(const std::string& sub, const std::vector<std::string>& args);
 int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args);
-int cmd_tree(const std::vector<std::string>& args);
-int cmd_fields(const std::vector<std::string>& args);
+// Deletes branch `name` of `image` (branch remove, layer delete, delete).
+int remove_branch(const std::string& image, const std::string& name, bool json);
+int cmd_tree(std::vector<std::string> args);
+int cmd_fields(std::vector<std::string> args);
 int cmd_corrupt(std::vector<std::string> args);
 
 }  // namespace plyfs::ctl

@@ -9,12 +9,22 @@
 #include "fs/corrupt_fs.h"
 #include "fs/fs.h"
 #include "fsck/corrupt.h"
+#include "output.h"
+#include "util/text.h"
 #include "union/view.h"
 
 namespace plyfs::ctl {
 
-int cmd_tree(const std::vector<std::string>& args) {
-  if (args.size() != 2) return usage_error("usage: plyctl debug tree IMAGE TREE");
+namespace {
+// Takes --json out of `args`: whether it was there.
+bool take_json(std::vector<std::string>& args) {
+  return std::erase(args, std::string("--json")) > 0;
+}
+}  // namespace
+
+int cmd_tree(std::vector<std::string> args) {
+  const bool json = take_json(args);
+  if (args.size() != 2) return usage_error("usage: plyctl debug tree IMAGE TREE [--json]");
   auto dev = open_image(args[0], false);
   if (!dev) return fail(dev.error().message());
   auto ch = read_superblocks(**dev);
@@ -41,15 +51,27 @@ int cmd_tree(const std::vector<std::string>& args) {
   std::vector<Problem> problems;
   uint64_t items = 0;
   WalkHooks h;
-  h.on_node = [](BlockNo b, int level, Generation g, uint64_t owner, bool first) {
-    std::printf("%*snode %" PRIu64 " level %d generation %" PRIu64 " owner %" PRIu64 "%s\n",
-                2 * (16 - level) % 32, "", b.v, level, g.v, owner, first ? "" : " (shared, again)");
+  Json nodes = Json::array();
+  h.on_node = [&](BlockNo b, int level, Generation g, uint64_t owner, bool first) {
+    if (json)
+      nodes.push_back({{"block", b.v}, {"level", level}, {"generation", g.v}, {"owner", owner}, {"shared", !first}});
+    else
+      std::printf("%*snode %" PRIu64 " level %d generation %" PRIu64 " owner %" PRIu64 "%s\n",
+                  2 * (16 - level) % 32, "", b.v, level, g.v, owner, first ? "" : " (shared, again)");
   };
   h.on_item = [&](Key, std::span<const std::byte>) { items++; };
   check_tree(cache, s.fs_id, root, s.generation, h, memo, problems);
-  std::printf("%" PRIu64 " items\n", items);
-  for (const auto& p : problems)
-    std::printf("problem %s block %" PRIu64 ": %s\n", p.code.c_str(), p.block, p.message.c_str());
+  if (json) {
+    Json ps = Json::array();
+    for (const auto& p : problems)
+      ps.push_back({{"code", p.code}, {"block", p.block == Error::kNoBlock ? Json(nullptr) : Json(p.block)},
+                    {"message", lossy_utf8(p.message)}});
+    print_json({{"nodes", std::move(nodes)}, {"items", items}, {"problems", std::move(ps)}});
+  } else {
+    std::printf("%" PRIu64 " items\n", items);
+    for (const auto& p : problems)
+      std::printf("problem %s block %" PRIu64 ": %s\n", p.code.c_str(), p.block, p.message.c_str());
+  }
   return problems.empty() ? 0 : 1;
 }
 
@@ -61,21 +83,36 @@ Result<CorruptStruct> struct_named(const std::string& s) {
                         "' (superblock, node, space-item or root-record)");
 }
 
-int cmd_fields(const std::vector<std::string>& args) {
-  if (args.size() != 1) return usage_error("usage: plyctl debug fields STRUCT");
+int cmd_fields(std::vector<std::string> args) {
+  const bool json = take_json(args);
+  if (args.size() != 1) return usage_error("usage: plyctl debug fields STRUCT [--json]");
+  std::vector<std::string> fields;
   if (auto f = fs_struct_named(args[0])) {
-    for (const auto& x : fs_corrupt_fields(*f)) std::printf("%s\n", x.c_str());
-    return 0;
+    fields = fs_corrupt_fields(*f);
+  } else {
+    auto s = struct_named(args[0]);
+    if (!s) return usage_error(s.error().reason);
+    for (const auto& f : corrupt_fields(*s)) fields.push_back(f);
   }
-  auto s = struct_named(args[0]);
-  if (!s) return usage_error(s.error().reason);
-  for (const auto& f : corrupt_fields(*s)) std::printf("%s\n", f.c_str());
+  if (json) print_json(fields);
+  else
+    for (const auto& f : fields) std::printf("%s\n", f.c_str());
   return 0;
 }
 
-int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptAction& act);
+int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptAction& act, bool json);
+
+namespace {
+// What debug corrupt did: "IMAGE: WHAT", or {"structure", "field", "change"}.
+int print_corrupted(const std::vector<std::string>& pos, const std::string& what, bool json) {
+  if (json) print_json({{"structure", pos[1]}, {"field", pos.back()}, {"change", lossy_utf8(what)}});
+  else std::printf("%s: %s\n", pos[0].c_str(), what.c_str());
+  return 0;
+}
+}  // namespace
 
 int cmd_corrupt(std::vector<std::string> args) {
+  const bool json = take_json(args);
   CorruptAction act;
   bool have_action = false;
   std::vector<std::string> pos;
@@ -102,7 +139,7 @@ int cmd_corrupt(std::vector<std::string> args) {
   }
   if (!have_action) return usage_error("give one of --set, --flip, --zero, --add");
   if (pos.size() < 3) return usage_error("usage: plyctl debug corrupt IMAGE STRUCT [LOCATOR] FIELD ACTION");
-  if (auto f = fs_struct_named(pos[1])) return corrupt_item(*f, pos, act);
+  if (auto f = fs_struct_named(pos[1])) return corrupt_item(*f, pos, act, json);
   auto s = struct_named(pos[1]);
   if (!s) return usage_error(s.error().reason);
   CorruptTarget t;
@@ -126,14 +163,13 @@ int cmd_corrupt(std::vector<std::string> args) {
   if (!dev) return fail(dev.error().message());
   auto r = corrupt(**dev, t, act);
   if (!r) return fail(pos[0] + ": " + r.error().message());
-  std::printf("%s: %s\n", pos[0].c_str(), r->c_str());
-  return 0;
+  return print_corrupted(pos, *r, json);
 }
 
 // plyctl debug corrupt IMAGE STRUCT BRANCH LOCATOR... FIELD ACTION for the
 // items of filesystem trees (lib/fs/corrupt_fs.h). BRANCH is a name or a
 // tree id (a damaged info item may have no name left).
-int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptAction& act) {
+int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptAction& act, bool json) {
   // What follows BRANCH: fsinfo nothing; inode and orphan INO; dirent,
   // whiteout and xattr INO NAME; extent and inline INO OFFSET; xattr-chunk
   // INO NAME OFFSET.
@@ -175,8 +211,7 @@ int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptA
   t.field = pos.back();
   auto r = corrupt_fs(*o->vol, t, act);
   if (!r) return fail(pos[0] + ": " + r.error().message());
-  std::printf("%s: %s\n", pos[0].c_str(), r->c_str());
-  return 0;
+  return print_corrupted(pos, *r, json);
 }
 
 }  // namespace plyfs::ctl

@@ -1,85 +1,183 @@
 // plyctl snapshot, clone, merge, rollback, delete and diff, on an image or
-// a mount point (format.md#snapshots).
+// a mount point (format.md#snapshots). Either way a command ends with one
+// object of the JSON model (snap/model.h): the daemon answers with the
+// object plyctl makes offline, and the text is printed from that object, so
+// that a command prints the same whether it ran on an image or on a mount.
 #include "cli.h"
 
-#include <fcntl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <sstream>
 
 #include "fs/fs.h"
 #include "mount_client.h"
-#include "snap/snap.h"
+#include "output.h"
+#include "snap/model.h"
 #include "union/view.h"
-#include "util/json.h"
+#include "util/progress.h"
+#include "util/text.h"
 
 namespace plyfs::ctl {
 
 namespace {
 
-// Sends a lifecycle request to a mount after flushing what the kernel
-// holds, so that a snapshot holds every write made before the command.
-int mounted_request(const std::string& mnt, const std::string& req, bool json) {
-  for (char c : req)
-    if (c == '\n' || c == '\t') return usage_error("names cannot hold a newline or tab");
-  // The request is words: a name with a space would split (fuse/control.h).
-  if (std::count(req.begin(), req.end(), ' ') + 1 > (req.rfind("clone ", 0) == 0 ? 4 : 2))
-    return usage_error("on a mount point, branch names cannot hold spaces");
-  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    (void)::syscall(SYS_syncfs, fd);
-    ::close(fd);
+std::string stack_text(const Json& stack) {
+  std::string out;
+  for (const auto& e : stack) {
+    auto name = model::get_name(e, "branch");
+    if (!out.empty()) out += ':';
+    out += shown(name ? *name : "?");
+    out += e.value("writable", false) ? "=rw" : "=ro";
   }
-  auto r = control(mnt, req);
-  if (!r) return fail(r.error().message());
-  const bool stack = req.rfind("clone", 0) != 0 && req.rfind("delete", 0) != 0;
-  if (json) std::printf("{\"%s\": %s}\n", stack ? "stack" : "result", json_quote(*r).c_str());
-  else std::printf("%s\n", r->c_str());
+  return out;
+}
+
+std::string name_of(const Json& o, const char* key = "name") {
+  auto n = model::get_name(o, key);
+  return n ? *n : "?";
+}
+
+// The text of a command's result object.
+void print_text(const std::string& cmd, const Json& r, const std::string& arg) {
+  if (cmd == "snapshot") {
+    std::printf("snapshot %s taken; %s is a new layer on it: %s\n", in_quotes(name_of(r["snapshot"])).c_str(),
+                in_quotes(name_of(r["live"])).c_str(), stack_text(r["stack"]).c_str());
+  } else if (cmd == "clone") {
+    std::printf("cloned %s as %s (id %llu)\n", in_quotes(arg).c_str(), in_quotes(name_of(r)).c_str(),
+                (unsigned long long)r.value("id", uint64_t(0)));
+  } else if (cmd == "merge") {
+    std::printf("merged %s into the branch below it: %llu entries, %llu objects, %llu names removed\n",
+                in_quotes(name_of(r["merged"])).c_str(), (unsigned long long)r.value("entries", uint64_t(0)),
+                (unsigned long long)r.value("objects", uint64_t(0)), (unsigned long long)r.value("removed", uint64_t(0)));
+  } else if (cmd == "rollback") {
+    std::printf("rolled back %s (now id %llu)\n", in_quotes(name_of(r)).c_str(), (unsigned long long)r.value("id", uint64_t(0)));
+  } else if (cmd == "delete") {
+    std::printf("deleted branch %s (id %llu)\n", in_quotes(name_of(r)).c_str(), (unsigned long long)r.value("id", uint64_t(0)));
+  }
+}
+
+// A diff, from either side, in the form asked for.
+int print_diff(const std::vector<DiffEntry>& d, bool json, bool nul) {
+  if (json) {
+    print_json(model::diff(d));
+    return 0;
+  }
+  const std::string text = model::diff_text(d, nul);
+  std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }
 
-// A diff from a mount's daemon, paged (fuse/control.h): "diff" leaves the
-// whole text with the daemon under a token, and "read"s fetch it a chunk at
-// a time, the last one freeing it. The daemon formats it with format_diff,
-// as the offline diff below, so both print the same bytes.
-int mounted_diff(const std::string& mnt, const std::string& from, const std::string& to, bool json) {
-  for (const auto& n : {from, to})
-    if (n.find_first_of(" \t\n") != std::string::npos)
-      return usage_error("on a mount point, branch names cannot hold spaces");
-  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {  // what the kernel holds lands first, as for a snapshot
-    (void)::syscall(SYS_syncfs, fd);
-    ::close(fd);
+// The commands on a mount point: a request to its daemon after flushing
+// what the kernel holds, so that a snapshot or diff holds every write made
+// before the command.
+int mounted(const std::string& cmd, const Parsed& p, bool json, bool nul) {
+  const auto& pos = p.pos;
+  if (p.opt.count("--view")) return usage_error("--view is for an image: a mount snapshots its own stack");
+  Json req = {{"command", cmd}};
+  if (cmd == "snapshot" && p.opt.count("--name")) model::put_name(req, "name", p.opt.at("--name"));
+  if (cmd == "clone") {
+    model::put_name(req, "source", pos[1]);
+    model::put_name(req, "name", pos[2]);
+    req["writable"] = !p.opt.count("--ro");
+  } else if (cmd == "diff") {
+    model::put_name(req, "from", pos[1]);
+    model::put_name(req, "to", pos[2]);
+  } else if (cmd != "snapshot") {
+    model::put_name(req, "branch", pos[1]);
   }
-  auto r = control(mnt, "diff " + from + " " + to + (json ? " json" : ""));
+  sync_mount(pos[0]);
+  Progress prog("receiving the diff", 0, Progress::Unit::Bytes);
+  auto r = request(pos[0], req, cmd == "diff" ? &prog : nullptr);
   if (!r) return fail(r.error().message());
-  std::istringstream in(*r);
-  std::string token;
-  unsigned long long size = 0;
-  if (!(in >> token >> size)) return fail(mnt + ": unexpected answer to diff: \"" + *r + "\"");
-  for (unsigned long long off = 0; off < size;) {
-    auto c = control(mnt, "read " + token + " " + std::to_string(off));
-    if (!c) return fail(c.error().message());
-    if (c->empty()) return fail(mnt + ": the diff ended early, at byte " + std::to_string(off));
-    std::fwrite(c->data(), 1, c->size(), stdout);
-    off += c->size();
+  if (prog.shown()) prog.finish();
+  if (cmd == "diff") {
+    if (json) {  // the daemon's objects are the model's: printed as they came
+      print_json(*r);
+      return 0;
+    }
+    auto d = model::parse_diff(*r);
+    if (!d) return fail(pos[0] + ": " + d.error().message());
+    return print_diff(*d, false, nul);
   }
+  if (json) print_json(*r);
+  else print_text(cmd, *r, cmd == "clone" ? pos[1] : "");
   return 0;
 }
 
-std::string branch_json(const BranchMeta& b) {
-  return "{\"name\": " + json_quote(b.name) + ", \"id\": " + std::to_string(b.tree.v) +
-         ", \"read_only\": " + (b.read_only ? "true" : "false") + "}";
+Result<Json> offline_snapshot(Volume& v, const Parsed& p) {
+  auto stack = PLY_TRY(p.opt.count("--view") ? view_stack(v, p.opt.at("--view")) : default_stack(v));
+  std::string name;
+  if (p.opt.count("--name")) {
+    name = p.opt.at("--name");
+  } else {
+    auto top = std::find_if(stack.begin(), stack.end(), [](const ViewLayer& l) { return l.writable; });
+    if (top == stack.end()) return Error::io(EROFS, "the stack has no writable branch");
+    name = PLY_TRY(snapshot_name(v, PLY_TRY(Filesystem::branch(v, top->tree)).name));
+  }
+  Snapshot s = PLY_TRY(snapshot(v, stack, name));
+  Json out = model::snapshot(PLY_TRY(model::Branches::read(v)), s);
+  PLY_CHECK(v.close());
+  return out;
+}
+
+Result<Json> offline_merge(Volume& v, const std::string& name) {
+  BranchMeta b = PLY_TRY(find_branch(v, name));
+  Merge m;
+  {
+    Progress prog("merging " + shown(b.name), 0, Progress::Unit::Count, "entries");
+    m = PLY_TRY(merge(v, b.tree, nullptr, [&](const MergeStats& st) { prog.update(st.entries); }));
+    if (prog.shown()) prog.finish();
+  }
+  Progress prog("freeing the replaced branches", 0, Progress::Unit::Count, "nodes");
+  (void)PLY_TRY(drop_doomed(v, [&](const BTree::DropStats& st) { prog.update(st.nodes); }));
+  if (prog.shown()) prog.finish();
+  Json out = model::merge(PLY_TRY(model::Branches::read(v)), m);
+  PLY_CHECK(v.close());
+  return out;
+}
+
+Result<Json> offline_rollback(Volume& v, const std::string& name) {
+  BranchMeta b = PLY_TRY(find_branch(v, name));
+  BranchMeta fresh = PLY_TRY(rollback(v, b.tree));
+  Progress prog("freeing the old layer", 0, Progress::Unit::Count, "nodes");
+  (void)PLY_TRY(drop_doomed(v, [&](const BTree::DropStats& st) { prog.update(st.nodes); }));
+  if (prog.shown()) prog.finish();
+  auto bs = PLY_TRY(model::Branches::read(v));
+  Json out = bs.branch(*bs.find(fresh.tree));
+  PLY_CHECK(v.close());
+  return out;
+}
+
+Result<Json> offline_clone(Volume& v, const std::string& src, const std::string& name, bool ro) {
+  BranchMeta s = PLY_TRY(find_branch(v, src));
+  BranchMeta c = PLY_TRY(clone_branch(v, s.tree, name, ro));
+  auto bs = PLY_TRY(model::Branches::read(v));
+  Json out = bs.branch(*bs.find(c.tree));
+  PLY_CHECK(v.close());
+  return out;
+}
+
+int offline_diff(const std::string& image, const std::string& from, const std::string& to, bool json, bool nul) {
+  auto o = open_volume(image, false);
+  if (!o) return fail_on(image, o.error());
+  Volume& v = *o->vol;
+  auto a = find_branch(v, from);
+  if (!a) return fail(a.error().message());
+  auto b = find_branch(v, to);
+  if (!b) return fail(b.error().message());
+  Progress prog("comparing " + shown(a->name) + " and " + shown(b->name), 0, Progress::Unit::Count, "changes");
+  auto d = diff(v, a->tree, b->tree, [&](uint64_t n) { prog.update(n); });
+  if (!d) return fail_on(image, d.error());
+  if (prog.shown()) prog.finish();
+  return print_diff(*d, json, nul);
 }
 
 }  // namespace
 
 int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) {
-  auto p = parse(args, {"--view", "--name"}, {"--json", "--ro"});
+  auto p = parse(args, {"--view", "--name"}, {"--json", "--ro", "-z"});
   if (!p) return usage_error(p.error().message());
   const auto& pos = p->pos;
   auto has = [&](const char* o) { return p->opt.count(o) > 0; };
@@ -89,128 +187,31 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
       {"clone", {"clone IMAGE|MOUNTPOINT SRC NAME [--ro] [--json]", 3}},
       {"merge", {"merge IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
       {"rollback", {"rollback IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
-      {"delete", {"delete IMAGE|MOUNTPOINT BRANCH", 2}},
-      {"diff", {"diff IMAGE|MOUNTPOINT FROM TO [--json]", 3}}};
+      {"delete", {"delete IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
+      {"diff", {"diff IMAGE|MOUNTPOINT FROM TO [-z | --json]", 3}}};
   const auto& [use, npos] = kUsage.at(cmd);
   if (pos.size() != npos || (has("--view") && cmd != "snapshot") || (has("--name") && cmd != "snapshot") ||
-      (has("--ro") && cmd != "clone"))
+      (has("--ro") && cmd != "clone") || (has("-z") && (cmd != "diff" || json)))
     return usage_error("usage: plyctl " + use);
-  if (is_directory(pos[0])) {
-    if (cmd == "snapshot") {
-      if (has("--view")) return usage_error("--view is for an image: a mount snapshots its own stack");
-      return mounted_request(pos[0], "snapshot" + (has("--name") ? " " + p->opt.at("--name") : std::string()), json);
-    }
-    if (cmd == "merge" || cmd == "rollback" || cmd == "delete")
-      return mounted_request(pos[0], cmd + " " + pos[1], json);
-    if (cmd == "clone") return mounted_request(pos[0], "clone " + pos[1] + " " + pos[2] + (has("--ro") ? " ro" : ""), json);
-    return mounted_diff(pos[0], pos[1], pos[2], json);
-  }
-  auto o = open_volume(pos[0], cmd != "diff");
-  if (!o) return fail(pos[0] + ": " + o.error().message());
+  // A new name is checked before anything is opened, the same on an image
+  // and on a mount.
+  if (cmd == "clone")
+    if (auto n = check_branch_name(pos[2]); !n) return fail(n.error().message());
+  if (cmd == "snapshot" && has("--name"))
+    if (auto n = check_branch_name(p->opt.at("--name"), "snapshot"); !n) return fail(n.error().message());
+  if (is_directory(pos[0])) return mounted(cmd, *p, json, has("-z"));
+  if (cmd == "diff") return offline_diff(pos[0], pos[1], pos[2], json, has("-z"));
+  if (cmd == "delete") return remove_branch(pos[0], pos[1], json);
+  auto o = open_volume(pos[0], true);
+  if (!o) return fail_on(pos[0], o.error());
   Volume& v = *o->vol;
-  auto branch = [&](const std::string& name) { return find_branch(v, name); };
-  if (cmd == "snapshot") {
-    auto stack = has("--view") ? view_stack(v, p->opt.at("--view")) : default_stack(v);
-    if (!stack) return fail(stack.error().message());
-    std::string name;
-    if (has("--name")) {
-      name = p->opt.at("--name");
-    } else {
-      auto top = std::find_if(stack->begin(), stack->end(), [](const ViewLayer& l) { return l.writable; });
-      auto b = top == stack->end() ? Result<BranchMeta>(Error::io(EROFS, "the stack has no writable branch"))
-                                   : Filesystem::branch(v, top->tree);
-      if (!b) return fail(b.error().message());
-      auto n = snapshot_name(v, b->name);
-      if (!n) return fail(n.error().message());
-      name = *n;
-    }
-    auto s = snapshot(v, *stack, name);
-    if (!s) return fail(s.error().message());
-    if (auto c = v.close(); !c) return fail(c.error().message());
-    if (json)
-      std::printf("{\"snapshot\": %s, \"live\": %s, \"stack\": %s}\n", branch_json(s->frozen).c_str(),
-                  branch_json(s->live).c_str(), json_quote(format_stack(v, s->stack)).c_str());
-    else
-      std::printf("snapshot \"%s\" taken; \"%s\" is a new layer on it (%s)\n", s->frozen.name.c_str(),
-                  s->live.name.c_str(), format_stack(v, s->stack).c_str());
-    return 0;
-  }
-  if (cmd == "clone") {
-    auto src = branch(pos[1]);
-    if (!src) return fail(src.error().message());
-    auto c = clone_branch(v, src->tree, pos[2], has("--ro"));
-    if (!c) return fail(c.error().message());
-    if (auto r = v.close(); !r) return fail(r.error().message());
-    if (json) std::printf("%s\n", branch_json(*c).c_str());
-    else std::printf("cloned \"%s\" as \"%s\" (id %llu)\n", src->name.c_str(), c->name.c_str(), (unsigned long long)c->tree.v);
-    return 0;
-  }
-  if (cmd == "merge") {
-    auto b = branch(pos[1]);
-    if (!b) return fail(b.error().message());
-    const bool tty = isatty(2);
-    auto m = merge(v, b->tree, nullptr, [&](const MergeStats& st) {
-      if (tty) std::fprintf(stderr, "\rmerging: %llu entries, %llu objects", (unsigned long long)st.entries,
-                            (unsigned long long)st.objects);
-    });
-    if (tty) std::fprintf(stderr, "\n");
-    if (!m) return fail(m.error().message());
-    bool shown = false;
-    auto dropped = drop_doomed(v, [&](const BTree::DropStats& st) {
-      if (tty) std::fprintf(stderr, "\rfreeing the merged branches: %llu nodes, %llu extents",
-                            (unsigned long long)st.nodes, (unsigned long long)st.extents);
-      shown = tty;
-    });
-    if (shown) std::fprintf(stderr, "\n");
-    if (!dropped) return fail(dropped.error().message());
-    if (auto r = v.close(); !r) return fail(r.error().message());
-    if (json)
-      std::printf("{\"merged\": %s, \"entries\": %llu, \"objects\": %llu, \"removed\": %llu}\n",
-                  branch_json(m->merged).c_str(), (unsigned long long)m->stats.entries,
-                  (unsigned long long)m->stats.objects, (unsigned long long)m->stats.removed);
-    else
-      std::printf("merged \"%s\" into the branch below it: %llu entries, %llu objects, %llu names removed\n",
-                  m->merged.name.c_str(), (unsigned long long)m->stats.entries,
-                  (unsigned long long)m->stats.objects, (unsigned long long)m->stats.removed);
-    return 0;
-  }
-  if (cmd == "rollback" || cmd == "delete") {
-    auto b = branch(pos[1]);
-    if (!b) return fail(b.error().message());
-    // Freeing a large tree is one long transaction: on a terminal, as for a
-    // merge, what it freed so far.
-    const bool tty = isatty(2);
-    bool shown = false;
-    auto progress = [&](const BTree::DropStats& st) {
-      if (!tty) return;
-      std::fprintf(stderr, "\rfreeing: %llu nodes, %llu extents", (unsigned long long)st.nodes,
-                   (unsigned long long)st.extents);
-      shown = true;
-    };
-    if (cmd == "rollback") {
-      auto r = rollback(v, b->tree);
-      if (!r) return fail(r.error().message());
-    } else if (auto r = delete_branch(v, b->tree, progress); !r) {
-      if (shown) std::fprintf(stderr, "\n");
-      return fail(r.error().message());
-    }
-    auto dropped = drop_doomed(v, progress);  // a rollback's old layer
-    if (shown) std::fprintf(stderr, "\n");
-    if (!dropped) return fail(dropped.error().message());
-    if (auto r = v.close(); !r) return fail(r.error().message());
-    if (json) std::printf("{\"%s\": %s}\n", cmd == "rollback" ? "rolled_back" : "deleted", json_quote(b->name).c_str());
-    else std::printf("%s \"%s\"\n", cmd == "rollback" ? "rolled back" : "deleted", b->name.c_str());
-    return 0;
-  }
-  // diff
-  auto a = branch(pos[1]);
-  if (!a) return fail(a.error().message());
-  auto b = branch(pos[2]);
-  if (!b) return fail(b.error().message());
-  auto d = diff(v, a->tree, b->tree);
-  if (!d) return fail(d.error().message());
-  const std::string text = format_diff(*d, json);
-  std::fwrite(text.data(), 1, text.size(), stdout);
+  Result<Json> r = cmd == "snapshot" ? offline_snapshot(v, *p)
+                   : cmd == "merge"  ? offline_merge(v, pos[1])
+                   : cmd == "rollback" ? offline_rollback(v, pos[1])
+                                       : offline_clone(v, pos[1], pos[2], has("--ro"));
+  if (!r) return fail_on(pos[0], r.error());
+  if (json) print_json(*r);
+  else print_text(cmd, *r, cmd == "clone" ? pos[1] : "");
   return 0;
 }
 

@@ -1,4 +1,5 @@
-// plyctl: inspects plyfs images and, for testing, damages them on purpose.
+// plyctl: branches, layers, views, snapshots, clones, merges and diffs of
+// plyfs images and mounts; and, for testing, damage on purpose (plyctl.8).
 //   plyctl show IMAGE [--json]
 //   plyctl branch list|create|remove|set IMAGE ...
 //   plyctl branch list|add|remove|set|move MOUNTPOINT ...   (a mounted stack)
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "output.h"
 
 #ifndef PLYFS_VERSION
 #define PLYFS_VERSION "unknown"
@@ -23,6 +25,7 @@ namespace plyfs::ctl {
 namespace {
 
 int real_main(int argc, char** argv) {
+  set_utf8_locale();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) return usage_error("no command given");
   if (args[0] == "-h" || args[0] == "--help") return usage(stdout), 0;
@@ -49,11 +52,10 @@ int real_main(int argc, char** argv) {
     if (sub == "tree") return cmd_tree(args);
     if (sub == "fields") return cmd_fields(args);
     if (sub == "corrupt") return cmd_corrupt(args);
-    return usage_error("unknown debug subcommand '" + sub + "'");
+    return usage_error("unknown debug subcommand '" + sub + "' (tree, fields, corrupt)");
   }
   return usage_error("unknown command '" + cmd + "'");
 }
-
 
 }  // namespace
 }  // namespace plyfs::ctl

@@ -1,173 +1,172 @@
 // The daemon's end of the control channel (control.h): the ioctl on the
-// mount point, the requests it carries (the stack commands, the branch
-// lifecycle, clone and delete) and the diffs it pages out.
+// mount point, the JSON requests it carries (the stack commands, the branch
+// lifecycle, clone, delete and diff) and the answers it pages out.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
+#include <mutex>
 #include <random>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "control.h"
 #include "daemon.h"
-#include "snap/snap.h"
+#include "snap/model.h"
+#include "util/text.h"
 
 namespace plyfs::daemon {
 
+using model::Json;
+
 namespace {
 
-// Diffs of the mount's branches, paged out through the control channel
-// (control.h): a diff's whole text waits under a random token until its
-// last chunk is read or it is closed. A client that dies leaves its text
-// behind, so at most kMax texts wait, of at most kMaxBytes in all: a new
-// diff pushes out the oldest, whose reader then gets ENOENT. Under ctl_mu.
-struct PendingDiffs {
+// Answers too long for the answer field, paged out (control.h): a text
+// waits under a random token until its last byte is read or it is closed.
+// A client that dies leaves its text behind, so at most kMax texts wait, of
+// at most kMaxBytes in all: a new one pushes out the oldest, whose reader
+// then gets ENOENT. Under mu, a leaf lock.
+struct Pending {
   static constexpr size_t kMax = 4;
   static constexpr size_t kMaxBytes = size_t(256) << 20;
   static constexpr size_t kChunk = sizeof(ControlMsg::answer) - 1;
   struct Text {
     std::string token, text;
   };
+  std::mutex mu;
   std::deque<Text> q;  // oldest first
   std::mt19937_64 rng{std::random_device{}()};
 };
-PendingDiffs pending;
+Pending pending;
 
-// `diff FROM TO [json]`: the text plyctl prints offline (format_diff), of
-// a durable generation: the commit and the diff run while no operation
-// does, so the diff holds every change that finished before it.
-Result<std::string> start_diff(const std::string& from, const std::string& to, const std::string& json) {
-  if (!json.empty() && json != "json") return Error::invalid("diff takes json or nothing, not \"" + json + "\"");
-  const BranchMeta a = PLY_TRY(find_branch(*g->vol, from));
-  const BranchMeta b = PLY_TRY(find_branch(*g->vol, to));
-  std::string text;
-  PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
-    if (!g->read_only) PLY_CHECK(g->vol->commit());
-    text = format_diff(PLY_TRY(diff(*g->vol, a.tree, b.tree)), !json.empty());
-    return ok();
-  }));
-  if (text.size() > PendingDiffs::kMaxBytes)
-    return Error::io(EFBIG, "the diff is too large to send from the mount (" + std::to_string(text.size()) +
-                                " bytes): diff the image unmounted");
+// Keeps `text` and returns the answer that names it.
+Result<std::string> page_out(std::string text) {
+  if (text.size() > Pending::kMaxBytes)
+    return Error::io(EFBIG, "the answer is too large to send from the mount (" + std::to_string(text.size()) +
+                                " bytes): run the command on the image unmounted");
+  std::lock_guard lk(pending.mu);
   size_t held = text.size();
   for (const auto& t : pending.q) held += t.text.size();
-  while (!pending.q.empty() && (pending.q.size() >= PendingDiffs::kMax || held > PendingDiffs::kMaxBytes)) {
+  while (!pending.q.empty() && (pending.q.size() >= Pending::kMax || held > Pending::kMaxBytes)) {
     held -= pending.q.front().text.size();
     pending.q.pop_front();
   }
-  char token[17];
-  std::snprintf(token, sizeof token, "%016llx", (unsigned long long)pending.rng());
-  const std::string answer = std::string(token) + " " + std::to_string(text.size());
-  if (!text.empty()) pending.q.push_back({token, std::move(text)});  // no read would free it
-  return answer;
+  char token[33];
+  std::snprintf(token, sizeof token, "%016llx%016llx", (unsigned long long)pending.rng(),
+                (unsigned long long)pending.rng());
+  Json a = {{"paged", {{"token", token}, {"size", text.size()}}}};
+  pending.q.push_back({token, std::move(text)});
+  return model::dump(a);
 }
 
-// `read TOKEN OFFSET` and `close TOKEN`; the read that reaches the end frees the text.
-Result<std::string> page_diff(const std::string& cmd, const std::string& token, const std::string& offset) {
+// `read` and `close`: raw bytes of a paged text; the read that reaches the
+// end frees it.
+Result<std::string> page_in(const Json& req, bool close) {
+  if (!req.contains("token") || !req["token"].is_string()) return Error::invalid("\"token\" is missing");
+  const std::string token = req["token"];
+  std::lock_guard lk(pending.mu);
   auto it = std::find_if(pending.q.begin(), pending.q.end(), [&](const auto& t) { return t.token == token; });
   if (it == pending.q.end())
-    return Error::io(ENOENT, "no diff waits under \"" + token + "\" (read to its end, closed, or pushed out by newer ones)");
-  if (cmd == "close") {
+    return Error::io(ENOENT, "no answer waits under \"" + token + "\" (read to its end, closed, or pushed out by newer ones)");
+  if (close) {
     pending.q.erase(it);
-    return std::string("closed");
+    return std::string();
   }
-  char* end = nullptr;
-  const unsigned long long off = std::strtoull(offset.c_str(), &end, 10);
-  if (offset.empty() || *end || off > it->text.size())
-    return Error::invalid("offset must be 0 to " + std::to_string(it->text.size()) + ", not \"" + offset + "\"");
-  std::string chunk = it->text.substr(size_t(off), PendingDiffs::kChunk);
+  const Json& o = req.contains("offset") ? req["offset"] : Json();
+  if (!o.is_number_unsigned() || o.get<uint64_t>() > it->text.size())
+    return Error::invalid("\"offset\" must be 0 to " + std::to_string(it->text.size()));
+  const size_t off = o.get<size_t>();
+  std::string chunk = it->text.substr(off, Pending::kChunk);
   if (off + chunk.size() >= it->text.size()) pending.q.erase(it);
   return chunk;
 }
 
-}  // namespace
+// A request's arguments.
+Result<BranchMeta> arg_branch(const Json& req, const std::string& key) {
+  if (req.contains(key) && req[key].is_number_unsigned())
+    return find_branch(*g->vol, std::to_string(req[key].get<uint64_t>()));
+  return find_branch(*g->vol, PLY_TRY(model::get_name(req, key)));
+}
+Result<bool> arg_bool(const Json& req, const std::string& key, bool dflt) {
+  if (!req.contains(key)) return dflt;
+  if (!req[key].is_boolean()) return Error::invalid("\"" + key + "\" must be true or false");
+  return req[key].get<bool>();
+}
+Result<size_t> arg_position(const Json& req, size_t max, size_t dflt) {
+  if (!req.contains("position")) return dflt;
+  const Json& p = req["position"];
+  if (!p.is_number_unsigned() || p.get<uint64_t>() > max)
+    return Error::invalid("\"position\" must be 0 to " + std::to_string(max));
+  return p.get<size_t>();
+}
 
-// Runs one control request; the answer is the stack afterwards.
-Result<std::string> control(const std::string& request, bool may_change) {
-  std::istringstream in(request);
-  std::vector<std::string> w;
-  for (std::string x; in >> x;) w.push_back(x);
-  static const std::map<std::string, std::pair<size_t, size_t>> kArity = {
-      {"list", {1, 1}}, {"add", {3, 4}},      {"remove", {2, 2}}, {"set", {3, 3}},
-      {"move", {3, 3}}, {"snapshot", {1, 2}}, {"merge", {2, 2}},  {"rollback", {2, 2}},
-      {"clone", {3, 4}}, {"delete", {2, 2}},  {"diff", {3, 4}},     {"read", {3, 3}},
-      {"close", {2, 2}}};
-  auto ar = kArity.find(w.empty() ? "" : w[0]);
-  if (ar == kArity.end())
-    return Error::invalid("unknown command \"" + request +
-                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, read, close)");
-  if (w.size() < ar->second.first || w.size() > ar->second.second)
-    return Error::invalid("wrong number of words in \"" + request + "\"");
-  w.resize(4);
-  const std::string &cmd = w[0], &name = w[1], &arg = w[2];
-  std::lock_guard lk(g->ctl_mu);
-  if (cmd == "list") return format_stack(*g->vol, g->stack);
-  // A diff names files in directories the caller may not be allowed to
-  // list, and pauses every operation while it runs: root or the owner only.
-  if (!may_change)
-    return Error::io(EPERM, cmd == "diff" || cmd == "read" || cmd == "close"
-                                ? "only root or the mount's owner may diff branches"
-                                : "only root or the mount's owner may change branches");
-  if (cmd == "diff") return start_diff(name, arg, w[3]);
-  if (cmd == "read" || cmd == "close") return page_diff(cmd, name, arg);
-  if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") return lifecycle(cmd, name);
-  if (cmd == "clone" || cmd == "delete") {
-    if (g->read_only) return Error::io(EROFS, "the mount is read-only");
-    BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
-    if (cmd == "clone") {
-      // Each operation is one transaction: a clone between two is whole.
-      if (!w[3].empty() && w[3] != "ro") return Error::invalid("clone mode must be ro, not \"" + w[3] + "\"");
-      BranchMeta c = PLY_TRY(clone_branch(*g->vol, b.tree, arg, w[3] == "ro"));
-      return "cloned \"" + b.name + "\" as \"" + c.name + "\"";
-    }
-    // A branch this mount has shown may still be in use by an operation
-    // that began before it left the stack: it goes after the unmount.
-    if (g->branches.count(b.tree.v))
-      return Error::io(EBUSY, "this mount has shown \"" + b.name + "\"; delete it after unmounting");
-    PLY_CHECK(delete_branch(*g->vol, b.tree));
-    return "deleted \"" + b.name + "\"";
+Result<Json> stack_answer() { return PLY_TRY(model::Branches::read(*g->vol)).stack(g->stack); }
+
+// `diff`: the entries of a durable generation: the commit and the diff run
+// while no operation does, so the diff holds every change that finished
+// before it. The same model::diff as offline.
+Result<Json> run_diff(const Json& req) {
+  const BranchMeta a = PLY_TRY(arg_branch(req, "from"));
+  const BranchMeta b = PLY_TRY(arg_branch(req, "to"));
+  Json out;
+  PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
+    if (!g->read_only) PLY_CHECK(g->vol->commit());
+    out = model::diff(PLY_TRY(diff(*g->vol, a.tree, b.tree)));
+    return ok();
+  }));
+  return out;
+}
+
+// `clone` and `delete`: branches the stack does not show (or a copy of one).
+Result<Json> clone_or_delete(const std::string& cmd, const Json& req) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  if (cmd == "clone") {
+    BranchMeta src = PLY_TRY(arg_branch(req, "source"));
+    const std::string name = PLY_TRY(model::get_name(req, "name"));
+    // Each operation is one transaction: a clone between two is whole.
+    BranchMeta c = PLY_TRY(clone_branch(*g->vol, src.tree, name, !PLY_TRY(arg_bool(req, "writable", true))));
+    auto bs = PLY_TRY(model::Branches::read(*g->vol));
+    return bs.branch(*bs.find(c.tree));
   }
-  auto mode = [&](const std::string& m) -> Result<bool> {
-    if (m == "rw" || m == "ro") return m == "rw";
-    return Error::invalid("mode must be rw or ro, not \"" + m + "\"");
-  };
-  auto position = [](const std::string& p, size_t max) -> Result<size_t> {
-    char* end = nullptr;
-    unsigned long v = std::strtoul(p.c_str(), &end, 10);
-    if (p.empty() || *end || v > max)
-      return Error::invalid("position must be 0 to " + std::to_string(max) + ", not \"" + p + "\"");
-    return size_t(v);
-  };
-  BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
+  BranchMeta b = PLY_TRY(arg_branch(req, "branch"));
+  // A branch this mount has shown may still be in use by an operation
+  // that began before it left the stack: it goes after the unmount.
+  if (g->branches.count(b.tree.v))
+    return Error::io(EBUSY, "this mount has shown \"" + shown(b.name) +
+                                "\" since it was mounted: unmount, then delete it on the image");
+  auto bs = PLY_TRY(model::Branches::read(*g->vol));
+  Json was = bs.branch(*bs.find(b.tree));
+  PLY_CHECK(delete_branch(*g->vol, b.tree));
+  return was;
+}
+
+// `add`, `remove`, `set` and `move`: the stack afterwards.
+Result<Json> restack(const std::string& cmd, const Json& req) {
+  BranchMeta b = PLY_TRY(arg_branch(req, "branch"));
   std::vector<ViewLayer> next = g->stack;
   auto at = std::find_if(next.begin(), next.end(), [&](const ViewLayer& l) { return l.tree == b.tree; });
   const bool in_stack = at != next.end();
+  const std::string name = "branch \"" + shown(b.name) + "\"";
+  if (cmd != "add" && !in_stack) return Error::io(ENOENT, name + " is not in the stack");
   if (cmd == "add") {
-    if (in_stack) return Error::io(EEXIST, "branch \"" + b.name + "\" is in the stack already");
-    const size_t p = PLY_TRY(position(arg, next.size()));
-    next.insert(next.begin() + long(p), ViewLayer{b.tree, PLY_TRY(mode(w[3].empty() ? "rw" : w[3]))});
+    if (in_stack) return Error::io(EEXIST, name + " is in the stack already");
+    const size_t p = PLY_TRY(arg_position(req, next.size(), 0));
+    next.insert(next.begin() + long(p), ViewLayer{b.tree, PLY_TRY(arg_bool(req, "writable", true))});
   } else if (cmd == "remove") {
-    if (!in_stack) return Error::io(ENOENT, "branch \"" + b.name + "\" is not in the stack");
-    if (next.size() == 1) return Error::io(EBUSY, "the stack's last branch cannot go");
+    if (next.size() == 1)
+      return Error::io(EBUSY, name + " is the stack's only branch: add another first, or unmount");
     next.erase(at);
   } else if (cmd == "set") {
-    if (!in_stack) return Error::io(ENOENT, "branch \"" + b.name + "\" is not in the stack");
-    at->writable = PLY_TRY(mode(arg));
-  } else if (cmd == "move") {
-    if (!in_stack) return Error::io(ENOENT, "branch \"" + b.name + "\" is not in the stack");
-    const size_t p = PLY_TRY(position(arg, next.size() - 1));
+    if (!req.contains("writable")) return Error::invalid("\"writable\" is missing");
+    at->writable = PLY_TRY(arg_bool(req, "writable", true));
+  } else {
+    const size_t p = PLY_TRY(arg_position(req, next.size() - 1, size_t(at - next.begin())));
     ViewLayer l = *at;
     next.erase(at);
     next.insert(next.begin() + long(p), l);
-  } else {
-    return Error::invalid("unknown command \"" + cmd + "\" (list, add, remove, set, move)");
   }
   if (g->read_only)
     for (const auto& l : next)
@@ -176,8 +175,57 @@ Result<std::string> control(const std::string& request, bool may_change) {
   PLY_CHECK(g->u->restack(PLY_TRY(union_branches(next))));
   g->stack = next;
   invalidate_all();
-  return format_stack(*g->vol, g->stack);
+  return stack_answer();
 }
+
+}  // namespace
+
+Result<Json> control(const Json& req, bool may_change) {
+  static const std::vector<std::string> kCommands = {"list",     "add",   "remove", "set",    "move",
+                                                     "snapshot", "merge", "rollback", "clone", "delete", "diff"};
+  const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
+                              ? req["command"].get<std::string>()
+                              : "";
+  if (std::find(kCommands.begin(), kCommands.end(), cmd) == kCommands.end())
+    return Error::invalid("unknown command \"" + shown(cmd) +
+                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, read, close)");
+  std::lock_guard lk(g->ctl_mu);
+  if (cmd == "list") return stack_answer();
+  // A diff names files in directories the caller may not be allowed to
+  // list, and pauses every operation while it runs: root or the owner only.
+  if (!may_change)
+    return Error::io(EPERM, cmd == "diff" ? "only root or the mount's owner may diff branches"
+                                          : "only root or the mount's owner may change branches");
+  if (cmd == "diff") return run_diff(req);
+  if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") {
+    std::string name;
+    if (cmd != "snapshot") name = PLY_TRY(arg_branch(req, "branch")).name;
+    else if (req.contains("name")) {
+      // Checked here: an empty name would ask lifecycle for the default one.
+      name = PLY_TRY(model::get_name(req, "name"));
+      PLY_CHECK(check_branch_name(name, "snapshot"));
+    }
+    return lifecycle(cmd, name);
+  }
+  if (cmd == "clone" || cmd == "delete") return clone_or_delete(cmd, req);
+  return restack(cmd, req);
+}
+
+namespace {
+
+// One request as op_ioctl runs it: the text for the answer field, or an error.
+Result<std::string> answer(const std::string& request, bool may_change) {
+  Json req = Json::parse(request, nullptr, false);
+  if (req.is_discarded() || !req.is_object()) return Error::invalid("the request is not a JSON object");
+  const Json& c = req.contains("command") ? req["command"] : Json();
+  if (c == "read" || c == "close") return page_in(req, c == "close");
+  Json result = PLY_TRY(control(req, may_change));
+  std::string text = model::dump(Json{{"result", std::move(result)}});
+  if (text.size() <= Pending::kChunk) return text;
+  return page_out(std::move(text));
+}
+
+}  // namespace
 
 void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*,
               unsigned flags, const void* in_buf, size_t in_size, size_t out_size) {
@@ -188,12 +236,26 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
     return (void)fuse_reply_err(req, EINVAL);
   ControlMsg m;
   std::memcpy(&m, in_buf, sizeof m);
-  if (m.version != kControlVersion) return (void)fuse_reply_err(req, EPROTO);
-  m.request[sizeof m.request - 1] = 0;
-  const uid_t uid = fuse_req_ctx(req)->uid;
-  auto r = control(m.request, uid == 0 || uid == ::getuid());
-  const std::string text = r ? *r : r.error().reason;  // plyctl adds strerror
-  m.status = r ? 0 : errno_of(r.error());
+  std::string text;
+  if (m.version != kControlVersion) {
+    // Plain text: a client of version 1 prints the answer as it is.
+    text = "this mount's plyfs speaks control protocol version " + std::to_string(kControlVersion) +
+           ", plyctl version " + std::to_string(m.version) + ": use the plyctl of the same plyfs release";
+    log_error("refused a control request of protocol version %u (this plyfs speaks %u)", m.version, kControlVersion);
+    m.status = EPROTO;
+  } else {
+    m.request[sizeof m.request - 1] = 0;
+    const uid_t uid = fuse_req_ctx(req)->uid;
+    Result<std::string> r = Error::io(EIO, "");
+    try {
+      r = answer(m.request, uid == 0 || uid == ::getuid());
+    } catch (const std::exception& e) {  // nothing may cross the C callback
+      r = Error::io(EIO, std::string("the control request failed: ") + e.what());
+    }
+    text = r ? *r : model::dump(Json{{"error", lossy_utf8(r.error().message())}});
+    m.status = r ? 0 : errno_of(r.error());
+  }
+  m.version = kControlVersion;
   std::snprintf(m.answer, sizeof m.answer, "%s", text.c_str());
   fuse_reply_ioctl(req, 0, &m, sizeof m);
 }

@@ -1,49 +1,62 @@
-// The control channel of a mounted plyfs: an ioctl on the mount point's root
-// directory, which FUSE forwards to the daemon with the caller's uid, so that
-// no socket or path has to be found and secured. plyctl uses it for the
-// branch commands on a mount point (plyctl.8, format.md#fs-union "Live
-// branch changes").
+// The control channel of a mounted plyfs (format.md#control-channel): an
+// ioctl on the mount point's root directory, which FUSE forwards to the
+// daemon with the caller's uid, so that no socket or path has to be found
+// and secured. plyctl uses it for the commands on a mount point (plyctl.8).
 //
-// The request and the answer are text, so that the struct never changes:
-//   list                    the stack, "NAME=rw:NAME=ro:..." left to right
-//   add NAME POS rw|ro      put branch NAME at position POS (0: leftmost)
-//   remove NAME             take NAME out of the stack (its data stays)
-//   set NAME rw|ro          switch NAME between read-write and read-only
-//   move NAME POS           move NAME to position POS
-//   snapshot [SNAP], merge NAME, rollback NAME, clone SRC NAME [ro],
-//   delete NAME             the branch lifecycle (snap.h, plyctl.8)
-// Changes need root or the mount's owner; each one is atomic for the user
-// and lasts until unmount (plyctl view create saves a stack).
+// Version 2. The request is one JSON object, {"command": C, ...}; names go
+// as the JSON model carries them (snap/model.h, M1: "branch" and, for bytes
+// that are not UTF-8, "branch_bytes"), so any name passes, spaces included:
+//   {"command": "list"}                                   the stack
+//   {"command": "add", "branch": B, "position": P, "writable": W}
+//   {"command": "remove", "branch": B}
+//   {"command": "set", "branch": B, "writable": W}
+//   {"command": "move", "branch": B, "position": P}
+//   {"command": "snapshot"[, "name": S]}, {"command": "merge", "branch": B},
+//   {"command": "rollback", "branch": B}, {"command": "delete", "branch": B},
+//   {"command": "clone", "source": B, "name": S, "writable": W},
+//   {"command": "diff", "from": B, "to": B}
+//   {"command": "read", "token": T, "offset": O}, {"command": "close", "token": T}
+// (B: a branch's name, or its id as a number.) The answer, with status 0,
+// is {"result": X}, X being exactly the object plyctl prints offline for
+// the same command (the stack: an array of StackEntry; a snapshot: a
+// Snapshot; ...); with status an errno, {"error": "REASON"}. An answer
+// longer than the answer field (a diff, a long stack) is {"paged":
+// {"token": T, "size": N}}: the daemon keeps its text, `read` returns the
+// raw bytes from O on (at most sizeof answer - 1), the read that reaches the
+// end frees it, `close` frees it early. At most 4 texts of at most 256 MiB
+// in all wait: a new one pushes out the oldest (its reads then fail with
+// ENOENT), so a client that dies leaks nothing for long; the token (128
+// random bits) is what lets a client read it.
 //
-// A diff is larger than an answer (and a FUSE ioctl cannot pass more than
-// 16 KiB), so it is paged, with text requests as the rest:
-//   diff FROM TO [json]     "TOKEN SIZE": the daemon computes the whole diff
-//                           of a durable generation (it commits first) and
-//                           keeps its text, as plyctl prints it, under TOKEN
-//   read TOKEN OFFSET       the next at most 3063 bytes from OFFSET; the read
-//                           that reaches the end frees the text
-//   close TOKEN             frees it before the end
-// (An empty diff, "TOKEN 0", is not kept: there is nothing to read.)
-// At most 4 texts of at most 256 MiB in all wait: a new diff pushes the
-// oldest out (its reads then fail with ENOENT), so a client that dies
-// leaks nothing for long. Only root or the mount's owner may run them: a
-// diff names files in directories the caller may not be allowed to list.
+// Changes need root or the mount's owner, and so does a diff (it names files
+// in directories the caller may not be allowed to list); `list`, `read` and
+// `close` are anyone's. Each change is atomic for the user and lasts until
+// unmount (plyctl view create saves a stack).
+//
+// Versions. ControlMsg keeps version 1's size, ioctl number and the offsets
+// of `status` and `version`, so that either side reads the other's version:
+// a daemon answers a client of another version with status EPROTO and a
+// message naming both versions (as text, which version 1's plyctl prints),
+// and a version 1 daemon refuses this client's ioctl with EPROTO, which
+// plyctl explains.
 #pragma once
 
 #include <linux/ioctl.h>
+#include <stddef.h>
 #include <stdint.h>
 
 namespace plyfs {
 
 struct ControlMsg {
-  char request[1024];  // NUL-terminated
-  char answer[3064];   // NUL-terminated: the stack after the command, or an error
+  char request[1024];  // NUL-terminated JSON
+  char answer[3064];   // NUL-terminated: JSON, or a read's slice of JSON text
   int32_t status;      // 0, or the errno of the failure
   uint32_t version;    // kControlVersion
 };
 static_assert(sizeof(ControlMsg) == 4096);
+static_assert(offsetof(ControlMsg, status) == 4088 && offsetof(ControlMsg, version) == 4092);
 
-inline constexpr uint32_t kControlVersion = 1;
+inline constexpr uint32_t kControlVersion = 2;
 // 0xB7 is not in the kernel's ioctl-number registry for file systems.
 inline constexpr unsigned long kControlIoctl = _IOWR(0xB7, 1, ControlMsg);
 

@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "ctl_nodes.h"
+#include "snap/model.h"
 #include "snap/snap.h"
+#include "util/text.h"
 
 namespace plyfs {
 
@@ -21,24 +23,7 @@ using namespace ctl;
 
 namespace {
 
-std::string json_str(std::string_view s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
-      o += b;
-    } else {
-      o += c;
-    }
-  }
-  return o + "\"";
-}
-
-Error no_such(std::string_view name) { return Error::io(ENOENT, "no branch named \"" + std::string(name) + "\""); }
+Error no_such(std::string_view name) { return Error::io(ENOENT, "no branch named \"" + shown(name) + "\""); }
 
 }  // namespace
 
@@ -46,9 +31,12 @@ Error no_such(std::string_view name) { return Error::io(ENOENT, "no branch named
 
 Result<BranchMeta> ControlFolder::branch_named(std::string_view name) {
   // By name only: find_branch also takes tree ids, which would give one
-  // branch two folders.
-  for (auto& b : PLY_TRY(Filesystem::branches(*h_.vol)))
+  // branch two folders. A name that cannot be a file name has its alias.
+  auto bs = PLY_TRY(Filesystem::branches(*h_.vol));
+  for (auto& b : bs)
     if (!b.doomed && b.name == name) return b;
+  for (auto& b : bs)
+    if (!b.doomed && entry_name(b) == name) return b;
   return no_such(name);
 }
 
@@ -89,13 +77,19 @@ Result<void> ControlFolder::delete_layer(std::string_view name) {
   if (h_.read_only) return Error::io(EROFS, "the mount is read-only");
   BranchMeta b = PLY_TRY(branch_named(name));
   for (const auto& l : *h_.stack)
-    if (l.tree == b.tree) return Error::io(EBUSY, "the mount shows \"" + b.name + "\"");
+    if (l.tree == b.tree)
+      return Error::io(EBUSY, "the mount shows \"" + shown(b.name) +
+                                  "\": take it out of the mount's stack first (plyctl branch remove MOUNTPOINT "
+                                  "NAME), or unmount and delete it on the image");
   for (const auto& c : PLY_TRY(Filesystem::branches(*h_.vol)))
     if (!c.doomed && c.parent == b.tree)
-      return Error::io(EBUSY, "\"" + c.name + "\" is made on \"" + b.name + "\"");
+      return Error::io(EBUSY, "branch \"" + shown(c.name) + "\" is made on \"" + shown(b.name) +
+                                  "\": delete or merge it first");
   for (const auto& view : PLY_TRY(list_views(*h_.vol)))
     for (const auto& l : view.layers)
-      if (l.tree == b.tree) return Error::io(EBUSY, "view \"" + view.name + "\" shows \"" + b.name + "\"");
+      if (l.tree == b.tree)
+        return Error::io(EBUSY, "view \"" + shown(view.name) + "\" of the image shows \"" + shown(b.name) +
+                                    "\": delete or change that view first (plyctl view delete|create IMAGE, unmounted)");
   // close() returns before the kernel's release reaches the daemon: a
   // release in flight gets a moment before the layer counts as busy.
   auto open_files = [&] {
@@ -113,7 +107,8 @@ Result<void> ControlFolder::delete_layer(std::string_view name) {
     if (v->u && std::any_of(v->stack.begin(), v->stack.end(), [&](const ViewLayer& l) { return l.tree == b.tree; }))
       users.push_back(v.get());
   for (View* v : users)
-    if (v->open_files.load() > 0) return Error::io(EBUSY, "a file of \"" + b.name + "\" is open");
+    if (v->open_files.load() > 0)
+      return Error::io(EBUSY, "a file of \"" + shown(b.name) + "\"'s data/ is open: close it first");
   for (View* v : users) {
     v->u.reset();  // C3
     slot_of_.erase(v->layer.v);
@@ -161,59 +156,22 @@ Result<void> ControlFolder::rename_layer(std::string_view from, std::string_view
 
 Result<std::string> ControlFolder::info_json(TreeId tree) {
   std::lock_guard cl(*h_.ctl_mu);  // C4
-  auto bs = PLY_TRY(Filesystem::branches(*h_.vol));
-  std::erase_if(bs, [](const BranchMeta& b) { return b.doomed; });
-  auto name_of = [&](TreeId t) -> std::string {
-    for (const auto& b : bs)
-      if (b.tree == t) return json_str(b.name);
-    return "null";
-  };
-  auto it = std::find_if(bs.begin(), bs.end(), [&](const BranchMeta& b) { return b.tree == tree; });
-  if (it == bs.end()) return Error::io(ESTALE, "the branch is gone");
-  const BranchMeta b = *it;
-  std::string children;
-  for (const auto& c : bs)
-    if (c.parent == b.tree && PLY_TRY(is_layer(*h_.vol, c))) {
-      if (!children.empty()) children += ", ";
-      children += json_str(c.name);
-    }
+  // The Branch object of plyctl (snap/model.h), and what only a mount knows.
+  auto bs = PLY_TRY(model::Branches::read(*h_.vol));
+  const BranchMeta* b = bs.find(tree);
+  if (!b) return Error::io(ESTALE, "the branch is gone");
+  model::Json o = bs.branch(*b);
   bool mounted = false;
-  for (const auto& l : *h_.stack) mounted |= l.tree == b.tree;
+  for (const auto& l : *h_.stack) mounted |= l.tree == b->tree;
   bool view_open = false;
   {
     std::shared_lock lk(mu_);  // after ctl_mu, as in data_view
-    if (auto it = slot_of_.find(b.tree.v); it != slot_of_.end()) view_open = views_[it->second - 1]->u != nullptr;
+    if (auto it = slot_of_.find(b->tree.v); it != slot_of_.end()) view_open = views_[it->second - 1]->u != nullptr;
   }
-  auto stack = PLY_TRY(stack_of(b.tree));
-  std::string st;
-  for (const auto& l : stack) {
-    if (!st.empty()) st += ", ";
-    st += name_of(l.tree);
-  }
-  std::string o = "{\n  \"name\": ";
-  o += json_str(b.name);
-  o += ",\n  \"id\": ";
-  o += std::to_string(b.tree.v);
-  o += ",\n  \"parent\": ";
-  o += b.parent.v ? name_of(b.parent) : std::string("null");
-  o += ",\n  \"layer\": ";
-  o += PLY_TRY(is_layer(*h_.vol, b)) ? "true" : "false";
-  o += ",\n  \"read_only\": ";
-  o += b.read_only ? "true" : "false";
-  o += ",\n  \"writable\": ";
-  o += stack[0].writable ? "true" : "false";
-  o += ",\n  \"mounted\": ";
-  o += mounted ? "true" : "false";
-  o += ",\n  \"view_open\": ";
-  o += view_open ? "true" : "false";
-  o += ",\n  \"created_generation\": ";
-  o += std::to_string(b.created.v);
-  o += ",\n  \"children\": [";
-  o += children;
-  o += "],\n  \"stack\": [";
-  o += st;
-  o += "]\n}\n";
-  return o;
+  o["stack"] = bs.stack(PLY_TRY(stack_of(b->tree)));
+  o["mounted"] = mounted;
+  o["view_open"] = view_open;
+  return model::dump(o, 2) + "\n";
 }
 
 // --- replies ------------------------------------------------------------------------------
@@ -249,7 +207,7 @@ Result<struct stat> ControlFolder::virtual_attr(fuse_ino_t ino) {
     b = PLY_TRY(folder_branch(ino));
   }
   if (is_info(ino)) return virtual_stat(ino, PLY_TRY(info_json(b.tree)).size());
-  if (is_child_link(ino)) return virtual_stat(ino, child_target(b.name).size());
+  if (is_child_link(ino)) return virtual_stat(ino, child_target(entry_name(b)).size());
   return virtual_stat(ino, 0);
 }
 

@@ -168,7 +168,7 @@ void ControlFolder::readlink(fuse_req_t req, fuse_ino_t ino) {
       std::lock_guard cl(*h_.ctl_mu);  // C4
       auto c = folder_branch(ino);
       if (!c) return reply_err(req, c.error());
-      target = child_target(c->name);
+      target = child_target(entry_name(*c));
     }
     return (void)fuse_reply_readlink(req, target.c_str());
   }
@@ -194,7 +194,7 @@ void ControlFolder::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, m
     uint64_t id = 0;
     {
       std::lock_guard cl(*h_.ctl_mu);
-      id = folder_id(b->name);
+      id = folder_id(entry_name(*b));
     }
     if (!id) return (void)fuse_reply_err(req, EOVERFLOW);
     return reply_virtual_entry(req, folder_node(id), 0);
@@ -304,7 +304,7 @@ void ControlFolder::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
       // Listed with their folders' numbers (C6), which stat shows too.
       for (const auto& b : *bs)
         if (!b.doomed)
-          if (const uint64_t id = folder_id(b.name)) ents.emplace_back(b.name, folder_node(id), S_IFDIR, 2 + b.tree.v);
+          if (const uint64_t id = folder_id(entry_name(b))) ents.emplace_back(entry_name(b), folder_node(id), S_IFDIR, 2 + b.tree.v);
     } else if (is_folder(ino)) {
       // data's node id is its view's root, made on lookup; the listing
       // gives a number of the folder's own instead.
@@ -325,7 +325,7 @@ void ControlFolder::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
         auto layer = is_layer(*h_.vol, b);
         if (!layer) return reply_err(req, layer.error());
         if (*layer)
-          if (const uint64_t id = folder_id(b.name)) ents.emplace_back(b.name, named_node(id, kChildLink), S_IFLNK, 2 + b.tree.v);
+          if (const uint64_t id = folder_id(entry_name(b))) ents.emplace_back(entry_name(b), named_node(id, kChildLink), S_IFLNK, 2 + b.tree.v);
       }
     } else {
       return (void)fuse_reply_err(req, ENOTDIR);

@@ -31,6 +31,17 @@ inline bool is_children(fuse_ino_t i) { return kind_of(i) == kChildren; }
 inline bool is_child_link(fuse_ino_t i) { return kind_of(i) == kChildLink; }
 inline uint64_t folder_of(fuse_ino_t i) { return (i & kNumMask) >> 3; }
 
+// A branch's entry in layers/ (and children/): its name, or, for a name
+// no directory entry can hold (empty, ".", "..", a '/'; only old images
+// have them, format.md#control-folder), the alias "=ID", which no valid
+// name can be (the name rule refuses '='), so that it can still be listed,
+// renamed and removed.
+inline std::string entry_name(const BranchMeta& b) {
+  if (b.name.empty() || b.name == "." || b.name == ".." || b.name.find_first_of(std::string_view("/\0", 2)) != std::string::npos)
+    return "=" + std::to_string(b.tree.v);
+  return b.name;
+}
+
 // A link of children/: to the child's folder.
 inline std::string child_target(std::string_view name) { return "../../" + std::string(name); }
 

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "blockdev/blockdev.h"
 #include "fs/fs.h"
 #include "union/union.h"
@@ -105,14 +107,15 @@ void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_i
 void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*, unsigned flags,
               const void* in_buf, size_t in_size, size_t out_size);
 
-// Live branch changes (control.h). control() runs one request, for
+// Live branch changes (control.h). control() runs one JSON request, for
 // op_ioctl and for the automatic snapshots (`may_change`: from root or the
 // mount's owner); lifecycle() runs a snapshot, merge or rollback
 // (lifecycle.cpp). Every restack opens its branches with union_branches
 // and, unless the view stays the same, drops what the kernel cached with
 // invalidate_all (daemon.cpp).
-Result<std::string> control(const std::string& request, bool may_change);
-Result<std::string> lifecycle(const std::string& cmd, const std::string& name);
+// Both answer with the JSON model's object for the command (snap/model.h).
+Result<nlohmann::ordered_json> control(const nlohmann::ordered_json& request, bool may_change);
+Result<nlohmann::ordered_json> lifecycle(const std::string& cmd, const std::string& name);
 void cleaner_loop();  // Daemon::cleaner and Daemon::snapper, started by main
 void snapper_loop();
 void invalidate_all();

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "daemon.h"
+#include "snap/model.h"
 #include "snap/snap.h"
+#include "util/text.h"
 
 namespace plyfs::daemon {
 
@@ -19,8 +21,10 @@ namespace plyfs::daemon {
 // holds every write that finished before it and none after, and a merge
 // sees the upper branch hold still. When the restack returns nothing uses
 // the replaced (doomed) branches: they are closed and dropped at once (or
-// at the next mount, after a crash).
-Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
+// at the next mount, after a crash). The answer is the object plyctl prints
+// for the command offline (snap/model.h): a Snapshot, a Merge, or the
+// rolled-back Branch.
+Result<model::Json> lifecycle(const std::string& cmd, const std::string& name) {
   if (g->read_only) return Error::io(EROFS, "the mount is read-only");
   // No operation of the control folder's views runs meanwhile (ctl_folder.h C2).
   auto views_held = g->ctl->hold();
@@ -30,11 +34,16 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
   if (cmd != "snapshot") {
     BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
     auto at = std::find_if(g->stack.begin(), g->stack.end(), [&](const ViewLayer& l) { return l.tree == b.tree; });
-    if (at == g->stack.end()) return Error::io(ENOENT, "branch \"" + b.name + "\" is not in the mounted stack");
+    if (at == g->stack.end()) return Error::io(ENOENT, "branch \"" + shown(b.name) + "\" is not in the mounted stack");
     if (cmd == "merge" && (at + 1 == g->stack.end() || (at + 1)->tree != b.parent))
-      return Error::io(EBUSY, "the mount does not show \"" + b.name + "\" right above the branch it is on");
+      return Error::io(EBUSY, "the mount does not show \"" + shown(b.name) +
+                                  "\" right above the branch it is on: move that branch right below it "
+                                  "(plyctl branch add|move MOUNTPOINT), or merge on the image unmounted");
   }
   std::vector<ViewLayer> next;
+  Snapshot snap_done;
+  Merge merge_done;
+  TreeId result;                 // the branch the answer shows (a rollback's fresh one)
   std::vector<TreeId> replaced;  // branches a merge or rollback doomed
   bool changed = false;  // the image changed: the mount must follow or stop
   auto r = g->u->restack([&]() -> Result<std::vector<UnionBranch>> {
@@ -43,7 +52,8 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
       if (top == g->stack.end()) return Error::io(EROFS, "the stack has no writable branch");
       std::string snap = name;
       if (snap.empty()) snap = PLY_TRY(snapshot_name(*g->vol, PLY_TRY(Filesystem::branch(*g->vol, top->tree)).name));
-      next = PLY_TRY(snapshot(*g->vol, g->stack, snap)).stack;
+      snap_done = PLY_TRY(snapshot(*g->vol, g->stack, snap));
+      next = snap_done.stack;
       changed = true;
     } else {
       BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
@@ -51,6 +61,7 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
       if (cmd == "merge") {
         auto it = g->branches.find(b.tree.v);
         Merge m = PLY_TRY(merge(*g->vol, b.tree, it == g->branches.end() ? nullptr : it->second.get()));
+        merge_done = m;
         changed = true;
         replaced = {m.upper, m.lower};
         for (auto& l : next)
@@ -58,6 +69,7 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
         std::erase_if(next, [&](const ViewLayer& l) { return l.tree == m.lower; });
       } else {
         BranchMeta fresh = PLY_TRY(rollback(*g->vol, b.tree));
+        result = fresh.tree;
         changed = true;
         replaced = {b.tree};
         for (auto& l : next)
@@ -90,7 +102,12 @@ Result<std::string> lifecycle(const std::string& cmd, const std::string& name) {
   // A snapshot or a merge shows the same view, with the same inode numbers
   // and attributes: what the kernel cached stays true. A rollback does not.
   if (cmd == "rollback") invalidate_all();
-  return format_stack(*g->vol, g->stack);
+  auto bs = PLY_TRY(model::Branches::read(*g->vol));
+  if (cmd == "snapshot") return model::snapshot(bs, snap_done);
+  if (cmd == "merge") return model::merge(bs, merge_done);
+  const BranchMeta* fresh = bs.find(result);
+  if (!fresh) return Error::io(ENOENT, "the rolled-back branch is gone");
+  return bs.branch(*fresh);
 }
 
 // Drops doomed branches whenever a merge or rollback made some, as btrfs's
@@ -124,7 +141,7 @@ void snapper_loop() {
   for (;;) {
     if (g->snap_cv.wait_for(lk, std::chrono::seconds(g->snap_interval), [] { return g->snap_stop; })) return;
     lk.unlock();
-    auto r = control("snapshot", true);
+    auto r = control(model::Json{{"command", "snapshot"}}, true);
     if (!r) log_error("automatic snapshot failed: %s", r.error().message().c_str());
     while (r && g->snap_keep) {
       std::vector<std::string> snaps;  // newest first
@@ -140,7 +157,9 @@ void snapper_loop() {
         }
       }
       if (snaps.size() <= g->snap_keep || snaps.size() < 2) break;
-      auto m = control("merge " + snaps[snaps.size() - 2], true);
+      model::Json req = {{"command", "merge"}};
+      model::put_name(req, "branch", snaps[snaps.size() - 2]);
+      auto m = control(req, true);
       if (!m) {
         log_error("dropping snapshot %s failed: %s", snaps.back().c_str(), m.error().message().c_str());
         break;

@@ -2,8 +2,6 @@
 // format.md#snapshots).
 #include "snap/snap.h"
 
-#include "util/json.h"
-
 #include <dirent.h>
 
 #include <algorithm>
@@ -510,6 +508,10 @@ std::string join(const std::string& dir, std::string_view name) {
 struct Differ {
   Filesystem& to;
   std::vector<DiffEntry> out;
+  const std::function<void(uint64_t)>* progress = nullptr;
+  void tick() {
+    if (*progress && out.size() % 256 == 0) (*progress)(out.size());
+  }
   // Layer diffs only, one per entry of `out`: the object's inode number and
   // attributes (of the view below for a removal, of the layer otherwise),
   // for pair_renames.
@@ -518,6 +520,7 @@ struct Differ {
   void add(Change c, std::string path, const Attr& a) {
     out.push_back({c, std::move(path), "", uint8_t(IFTODT(a.mode))});
     obj.emplace_back(a.ino, a);
+    tick();
   }
   static Result<std::vector<DirEntry>> list(Filesystem& fs, uint64_t dir, std::vector<std::string>& names) {
     std::vector<DirEntry> es;
@@ -654,7 +657,8 @@ struct Differ {
 
 }  // namespace
 
-Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
+Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
+                                    const std::function<void(uint64_t)>& progress) {
   BranchMeta a, b;
   bool to_is_layer_on_from;
   {
@@ -665,7 +669,7 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
   }
   auto ffs = PLY_TRY(Filesystem::open(v, from, true));
   auto tfs = PLY_TRY(Filesystem::open(v, to, true));
-  Differ d{*tfs, {}, {}};
+  Differ d{*tfs, {}, &progress, {}};
   if (to_is_layer_on_from) {
     // The layer was made on the view of `from` over its ancestors.
     auto below = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, a.name)), true, true));
@@ -707,14 +711,17 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
       if (rm == 1 && ad == 1) {
         auto to_name = std::find_if(ch.added.begin(), ch.added.end(), [&](auto& x) { return x.ino == r.ino; });
         d.out.push_back({Change::Renamed, p, join(PLY_TRY(path_in(*tfs, to_name->dir)), to_name->name), r.type});
+        d.tick();
         renamed.insert(r.ino);
         continue;
       }
       d.out.push_back({Change::Removed, p, "", r.type});
+      d.tick();
     }
     for (const auto& r : ch.added) {
       if (r.type == DT_WHT || renamed.count(r.ino)) continue;
       d.out.push_back({Change::Added, join(PLY_TRY(path_in(*tfs, r.dir)), r.name), "", r.type});
+      d.tick();
       whole.insert(r.ino);
     }
     for (uint64_t ino : ch.modified) {
@@ -722,42 +729,12 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to) {
       auto at = tfs->getattr(ino);
       if (!at || at->nlink == 0) continue;
       d.out.push_back({Change::Modified, PLY_TRY(path_in(*tfs, ino)), "", uint8_t(IFTODT(at->mode))});
+      d.tick();
     }
   }
   std::stable_sort(d.out.begin(), d.out.end(), [](const DiffEntry& x, const DiffEntry& y) { return x.path < y.path; });
   return std::move(d.out);
 }
 
-
-std::string format_diff(const std::vector<DiffEntry>& d, bool json) {
-  std::string out;
-  if (json) out += '[';
-  for (size_t i = 0; i < d.size(); i++) {
-    const auto& e = d[i];
-    if (json) {
-      if (i) out += ", ";
-      out += "{\"change\": \"";
-      out += char(e.change);
-      out += "\", \"path\": ";
-      out += json_quote(e.path);
-      if (e.change == Change::Renamed) {
-        out += ", \"new_path\": ";
-        out += json_quote(e.new_path);
-      }
-      out += '}';
-    } else {
-      out += char(e.change);
-      out += '\t';
-      out += e.path;
-      if (e.change == Change::Renamed) {
-        out += " -> ";
-        out += e.new_path;
-      }
-      out += '\n';
-    }
-  }
-  if (json) out += "]\n";
-  return out;
-}
 
 }  // namespace plyfs

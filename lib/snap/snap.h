@@ -103,11 +103,9 @@ struct DiffEntry {
   std::string path, new_path;  // new_path: renames only
   uint8_t type;                // DT_* of the object
 };
-Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to);
-// The diff as plyctl prints it, offline or from a mount's daemon (one
-// formatter, so the two cannot drift): a line "C\tPATH" per entry ("R\tOLD ->
-// NEW" for a rename), or with `json` one JSON array of {"change", "path"[,
-// "new_path"]} objects and a newline. Holds no NUL (names cannot).
-std::string format_diff(const std::vector<DiffEntry>& d, bool json);
+// `progress` hears how many entries were found so far, every 256.
+Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
+                                    const std::function<void(uint64_t)>& progress = {});
+// Its JSON and text forms are model.h's (diff, diff_text).
 
 }  // namespace plyfs

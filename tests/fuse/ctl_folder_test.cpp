@@ -11,94 +11,52 @@
 #include <optional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "fuse_util.h"
 
 using namespace plyfs::fusetest;
 
 namespace {
 
-// A strict JSON reader, enough to check that info.json is JSON: the whole
-// text must be one object; returns its members as their JSON text.
-class Json {
- public:
-  explicit Json(std::string s) : s_(std::move(s)) {}
-  std::optional<std::map<std::string, std::string>> object() {
-    std::map<std::string, std::string> out;
-    ws();
-    if (!eat('{')) return std::nullopt;
-    ws();
-    if (!eat('}')) {
-      do {
-        ws();
-        auto k = str();
-        ws();
-        if (!k || !eat(':')) return std::nullopt;
-        ws();
-        const size_t start = p_;
-        if (!value()) return std::nullopt;
-        out[*k] = s_.substr(start, p_ - start);
-        ws();
-      } while (eat(','));
-      if (!eat('}')) return std::nullopt;
-    }
-    ws();
-    if (p_ != s_.size()) return std::nullopt;
-    return out;
-  }
-
- private:
-  bool eat(char c) {
-    if (p_ < s_.size() && s_[p_] == c) return p_++, true;
-    return false;
-  }
-  void ws() {
-    while (p_ < s_.size() && std::strchr(" \t\r\n", s_[p_])) p_++;
-  }
-  std::optional<std::string> str() {
-    if (!eat('"')) return std::nullopt;
-    std::string o;
-    while (p_ < s_.size() && s_[p_] != '"') {
-      if (static_cast<unsigned char>(s_[p_]) < 0x20) return std::nullopt;
-      if (s_[p_] == '\\') p_++;
-      o += s_[p_++];
-    }
-    if (!eat('"')) return std::nullopt;
-    return o;
-  }
-  bool value() {
-    if (p_ >= s_.size()) return false;
-    const char c = s_[p_];
-    if (c == '"') return str().has_value();
-    if (c == '[') {
-      p_++;
-      ws();
-      if (eat(']')) return true;
-      do {
-        ws();
-        if (!value()) return false;
-        ws();
-      } while (eat(','));
-      return eat(']');
-    }
-    if (c == '{') return false;  // info.json has no nested object
-    for (const char* lit : {"true", "false", "null"})
-      if (s_.compare(p_, std::strlen(lit), lit) == 0) return p_ += std::strlen(lit), true;
-    const size_t start = p_;
-    eat('-');
-    while (p_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[p_]))) p_++;
-    return p_ > start && std::isdigit(static_cast<unsigned char>(s_[p_ - 1]));
-  }
-  std::string s_;
-  size_t p_ = 0;
-};
-
-std::map<std::string, std::string> info(const std::string& path) {
+// info.json, parsed strictly (nlohmann's parser: the whole text must be
+// one JSON object, the Branch object of plyctl(8) with what a mount adds);
+// its members as their compact JSON text.
+nlohmann::ordered_json info_json(const std::string& path) {
   const std::string text = read_file(path);
-  auto o = Json(text).object();
   INFO(path << ":\n" << text);
-  REQUIRE(o);
-  return *o;
+  auto j = nlohmann::ordered_json::parse(text, nullptr, false);
+  REQUIRE(!j.is_discarded());
+  REQUIRE(j.is_object());
+  return j;
 }
+std::map<std::string, std::string> info(const std::string& path) {
+  std::map<std::string, std::string> out;
+  const auto j = info_json(path);  // kept: items() refers to it
+  for (const auto& [k, v] : j.items()) out[k] = v.dump();
+  return out;
+}
+// info.json's parent's name ("null" for none), its children's names
+// ("a,b"), its stack ("c=rw:a=ro"), and whether data/ takes changes (the
+// stack's first entry).
+std::string parent_of(const std::string& path) {
+  auto j = info_json(path);
+  return j["parent"].is_null() ? "null" : j["parent"]["branch"].get<std::string>();
+}
+std::string children_of(const std::string& path) {
+  std::string out;
+  const auto j = info_json(path);
+  for (const auto& c : j["children"]) out += (out.empty() ? "" : ",") + c["branch"].get<std::string>();
+  return out;
+}
+std::string stack_of(const std::string& path) {
+  std::string out;
+  const auto j = info_json(path);
+  for (const auto& e : j["stack"])
+    out += (out.empty() ? "" : ":") + e["branch"].get<std::string>() + (e["writable"].get<bool>() ? "=rw" : "=ro");
+  return out;
+}
+bool data_writable(const std::string& path) { return info_json(path)["stack"][0]["writable"].get<bool>(); }
 
 // rmdir of a layer whose files were just closed; 0 or the errno. close()
 // returns before the kernel's release reaches the daemon, which waits 0.5 s
@@ -218,19 +176,19 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   auto ib = info(fx / ".plyfs/layers/b/info.json");
   CHECK(ib["name"] == "\"b\"");
   CHECK(ib["id"] == "258");
-  CHECK(ib["parent"] == "\"main\"");
+  CHECK(ib["parent"] == R"({"branch":"main","id":256})");
   CHECK(ib["layer"] == "true");
-  CHECK(ib["read_only"] == "false");
-  CHECK(ib["writable"] == "true");
+  CHECK(ib["writable"] == "true");  // the branch flag
+  CHECK(data_writable(fx / ".plyfs/layers/b/info.json"));
   CHECK(ib["mounted"] == "false");
   CHECK(ib["children"] == "[]");
-  CHECK(ib["stack"] == "[\"b\", \"main\"]");
+  CHECK(ib["stack"] == R"([{"branch":"b","id":258,"writable":true},{"branch":"main","id":256,"writable":false}])");
   CHECK(std::stoull(ib["created_generation"]) > 0);
   auto im = info(fx / ".plyfs/layers/main/info.json");
   CHECK(im["parent"] == "null");
   CHECK(im["layer"] == "false");
   CHECK(im["mounted"] == "true");
-  CHECK(im["children"] == "[\"a\", \"b\"]");
+  CHECK(im["children"] == R"([{"branch":"a","id":257},{"branch":"b","id":258}])");
   CHECK(info(fx / ".plyfs/layers/a/info.json")["mounted"] == "true");
   const std::string ij = fx / ".plyfs/layers/b/info.json";
   REQUIRE_ERRNO(::open(ij.c_str(), O_WRONLY), EACCES);
@@ -293,8 +251,8 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   // mkdir makes a layer on the branch the mount writes to: a, here. The
   // mounted layer cannot go.
   REQUIRE(::mkdir((fx / ".plyfs/layers/c").c_str(), 0755) == 0);
-  CHECK(info(fx / ".plyfs/layers/c/info.json")["parent"] == "\"a\"");
-  CHECK(info(fx / ".plyfs/layers/c/info.json")["stack"] == "[\"c\", \"a\", \"main\"]");
+  CHECK(parent_of(fx / ".plyfs/layers/c/info.json") == "a");
+  CHECK(stack_of(fx / ".plyfs/layers/c/info.json") == "c=rw:a=ro:main=ro");
   REQUIRE(::rmdir((fx / ".plyfs/layers/c").c_str()) == 0);
   REQUIRE_ERRNO(::rmdir((fx / ".plyfs/layers/a").c_str()), EBUSY);
 
@@ -304,7 +262,7 @@ TEST_CASE("control folder: hidden, info.json, a sibling layer's data online", "[
   CHECK(read_file(fx / "via-folder") == "1");
   write_file(fx / "via-mount", "2");
   CHECK(read_file(fx / ".plyfs/layers/a/data/via-mount") == "2");
-  CHECK(info(fx / ".plyfs/layers/main/info.json")["writable"] == "true");
+  CHECK(data_writable(fx / ".plyfs/layers/main/info.json"));
   // A branch's own .plyfs (made where no control folder is: in a view) is
   // shadowed at the mount root, neither listed nor reached there.
   REQUIRE(::mkdir((fx / ".plyfs/layers/a/data/.plyfs").c_str(), 0755) == 0);
@@ -341,7 +299,7 @@ TEST_CASE("control folder: mkdir, rename and rmdir of layers, and their refusals
   // mkdir: a new layer on the branch the mount writes to.
   REQUIRE(::mkdir((L + "n1").c_str(), 0755) == 0);
   auto i1 = info(L + "n1/info.json");
-  CHECK(i1["parent"] == "\"main\"");
+  CHECK(parent_of(L + "n1/info.json") == "main");
   CHECK(i1["layer"] == "true");
   CHECK(read_file(L + "n1/data/m") == "main");
   REQUIRE_ERRNO(::mkdir((L + "n1").c_str(), 0755), EEXIST);
@@ -371,7 +329,7 @@ TEST_CASE("control folder: mkdir, rename and rmdir of layers, and their refusals
   // a file open, and the folder's own directories.
   REQUIRE_ERRNO(::rmdir((L + "main").c_str()), EBUSY);
   REQUIRE_ERRNO(::rmdir((L + "p").c_str()), EBUSY);
-  CHECK(info(L + "p/info.json")["children"] == "[\"q\"]");
+  CHECK(children_of(L + "p/info.json") == "q");
   REQUIRE_ERRNO(::rmdir((L + "nosuch").c_str()), ENOENT);
   REQUIRE_ERRNO(::rmdir((fx / ".plyfs/layers").c_str()), EBUSY);
   REQUIRE_ERRNO(::rmdir((L + "q/data").c_str()), EBUSY);
@@ -394,7 +352,7 @@ TEST_CASE("control folder: mkdir, rename and rmdir of layers, and their refusals
 
   std::string out;
   plyctl(fx, {"layer", "list", fx.img}, &out);
-  CHECK(out == "main (id 256)\n\u2514\u2500\u2500 n3 (id " + id + ")\n");
+  CHECK(out == "NAME  ID KIND  MODE\nmain 256 base  rw\n\u2514\u2500n3 " + id + " layer rw\n");
   fx.opts = {"layer=n3"};
   fx.mount();
   CHECK(read_file(fx / "kept") == "kept");
@@ -411,7 +369,8 @@ TEST_CASE("control folder: a read-only mount changes nothing", "[control-folder]
   fx.mount();
   const std::string L = fx / ".plyfs/layers/";
   CHECK(read_file(L + "a/data/m") == "main");
-  CHECK(info(L + "a/info.json")["writable"] == "false");
+  CHECK(!data_writable(L + "a/info.json"));
+  CHECK(info(L + "a/info.json")["writable"] == "true");  // the branch is not flagged read-only
   REQUIRE_ERRNO(::mkdir((L + "n").c_str(), 0755), EROFS);
   REQUIRE_ERRNO(::rmdir((L + "a").c_str()), EROFS);
   REQUIRE_ERRNO(::rename((L + "a").c_str(), (L + "b").c_str()), EROFS);
@@ -447,9 +406,9 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   CHECK(read_file(L + "main/data/m") == "MAIN");
   CHECK(ino_of(L + "main/data/m") == m_ino);
   CHECK(read_file(L + "s1/data/m") == "main");
-  CHECK(info(L + "s1/info.json")["writable"] == "false");
+  CHECK(!data_writable(L + "s1/info.json"));
   REQUIRE_ERRNO(::open((L + "s1/data/m").c_str(), O_WRONLY), EROFS);
-  CHECK(info(L + "main/info.json")["parent"] == "\"s1\"");
+  CHECK(parent_of(L + "main/info.json") == "s1");
   write_file(L + "main/data/after", "after");
   CHECK(read_file(fx / "after") == "after");
   // The path looked up again, data's inode the kernel holds still works.
@@ -463,11 +422,11 @@ TEST_CASE("control folder: views follow an online snapshot", "[control-folder]")
   CHECK(read_file(fx / "via-fd").empty());
   // Even once the kernel met the frozen branch under its new name.
   CHECK(info(L + "s1/info.json")["name"] == "\"s1\"");
-  CHECK(info(L + "s1/info.json")["read_only"] == "true");
+  CHECK(info(L + "s1/info.json")["writable"] == "false");
   const int via = ::openat(folder_fd, "data/via-folder-fd", O_CREAT | O_WRONLY, 0644);
   REQUIRE_OK(via);
   ::close(via);
-  CHECK(info(L + "main/info.json")["read_only"] == "false");
+  CHECK(info(L + "main/info.json")["writable"] == "true");
   struct stat fst{};
   REQUIRE(::fstatat(folder_fd, "info.json", &fst, 0) == 0);
   CHECK(fst.st_ino == ino_of(L + "main/info.json"));
@@ -990,10 +949,10 @@ TEST_CASE("control folder: children/ shows the layers made on a branch, and mkdi
   // A layer on a, which the mount does not show.
   REQUIRE(::mkdir((L + "a/children/b").c_str(), 0755) == 0);
   auto ib = info(L + "b/info.json");
-  CHECK(ib["parent"] == "\"a\"");
+  CHECK(parent_of(L + "b/info.json") == "a");
   CHECK(ib["layer"] == "true");
-  CHECK(ib["stack"] == "[\"b\", \"a\", \"main\"]");
-  CHECK(info(L + "a/info.json")["children"] == "[\"b\"]");
+  CHECK(stack_of(L + "b/info.json") == "b=rw:a=ro:main=ro");
+  CHECK(children_of(L + "a/info.json") == "b");
   CHECK(list_dir(L + "a/children") == Names{"b"});
   CHECK(list_dir(L + "main/children") == Names{"a"});
   CHECK(read_file(L + "a/children/b/data/m") == "main");  // through the link
@@ -1002,14 +961,15 @@ TEST_CASE("control folder: children/ shows the layers made on a branch, and mkdi
   REQUIRE_ERRNO(::access((fx / "in-b").c_str(), F_OK), ENOENT);
   // mkdir in layers/ still makes it on the mounted branch.
   REQUIRE(::mkdir((L + "c").c_str(), 0755) == 0);
-  CHECK(info(L + "c/info.json")["parent"] == "\"main\"");
+  CHECK(parent_of(L + "c/info.json") == "main");
   CHECK(list_dir(L + "main/children") == (Names{"a", "c"}));
   // On a read-only snapshot: the new layer is writable over it.
   plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
   REQUIRE(::mkdir((L + "s1/children/d").c_str(), 0755) == 0);
   auto id = info(L + "d/info.json");
-  CHECK(id["parent"] == "\"s1\"");
+  CHECK(parent_of(L + "d/info.json") == "s1");
   CHECK(id["writable"] == "true");
+  CHECK(data_writable(L + "d/info.json"));
   write_file(L + "d/data/in-d", "d");
   CHECK(read_file(L + "d/data/m") == "main");
   // s1 is the tree a and c were made on (the snapshot renamed it); main is
@@ -1032,8 +992,19 @@ TEST_CASE("control folder: children/ shows the layers made on a branch, and mkdi
   std::string out;
   plyctl(fx, {"layer", "list", fx.img}, &out);
   INFO(out);
-  CHECK(out.find("d (id") != std::string::npos);
-  CHECK(out.find("a (id") != std::string::npos);
+  // A table (NAME drawn as the layer tree, ID, KIND, MODE): rows of d and a.
+  auto has_layer = [&](const std::string& name) {
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      const size_t at = line.find_first_not_of(" \u2502\u2514\u251c\u2500");
+      if (at != std::string::npos && line.compare(at, name.size() + 1, name + " ") == 0 &&
+          line.find(" layer ") != std::string::npos)
+        return true;
+    }
+    return false;
+  };
+  CHECK(has_layer("d"));
+  CHECK(has_layer("a"));
   fx.opts = {"layer=d"};
   fx.mount();
   CHECK(read_file(fx / "in-d") == "d");

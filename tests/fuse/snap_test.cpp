@@ -12,6 +12,8 @@
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "../../fuse/control.h"
 #include "fuse_util.h"
 
@@ -115,7 +117,7 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   const ino_t f_ino = lstat_of(fx / "f").st_ino;
   std::string out;
   REQUIRE(plyctl_status(fx, {"snapshot", fx.root(), "--name", "s1"}, &out) == 0);
-  CHECK(out == "main=rw:s1=ro\n");
+  CHECK(out == "snapshot \"s1\" taken; \"main\" is a new layer on it: main=rw:s1=ro\n");
   // Writes after it land in the new branch, through the descriptor opened
   // before it too.
   pwrite_all(fd, "BBBB", 4, 0);
@@ -143,6 +145,8 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   int rfd = ::open((fx / "g").c_str(), O_RDONLY);
   REQUIRE(rfd >= 0);
   REQUIRE(plyctl_status(fx, {"merge", fx.root(), "main"}, &out) == 0);
+  CHECK(out.rfind("merged \"main\" into the branch below it: ", 0) == 0);
+  REQUIRE(plyctl_status(fx, {"branch", "list", fx.root()}, &out) == 0);
   CHECK(out == "main=rw\n");
   char buf[8] = {};
   CHECK(::pread(rfd, buf, 5, 0) == 5);
@@ -157,6 +161,8 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   write_file(fx / "scratch", "throw away");
   REQUIRE(::unlink((fx / "h").c_str()) == 0);
   REQUIRE(plyctl_status(fx, {"rollback", fx.root(), "main"}, &out) == 0);
+  CHECK(out.rfind("rolled back \"main\" (now id ", 0) == 0);
+  REQUIRE(plyctl_status(fx, {"branch", "list", fx.root()}, &out) == 0);
   CHECK(out == "main=rw:s2=ro\n");
   CHECK(::lstat((fx / "scratch").c_str(), &st) != 0);
   CHECK(read_file(fx / "h") == "merged");
@@ -165,12 +171,16 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   CHECK(plyctl_status(fx, {"merge", fx.root(), "nope"}) == 1);     // no such branch
   CHECK(plyctl_status(fx, {"merge", fx.root()}) == 2);             // usage
   CHECK(plyctl_status(fx, {"delete", fx.root(), "s2"}) == 1);      // shown by this mount
-  CHECK(plyctl_status(fx, {"merge", fx.root(), "two words"}) == 2);  // no spaces online
+  // Names pass whole online (JSON requests): this one is simply unknown.
+  CHECK(plyctl_status(fx, {"merge", fx.root(), "two words"}, &out) == 1);
+  CHECK(out == "plyctl: no branch named \"two words\"\n");
   // Online clone and delete of a branch the mount never showed.
   REQUIRE(plyctl_status(fx, {"clone", fx.root(), "main", "c0", "--ro"}, &out) == 0);
-  CHECK(out == "cloned \"main\" as \"c0\"\n");
+  CHECK(out.rfind("cloned \"main\" as \"c0\" (id ", 0) == 0);
   REQUIRE(plyctl_status(fx, {"delete", fx.root(), "c0", "--json"}, &out) == 0);
-  CHECK(out == "{\"result\": \"deleted \\\"c0\\\"\"}\n");
+  // The deleted branch as it was: the Branch object of plyctl(8).
+  CHECK(out.rfind("{\"name\":\"c0\",\"id\":", 0) == 0);
+  CHECK(out.find("\"writable\":false") != std::string::npos);
   CHECK(plyctl_status(fx, {"diff", fx.root(), "s2", "nope"}) == 1);  // no such branch
   CHECK(plyctl_status(fx, {"diff", fx.root(), "s2"}) == 2);          // usage
   fx.unmount();  // fsck clean: the replaced branches were dropped
@@ -192,9 +202,9 @@ TEST_CASE("snapshots: online snapshot with files open for writing, merge and rol
   CHECK(out.empty());
   REQUIRE(plyctl_status(fx, {"delete", fx.img, "c1"}) == 0);
   REQUIRE(plyctl_status(fx, {"merge", fx.img, "main", "--json"}, &out) == 0);
-  CHECK(out.find("\"merged\": {\"name\": \"main\"") != std::string::npos);
+  CHECK(out.find("\"merged\":{\"name\":\"main\"") != std::string::npos);
   REQUIRE(plyctl_status(fx, {"snapshot", fx.img, "--json"}, &out) == 0);
-  CHECK(out.find("\"snapshot\": {\"name\": \"main@") != std::string::npos);
+  CHECK(out.find("\"snapshot\":{\"name\":\"main@") != std::string::npos);
   CHECK(plyctl_status(fx, {"delete", fx.img, "main"}) == 1);  // a view shows it
   require_fsck_clean(fx.img, fx.tmp / "fsck.log");
   fx.mount();
@@ -363,42 +373,47 @@ TEST_CASE("snapshots: an online diff spans many chunks and equals the offline on
   CHECK(on_text.find("M\t/lower/f0\n") != std::string::npos);
   CHECK(on_text.find("-\t/lower/f50\n") != std::string::npos);
 
-  // The pending texts are bounded: a fifth diff pushes out the first, whose
-  // reads then fail; the last read frees a text; bad requests are refused.
+  // The daemon pages out its JSON answer, {"result": DIFF}, DIFF being what
+  // plyctl --json prints. The pending texts are bounded: a fifth diff pushes
+  // out the first, whose reads then fail; the last read frees a text; bad
+  // requests are refused.
+  const std::string paged = "{\"result\":" + on_json.substr(0, on_json.size() - 1) + "}";
+  const std::string diff_req = R"({"command":"diff","from":"s1","to":"main"})";
+  auto read_req = [](const std::string& tok, const std::string& off) {
+    return R"({"command":"read","token":")" + tok + R"(","offset":)" + off + "}";
+  };
   std::vector<std::string> tokens;
   for (int i = 0; i < 5; i++) {
-    Answer a = control(fx.root(), "diff s1 main");
+    Answer a = control(fx.root(), diff_req);
     REQUIRE(a.rc == 0);
     REQUIRE(a.status == 0);
-    std::istringstream in(a.text);
-    std::string tok;
-    size_t size = 0;
-    REQUIRE(in >> tok >> size);
-    CHECK(size == on_text.size());
-    tokens.push_back(tok);
+    auto j = nlohmann::json::parse(a.text);
+    CHECK(j["paged"]["size"] == paged.size());
+    tokens.push_back(j["paged"]["token"]);
   }
-  CHECK(control(fx.root(), "read " + tokens[0] + " 0").status == ENOENT);
-  Answer first = control(fx.root(), "read " + tokens[1] + " 0");
+  CHECK(control(fx.root(), read_req(tokens[0], "0")).status == ENOENT);
+  Answer first = control(fx.root(), read_req(tokens[1], "0"));
   CHECK(first.status == 0);
-  CHECK(first.text == on_text.substr(0, 3063));
-  CHECK(control(fx.root(), "read " + tokens[1] + " 99999999").status == EINVAL);
-  CHECK(control(fx.root(), "read " + tokens[1] + " x").status == EINVAL);
-  CHECK(control(fx.root(), "close " + tokens[1]).status == 0);
-  CHECK(control(fx.root(), "read " + tokens[1] + " 0").status == ENOENT);
-  Answer last = control(fx.root(), "read " + tokens[2] + " " + std::to_string(on_text.size() - 10));
+  CHECK(first.text == paged.substr(0, 3063));
+  CHECK(control(fx.root(), read_req(tokens[1], "99999999")).status == EINVAL);
+  CHECK(control(fx.root(), read_req(tokens[1], "\"x\"")).status == EINVAL);
+  CHECK(control(fx.root(), R"({"command":"close","token":")" + tokens[1] + "\"}").status == 0);
+  CHECK(control(fx.root(), read_req(tokens[1], "0")).status == ENOENT);
+  Answer last = control(fx.root(), read_req(tokens[2], std::to_string(paged.size() - 10)));
   CHECK(last.status == 0);
-  CHECK(last.text == on_text.substr(on_text.size() - 10));
-  CHECK(control(fx.root(), "read " + tokens[2] + " 0").status == ENOENT);  // the end freed it
-  CHECK(control(fx.root(), "diff s1 main yaml").status == EINVAL);
-  // An empty diff is not kept (no read would free it): three of them push
-  // nothing out.
+  CHECK(last.text == paged.substr(paged.size() - 10));
+  CHECK(control(fx.root(), read_req(tokens[2], "0")).status == ENOENT);  // the end freed it
+  CHECK(control(fx.root(), R"({"command":"diff","from":"s1"})").status == EINVAL);
+  CHECK(control(fx.root(), R"({"command":"yaml"})").status == EINVAL);
+  CHECK(control(fx.root(), "diff s1 main").status == EINVAL);  // version 1's words: not JSON
+  // An empty diff fits one answer: three of them push nothing out.
   for (int i = 0; i < 3; i++) {
     std::string none;
     REQUIRE(plyctl_status(fx, {"diff", fx.root(), "s1", "s1"}, &none) == 0);
     CHECK(none.empty());
   }
-  CHECK(control(fx.root(), "read " + tokens[3] + " 0").status == 0);
-  CHECK(control(fx.root(), "diff s1 nope").status == ENOENT);
+  CHECK(control(fx.root(), read_req(tokens[3], "0")).status == 0);
+  CHECK(control(fx.root(), R"({"command":"diff","from":"s1","to":"nope"})").status == ENOENT);
   fx.unmount();
 
   REQUIRE(plyctl_status(fx, {"diff", fx.img, "s1", "main"}, &off_text) == 0);

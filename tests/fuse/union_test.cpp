@@ -194,8 +194,9 @@ TEST_CASE("union mount: branches change while mounted (plyctl on the mount point
   REQUIRE(ctl({"add", mnt, "w"}) == 0);           // leftmost, read-write
   REQUIRE(ctl({"set", mnt, "top", "--ro"}) == 0);
   REQUIRE(ctl({"list", mnt, "--json"}, &out) == 0);
-  CHECK(out == "[{\"name\": \"w\", \"writable\": true}, {\"name\": \"top\", \"writable\": false}, "
-               "{\"name\": \"main\", \"writable\": false}]\n");
+  // The stack: StackEntry objects of plyctl(8), leftmost first.
+  CHECK(out == R"([{"branch":"w","id":259,"writable":true},{"branch":"top","id":257,"writable":false},)"
+               R"({"branch":"main","id":256,"writable":false}])" "\n");
   REQUIRE(::pwrite(wfd, "W", 1, 0) == 1);
   REQUIRE(::fsync(wfd) == 0);
   REQUIRE(::close(wfd) == 0);
@@ -314,16 +315,17 @@ TEST_CASE("union mount: layer trees (plyctl layer, -o layer=)", "[union-fuse]") 
   REQUIRE(run({plyctl_bin(), "layer", "list", fx.img}, log) == 0);
   // Layers hang under their parents; a clone is a tree of its own.
   CHECK(slurp(log) ==
-        "main (id 256)\n"
-        "\u251c\u2500\u2500 a (id 257)\n"
-        "\u2502   \u2514\u2500\u2500 b (id 258)\n"
-        "\u2514\u2500\u2500 c (id 259)\n"
-        "copy (id 260, clone of main)\n");
+        "NAME   ID KIND          MODE\n"
+        "main  256 base          rw\n"
+        "\u251c\u2500a   257 layer         rw\n"
+        "\u2502 \u2514\u2500b 258 layer         rw\n"
+        "\u2514\u2500c   259 layer         rw\n"
+        "copy  260 clone of main rw\n");
   ::unlink(log.c_str());
   REQUIRE(run({plyctl_bin(), "layer", "list", fx.img, "--json"}, log) == 0);
-  CHECK(slurp(log).find("{\"name\": \"b\", \"id\": 258, \"parent\": \"a\", \"layer\": true, "
-                        "\"read_only\": false}") != std::string::npos);
-  CHECK(slurp(log).find("{\"name\": \"copy\", \"id\": 260, \"parent\": \"main\", \"layer\": false")
+  CHECK(slurp(log).find(R"({"name":"b","id":258,"parent":{"branch":"a","id":257},"layer":true,"writable":true,)")
+        != std::string::npos);
+  CHECK(slurp(log).find(R"({"name":"copy","id":260,"parent":{"branch":"main","id":256},"layer":false,)")
         != std::string::npos);
   // Mounting layer b shows b over a over main; changes land in b.
   fx.opts = {"layer=a"};

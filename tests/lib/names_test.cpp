@@ -1,11 +1,13 @@
 // The name rule (check_branch_name, lib/union/view.h; format.md#fs-info,
 // "Names") and the functions that give a branch, layer, snapshot or view
-// a name; and names as bytes (lib/util/text.h): UTF-8, escaping, base64.
+// a name; and names as bytes (lib/util/text.h): UTF-8, escaping, base64,
+// and the JSON model's FIELD_bytes (lib/snap/model.h).
 #include <dirent.h>
 
 #include "test_util.h"
 
 #include "fs/fs.h"
+#include "snap/model.h"
 #include "snap/snap.h"
 #include "union/view.h"
 #include "util/text.h"
@@ -116,4 +118,26 @@ TEST_CASE("names: UTF-8, escaping as ls does, base64", "[names]") {
   CHECK(!unbase64("Zm8"));
   CHECK(!unbase64("Zm=8"));
   CHECK(!unbase64("Z!8="));
+}
+
+TEST_CASE("names: the JSON model carries any bytes (FIELD and FIELD_bytes)", "[names]") {
+  model::Json o = model::Json::object();
+  model::put_name(o, "path", "ok");
+  CHECK(o.dump() == R"({"path":"ok"})");
+  model::put_name(o, "path", "a\xff\nb");
+  CHECK(o["path"] == "a\xef\xbf\xbd\nb");
+  CHECK(o["path_bytes"] == base64("a\xff\nb"));
+  CHECK(must(model::get_name(o, "path")) == "a\xff\nb");
+  CHECK(model::dump(o) == R"({"path":"a�\nb","path_bytes":"Yf8KYg=="})");
+  // The diff formats: JSON, text (escaped), -z (raw, NUL-terminated).
+  std::vector<DiffEntry> d = {{Change::Added, "/a\tb", "", DT_REG}, {Change::Renamed, "/x", "/y\xff", DT_DIR}};
+  CHECK(model::diff_text(d, false) == "+\t/a\\tb\nR\t/x -> /y\\377\n");
+  CHECK(model::diff_text(d, true) == std::string("+\t/a\tb\0R\t/x\0/y\xff\0", 16));
+  auto back = must(model::parse_diff(model::diff(d)));
+  REQUIRE(back.size() == 2);
+  CHECK(back[1].new_path == "/y\xff");
+  CHECK(back[1].type == DT_DIR);
+  CHECK(model::dump(model::diff(d)) ==
+        R"([{"change":"added","type":"file","path":"/a\tb"},)"
+        R"({"change":"renamed","type":"directory","path":"/x","new_path":"/y�","new_path_bytes":"L3n/"}])");
 }

@@ -1,0 +1,218 @@
+// The JSON model (model.h; plyctl.8, "JSON SCHEMA").
+#include "snap/model.h"
+
+#include <dirent.h>
+
+#include <algorithm>
+
+#include "util/text.h"
+
+namespace plyfs::model {
+
+void put_name(Json& o, const std::string& key, std::string_view bytes) {
+  o[key] = lossy_utf8(bytes);
+  if (!valid_utf8(bytes)) o[key + "_bytes"] = base64(bytes);
+}
+
+Result<std::string> get_name(const Json& o, const std::string& key) {
+  if (!o.is_object()) return Error::invalid("a JSON object was expected");
+  if (auto b = o.find(key + "_bytes"); b != o.end()) {
+    if (!b->is_string()) return Error::invalid("\"" + key + "_bytes\" is not a string");
+    auto raw = unbase64(b->get<std::string>());
+    if (!raw) return Error::invalid("\"" + key + "_bytes\" is not base64");
+    return *raw;
+  }
+  auto t = o.find(key);
+  if (t == o.end() || !t->is_string()) return Error::invalid("\"" + key + "\" is missing or not a string");
+  return t->get<std::string>();
+}
+
+std::string dump(const Json& j, int indent) {
+  // M1 makes every string UTF-8; replace keeps a slip from throwing.
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<Json> parse(std::string_view text) {
+  Json j = Json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded()) return Error::io(EPROTO, "the answer is not JSON");
+  return j;
+}
+
+// --- branches -----------------------------------------------------------------------------
+
+Result<Branches> Branches::read(Volume& v) {
+  Branches out;
+  out.all_ = PLY_TRY(Filesystem::branches(v));
+  std::erase_if(out.all_, [](const BranchMeta& b) { return b.doomed; });
+  std::sort(out.all_.begin(), out.all_.end(), [](const BranchMeta& a, const BranchMeta& b) { return a.tree.v < b.tree.v; });
+  for (const auto& b : out.all_) out.layer_[b.tree.v] = PLY_TRY(plyfs::is_layer(v, b));
+  return out;
+}
+
+const BranchMeta* Branches::find(TreeId t) const {
+  for (const auto& b : all_)
+    if (b.tree == t) return &b;
+  return nullptr;
+}
+
+bool Branches::is_layer(TreeId t) const {
+  auto it = layer_.find(t.v);
+  return it != layer_.end() && it->second;
+}
+
+std::vector<const BranchMeta*> Branches::children(TreeId t) const {
+  std::vector<const BranchMeta*> out;
+  for (const auto& b : all_)
+    if (b.parent == t && b.tree != t && is_layer(b.tree)) out.push_back(&b);
+  return out;
+}
+
+Json Branches::ref(TreeId t) const {
+  const BranchMeta* b = find(t);
+  if (!b) return nullptr;
+  Json o = Json::object();
+  put_name(o, "branch", b->name);
+  o["id"] = b->tree.v;
+  return o;
+}
+
+Json Branches::branch(const BranchMeta& b) const {
+  Json o = Json::object();
+  put_name(o, "name", b.name);
+  o["id"] = b.tree.v;
+  o["parent"] = b.parent.v ? ref(b.parent) : Json(nullptr);
+  o["layer"] = is_layer(b.tree);
+  o["writable"] = !b.read_only;
+  o["created_generation"] = b.created.v;
+  Json kids = Json::array();
+  for (const BranchMeta* c : children(b.tree)) kids.push_back(ref(c->tree));
+  o["children"] = std::move(kids);
+  return o;
+}
+
+Json Branches::stack(const std::vector<ViewLayer>& s) const {
+  Json a = Json::array();
+  for (const auto& l : s) {
+    Json e = Json::object();
+    const BranchMeta* b = find(l.tree);
+    // A stack names live branches (check_stack); a tree id stands in for a
+    // name only if the catalog is damaged.
+    put_name(e, "branch", b ? b->name : std::to_string(l.tree.v));
+    e["id"] = l.tree.v;
+    e["writable"] = l.writable;
+    a.push_back(std::move(e));
+  }
+  return a;
+}
+
+std::string Branches::stack_text(const std::vector<ViewLayer>& s) const {
+  std::string out;
+  for (const auto& l : s) {
+    if (!out.empty()) out += ':';
+    const BranchMeta* b = find(l.tree);
+    out += b ? shown(b->name) : std::to_string(l.tree.v);
+    out += l.writable ? "=rw" : "=ro";
+  }
+  return out;
+}
+
+Json Branches::view(const View& w) const {
+  Json o = Json::object();
+  put_name(o, "name", w.name);
+  o["default"] = w.is_default;
+  o["stack"] = stack(w.layers);
+  return o;
+}
+
+Json snapshot(const Branches& bs, const Snapshot& s) {
+  Json o = Json::object();
+  const BranchMeta* frozen = bs.find(s.frozen.tree);
+  const BranchMeta* live = bs.find(s.live.tree);
+  o["snapshot"] = bs.branch(frozen ? *frozen : s.frozen);
+  o["live"] = bs.branch(live ? *live : s.live);
+  o["stack"] = bs.stack(s.stack);
+  return o;
+}
+
+Json merge(const Branches& bs, const Merge& m) {
+  Json o = Json::object();
+  const BranchMeta* merged = bs.find(m.merged.tree);
+  o["merged"] = bs.branch(merged ? *merged : m.merged);
+  o["entries"] = m.stats.entries;
+  o["objects"] = m.stats.objects;
+  o["removed"] = m.stats.removed;
+  return o;
+}
+
+// --- diff ---------------------------------------------------------------------------------
+
+namespace {
+constexpr std::pair<Change, const char*> kChanges[] = {
+    {Change::Added, "added"}, {Change::Removed, "removed"}, {Change::Modified, "modified"}, {Change::Renamed, "renamed"}};
+constexpr std::pair<uint8_t, const char*> kTypes[] = {
+    {DT_REG, "file"},         {DT_DIR, "directory"},        {DT_LNK, "symlink"}, {DT_FIFO, "fifo"},
+    {DT_SOCK, "socket"},      {DT_CHR, "char_device"},      {DT_BLK, "block_device"}};
+}  // namespace
+
+const char* change_name(Change c) {
+  for (auto [k, n] : kChanges)
+    if (k == c) return n;
+  return "modified";
+}
+
+const char* type_name(uint8_t dt) {
+  for (auto [k, n] : kTypes)
+    if (k == dt) return n;
+  return "unknown";
+}
+
+Json diff_entry(const DiffEntry& e) {
+  Json o = Json::object();
+  o["change"] = change_name(e.change);
+  o["type"] = type_name(e.type);
+  put_name(o, "path", e.path);
+  if (e.change == Change::Renamed) put_name(o, "new_path", e.new_path);
+  return o;
+}
+
+Json diff(const std::vector<DiffEntry>& d) {
+  Json a = Json::array();
+  for (const auto& e : d) a.push_back(diff_entry(e));
+  return a;
+}
+
+Result<std::vector<DiffEntry>> parse_diff(const Json& j) {
+  if (!j.is_array()) return Error::io(EPROTO, "a diff is a JSON array");
+  std::vector<DiffEntry> out;
+  for (const auto& o : j) {
+    DiffEntry e{};
+    const std::string c = o.is_object() && o.contains("change") && o["change"].is_string() ? o["change"].get<std::string>() : "";
+    auto ck = std::find_if(std::begin(kChanges), std::end(kChanges), [&](auto& p) { return c == p.second; });
+    if (ck == std::end(kChanges)) return Error::io(EPROTO, "a diff entry has no known change");
+    e.change = ck->first;
+    const std::string t = o.contains("type") && o["type"].is_string() ? o["type"].get<std::string>() : "";
+    auto tk = std::find_if(std::begin(kTypes), std::end(kTypes), [&](auto& p) { return t == p.second; });
+    e.type = tk == std::end(kTypes) ? uint8_t(DT_UNKNOWN) : tk->first;
+    e.path = PLY_TRY(get_name(o, "path"));
+    if (e.change == Change::Renamed) e.new_path = PLY_TRY(get_name(o, "new_path"));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string diff_text(const std::vector<DiffEntry>& d, bool nul) {
+  std::string out;
+  for (const auto& e : d) {
+    out += char(e.change);
+    out += '\t';
+    out += nul ? e.path : shown(e.path);
+    if (e.change == Change::Renamed) {
+      out += nul ? std::string(1, '\0') : std::string(" -> ");
+      out += nul ? e.new_path : shown(e.new_path);
+    }
+    out += nul ? '\0' : '\n';
+  }
+  return out;
+}
+
+}  // namespace plyfs::model

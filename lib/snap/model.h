@@ -1,0 +1,75 @@
+// The one JSON model of branches, views, stacks and the branch lifecycle
+// (plyctl.8, "JSON SCHEMA"; docs/plyctl.schema.json is its machine-readable
+// form). plyctl prints these objects offline, the daemon answers with the
+// same objects on its control channel (fuse/control.h) and writes them in
+// the control folder's info.json, so that one command prints the same thing
+// whether it ran on an image or on a mount. Rules:
+//  M1 names are bytes: a field holding one ("name", "branch", "path",
+//     "label"...) is valid UTF-8 (lossy_utf8), and when the bytes are not
+//     UTF-8 the object also carries FIELD_bytes, the exact bytes in base64;
+//  M2 a stack is always an array of StackEntry {branch, id, writable};
+//  M3 enums are strings; no field holds a sentence;
+//  M4 fields come in the documented order (ordered_json).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "snap/snap.h"
+
+namespace plyfs::model {
+
+using Json = nlohmann::ordered_json;
+
+// M1: o[key] = lossy text, and o[key + "_bytes"] = base64 when needed.
+void put_name(Json& o, const std::string& key, std::string_view bytes);
+// The exact bytes back: key_bytes if present, else key (EINVAL when
+// neither is a string, or key_bytes is no base64).
+Result<std::string> get_name(const Json& o, const std::string& key);
+// One line (indent < 0) or indented; never throws.
+std::string dump(const Json& j, int indent = -1);
+// Parses JSON text; EPROTO for anything else (answers of a daemon).
+Result<Json> parse(std::string_view text);
+
+// The live branches of an image, read once, with what the objects need
+// (layer flags, names of parents and children).
+class Branches {
+ public:
+  static Result<Branches> read(Volume& v);
+  const std::vector<BranchMeta>& all() const { return all_; }
+  const BranchMeta* find(TreeId t) const;
+  bool is_layer(TreeId t) const;
+  std::vector<const BranchMeta*> children(TreeId t) const;  // layers made on t, by id
+
+  Json branch(const BranchMeta& b) const;  // Branch
+  Json ref(TreeId t) const;                // BranchRef, or null for no live branch
+  Json stack(const std::vector<ViewLayer>& s) const;  // [StackEntry]
+  Json view(const View& w) const;                      // View
+  // "top=rw:base=ro", names shown (text.h), for text output.
+  std::string stack_text(const std::vector<ViewLayer>& s) const;
+
+ private:
+  std::vector<BranchMeta> all_;
+  std::map<uint64_t, bool> layer_;
+};
+
+Json snapshot(const Branches& bs, const Snapshot& s);  // Snapshot
+Json merge(const Branches& bs, const Merge& m);        // Merge
+
+const char* change_name(Change c);  // "added", "removed", "modified", "renamed"
+const char* type_name(uint8_t dt);  // "file", "directory", "symlink"...
+Json diff_entry(const DiffEntry& e);
+Json diff(const std::vector<DiffEntry>& d);  // [DiffEntry]
+// The entries back from diff()'s JSON (an online diff's answer).
+Result<std::vector<DiffEntry>> parse_diff(const Json& j);
+
+// The text forms of a diff (plyctl.8, "diff"): a line "C<TAB>PATH" per entry
+// ("R<TAB>OLD -> NEW"), paths shown (text.h); with `nul`, names raw and
+// each record ended by NUL instead of a newline, " -> " a NUL too.
+std::string diff_text(const std::vector<DiffEntry>& d, bool nul);
+
+}  // namespace plyfs::model
