@@ -155,10 +155,13 @@ int remove_branch_cmd(const std::string& image, const std::string& name, bool js
   auto bs = model::Branches::read(v);
   if (!bs) return fail_on(image, bs.error());
   const Json was = bs->branch(*bs->find(b->tree));
-  Progress prog("deleting " + shown(b->name), 0, Progress::Unit::Count, "nodes");
-  if (auto r = delete_branch(v, b->tree, [&](const BTree::DropStats& st) { prog.update(st.nodes); }); !r)
-    return fail(r.error().message());
-  if (prog.shown()) prog.finish();
+  Result<void> r = ok();
+  {  // the progress line goes before an error is printed
+    Progress prog("deleting " + shown(b->name), 0, Progress::Unit::Count, "nodes");
+    r = delete_branch(v, b->tree, [&](const BTree::DropStats& st) { prog.update(st.nodes); });
+    if (r && prog.shown()) prog.finish();
+  }
+  if (!r) return fail(r.error().message());
   if (auto r = v.close(); !r) return fail_on(image, r.error());
   if (json) print_json(was);
   else std::printf("deleted branch %s (id %llu)\n", in_quotes(b->name).c_str(), (unsigned long long)b->tree.v);

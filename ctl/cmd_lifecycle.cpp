@@ -88,10 +88,13 @@ int mounted(const std::string& cmd, const Parsed& p, bool json, bool nul) {
     model::put_name(req, "branch", pos[1]);
   }
   sync_mount(pos[0]);
-  Progress prog("receiving the diff", 0, Progress::Unit::Bytes);
-  auto r = request(pos[0], req, cmd == "diff" ? &prog : nullptr);
+  Result<Json> r = Error::invalid("");
+  {  // the progress line goes before an error is printed
+    Progress prog("receiving the diff", 0, Progress::Unit::Bytes);
+    r = request(pos[0], req, cmd == "diff" ? &prog : nullptr);
+    if (r && prog.shown()) prog.finish();
+  }
   if (!r) return fail(r.error().message());
-  if (prog.shown()) prog.finish();
   if (cmd == "diff") {
     if (json) {  // the daemon's objects are the model's: printed as they came
       print_json(*r);
@@ -167,10 +170,13 @@ int offline_diff(const std::string& image, const std::string& from, const std::s
   if (!a) return fail(a.error().message());
   auto b = find_branch(v, to);
   if (!b) return fail(b.error().message());
-  Progress prog("comparing " + shown(a->name) + " and " + shown(b->name), 0, Progress::Unit::Count, "changes");
-  auto d = diff(v, a->tree, b->tree, [&](uint64_t n) { prog.update(n); });
+  Result<std::vector<DiffEntry>> d = Error::invalid("");
+  {  // the progress line goes before an error is printed
+    Progress prog("comparing " + shown(a->name) + " and " + shown(b->name), 0, Progress::Unit::Count, "changes");
+    d = diff(v, a->tree, b->tree, [&](uint64_t n) { prog.update(n); });
+    if (d && prog.shown()) prog.finish();
+  }
   if (!d) return fail_on(image, d.error());
-  if (prog.shown()) prog.finish();
   return print_diff(*d, json, nul);
 }
 
