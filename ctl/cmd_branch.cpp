@@ -86,6 +86,7 @@ int mounted_branch(const std::string& sub, const Parsed& p) {
     return 0;
   }
   std::string text;
+  if (!r->is_array()) return fail(pos[0] + ": the daemon's answer is not a stack");
   for (const auto& e : *r) {
     auto name = model::get_name(e, "branch");
     if (!text.empty()) text += ':';

@@ -25,6 +25,7 @@ namespace {
 
 std::string stack_text(const Json& stack) {
   std::string out;
+  if (!stack.is_array()) return out;
   for (const auto& e : stack) {
     auto name = model::get_name(e, "branch");
     if (!out.empty()) out += ':';
@@ -39,17 +40,20 @@ std::string name_of(const Json& o, const char* key = "name") {
   return n ? *n : "?";
 }
 
+// A member of an answer, or null: what a daemon sends is read, not trusted.
+Json member(const Json& o, const char* key) { return o.is_object() ? o.value(key, Json()) : Json(); }
+
 // The text of a command's result object.
 void print_text(const std::string& cmd, const Json& r, const std::string& arg) {
   if (cmd == "snapshot") {
-    std::printf("snapshot %s taken; %s is a new layer on it: %s\n", in_quotes(name_of(r["snapshot"])).c_str(),
-                in_quotes(name_of(r["live"])).c_str(), stack_text(r["stack"]).c_str());
+    std::printf("snapshot %s taken; %s is a new layer on it: %s\n", in_quotes(name_of(member(r, "snapshot"))).c_str(),
+                in_quotes(name_of(member(r, "live"))).c_str(), stack_text(member(r, "stack")).c_str());
   } else if (cmd == "clone") {
     std::printf("cloned %s as %s (id %llu)\n", in_quotes(arg).c_str(), in_quotes(name_of(r)).c_str(),
                 (unsigned long long)r.value("id", uint64_t(0)));
   } else if (cmd == "merge") {
     std::printf("merged %s into the branch below it: %llu entries, %llu objects, %llu names removed\n",
-                in_quotes(name_of(r["merged"])).c_str(), (unsigned long long)r.value("entries", uint64_t(0)),
+                in_quotes(name_of(member(r, "merged"))).c_str(), (unsigned long long)r.value("entries", uint64_t(0)),
                 (unsigned long long)r.value("objects", uint64_t(0)), (unsigned long long)r.value("removed", uint64_t(0)));
   } else if (cmd == "rollback") {
     std::printf("rolled back %s (now id %llu)\n", in_quotes(name_of(r)).c_str(), (unsigned long long)r.value("id", uint64_t(0)));
