@@ -10,6 +10,9 @@
 //   mkdir  .plyfs/layers/P/children/NEW   a new layer on P
 //   rmdir  .plyfs/layers/NAME     deletes the branch
 //   rename .plyfs/layers/A -> B   renames it
+// New names follow the name rule (create_layer, rename_branch). An old
+// image's branch whose name no directory entry can hold is listed as =ID
+// (ctl_nodes.h, entry_name), so that it can be renamed or removed.
 //
 // Node ids. The mounted view keeps node id == union inode number (the fast
 // path; inode numbers stay below 2^63, format.md#fs-keys). Everything here
