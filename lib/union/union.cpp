@@ -40,19 +40,24 @@ void Union::compute_origins() {
   origin_.assign(br_.size(), 0);
   for (size_t b = 0; b < br_.size(); b++) {
     auto txn = br_[b].fs->volume().begin({});
-    if (!txn) continue;  // unknown: resolve() then always looks
+    if (!txn) continue;  // unknown: counted as of every lineage (lineage())
     TreeId t = br_[b].fs->tree();
     for (size_t hop = 0; hop < 64; hop++) {
       auto info = txn->tree_info(t);
-      if (!info) {
-        t = TreeId{0};
-        break;
-      }
-      if (!info->cloned_from.v) break;
+      // A source that is gone (a merge's scratch tree, a deleted branch)
+      // still names the lineage of the clones made of it.
+      if (!info || !info->cloned_from.v) break;
       t = info->cloned_from;
     }
     origin_[b] = t.v;
   }
+  any_lineage_ = false;
+  for (size_t a = 0; a < br_.size(); a++)
+    for (size_t b = a + 1; b < br_.size(); b++) any_lineage_ = any_lineage_ || lineage(int(a), int(b));
+}
+
+bool Union::lineage(int a, int b) const {
+  return !origin_[size_t(a)] || !origin_[size_t(b)] || origin_[size_t(a)] == origin_[size_t(b)];
 }
 
 // --- nodes ------------------------------------------------------------------------
@@ -154,11 +159,14 @@ Result<std::optional<Union::Found>> Union::resolve(const Node& dir, std::string_
     if ((*e)->type == kWh) break;  // hides this name in every branch to the right
     auto a = br_[b].fs->getattr((*e)->ino);
     if (!a) return a.error();
+    if (f && !S_ISDIR(a->mode)) break;  // a non-directory ends the merge
+    // An object a branch of its lineage further left holds elsewhere: the
+    // name is not shown, and hides what lies right of it as a whiteout does.
+    if (PLY_TRY(held_left(b, (*e)->ino, f ? f->inst : std::vector<std::pair<int, uint64_t>>{}))) break;
     if (!f) {
       f = Found{*a, {{b, (*e)->ino}}, b};
       if (!S_ISDIR(a->mode) || a->opaque) break;
     } else {
-      if (!S_ISDIR(a->mode)) break;  // a non-directory ends the merge
       f->inst.emplace_back(b, (*e)->ino);
       if (a->opaque) break;
     }
@@ -168,24 +176,47 @@ Result<std::optional<Union::Found>> Union::resolve(const Node& dir, std::string_
   return f;
 }
 
+// One inode number names one object in a mount (format.md#fs-union,
+// "Inode numbers"). Branches of one lineage (a clone and its source, two
+// clones of one tree) hold the same objects under the same numbers, each
+// under its own names: an object renamed in a clone keeps its old name in
+// the source. Showing both would give two names one number and nlink 1
+// each, and a write through one would change the other. So the leftmost
+// branch that holds the object decides its names: an entry further right
+// is shown only if no branch of its lineage to its left holds the object,
+// or that branch shows it under this very name (`shown`: the parts a
+// merged directory took so far). Only where lineage branches are stacked
+// does this cost anything: one inode lookup per such branch to the left.
+Result<bool> Union::held_left(int b, uint64_t ino, const std::vector<std::pair<int, uint64_t>>& shown) {
+  if (!any_lineage_) return false;
+  for (int j = 0; j < b; j++) {
+    if (!lineage(j, b) || std::find(shown.begin(), shown.end(), std::pair{j, ino}) != shown.end()) continue;
+    auto a = br_[size_t(j)].fs->getattr(ino);
+    if (!a) {
+      if (missing(a.error())) continue;
+      return a.error();
+    }
+    if (a->nlink > 0) return true;  // not an orphan kept for an open handle
+  }
+  return false;
+}
+
 void Union::leftmost_copy(Found& f) {
-  {
-    // A number names one object: its leftmost copy (a hard link copied up
-    // by another name, or the same object in a clone of this branch's
-    // lineage, format.md#fs-union). Only then can a branch further left hold
-    // the number under another name: a copy-up keeps the name.
-    const int tb = f.top_branch;
-    bool look = f.attr.nlink > 1 || !origin_[size_t(tb)];
-    for (int j = 0; j < tb && !look; j++)
-      look = !origin_[size_t(j)] || origin_[size_t(j)] == origin_[size_t(tb)];
-    const uint64_t ino = f.attr.ino;
-    for (int j = 0; j < (look ? tb : 0); j++) {
-      auto a = br_[j].fs->getattr(ino);
-      if (a && a->nlink > 0 && !S_ISDIR(a->mode)) {
-        f.attr = *a;
-        f.inst = {{j, ino}};
-        break;
-      }
+  // A hard link copied up by another name (copy_links) lives in a branch
+  // further left, of another lineage (a layer): the number names that copy.
+  // Only then can a branch further left hold the number under another
+  // name: a copy-up keeps the name, and an object of one lineage is never
+  // found right of a branch of that lineage holding it (held_left).
+  if (f.attr.nlink <= 1) return;
+  const int tb = f.top_branch;
+  const uint64_t ino = f.attr.ino;
+  for (int j = 0; j < tb; j++) {
+    if (any_lineage_ && lineage(j, tb)) continue;
+    auto a = br_[size_t(j)].fs->getattr(ino);
+    if (a && a->nlink > 0 && !S_ISDIR(a->mode)) {
+      f.attr = *a;
+      f.inst = {{j, ino}};
+      break;
     }
   }
 }

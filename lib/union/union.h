@@ -26,6 +26,10 @@
 // the same across remounts and copy-ups. A copy-up of a file with several
 // links brings every name the union shows it by into the copy's branch
 // (copy_links), so deleting one name never uncovers the old version.
+// Branches of one lineage (a clone and its source) hold one object each
+// under its own names: a name right of a branch of its lineage that holds
+// its object is not shown (held_left), so a number names one object, with
+// the leftmost holder's names and link count.
 //
 // Atomicity: every step that changes a branch is one Filesystem operation,
 // so one generation. A multi-step operation orders its steps so that every
@@ -48,6 +52,10 @@
 #include "fs/fs.h"
 
 namespace plyfs {
+
+namespace union_internal {
+struct Merged;
+}
 
 struct UnionBranch {
   Filesystem* fs;
@@ -243,9 +251,14 @@ class Union {
   void remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
                 bool count = false);
   Result<std::optional<Found>> resolve(const Node& dir, std::string_view name);
-  // For a file found in f.top_branch: its leftmost copy, if another branch
-  // may hold the same object (see resolve).
+  // For a hard-linked file found in f.top_branch: its copy in a branch of
+  // another lineage further left, if one holds it (see resolve).
   void leftmost_copy(Found& f);
+  // Whether an entry at branch b naming object `ino` is hidden because a
+  // branch of b's lineage left of it holds the object, other than as one of
+  // `shown` (format.md#fs-union, "Inode numbers"; union.cpp).
+  Result<bool> held_left(int b, uint64_t ino, const std::vector<std::pair<int, uint64_t>>& shown);
+  Result<bool> hidden_name(const union_internal::Merged& m);  // the same for a listed name
   // After a copy of hard-linked file `ino` from branch b into t: its other
   // names that the union shows come along as links of the copy.
   Result<void> copy_links(uint64_t ino, int b, int t);
@@ -292,10 +305,14 @@ class Union {
   bool kernel_times_ = false;
   // Per branch: the tree its clone chain starts from (format.md#root-record,
   // cloned_from), 0 if unknown. Only branches of one lineage hold the same
-  // object under different names without a hard link, so resolve() looks
-  // for a leftmost copy only then (or when the object has several links).
+  // object under different names without a hard link, so held_left looks
+  // only where two of them are stacked (any_lineage_).
   std::vector<uint64_t> origin_;
+  bool any_lineage_ = false;  // two branches of one lineage are stacked
   void compute_origins();
+  // Whether branches a and b are of one lineage (an unknown origin counts
+  // as every lineage).
+  bool lineage(int a, int b) const;
   CopyUpMode copyup_;
   DeleteMode del_;
   uint64_t root_;

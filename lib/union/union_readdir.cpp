@@ -61,12 +61,15 @@ Result<void> gather(const std::vector<UnionBranch>& br,
 // One merged listing from `cookie`: ".", "..", then the visible names in
 // cookie order, each handed to fn (with what the listing read of it; none
 // for the dots) while `mu` is held shared, so that no name changes between
-// reading an entry and handing it out. Stops when fn returns false.
+// reading an entry and handing it out. `hidden` says which names the
+// lineage rule hides (Union::held_left): they take no rank, as whiteouts.
+// Stops when fn returns false.
 using ListFn = std::function<Result<bool>(const DirEntry&, const Merged*)>;
+using HiddenFn = std::function<Result<bool>(const Merged&)>;
 static Result<void> list_merged(const std::vector<UnionBranch>& br, std::shared_mutex& mu,
                                 uint64_t dir, uint64_t parent,
                                 const std::vector<std::pair<int, uint64_t>>& inst, uint64_t cookie,
-                                const ListFn& fn) {
+                                const HiddenFn& hidden, const ListFn& fn) {
   if (cookie == 0 && !PLY_TRY(fn(DirEntry{".", dir, DT_DIR, 1}, nullptr))) return ok();
   if (cookie <= 1 && !PLY_TRY(fn(DirEntry{"..", parent, DT_DIR, 2}, nullptr))) return ok();
   uint64_t from = std::max<uint64_t>(cookie, 3);
@@ -78,7 +81,7 @@ static Result<void> list_merged(const std::vector<UnionBranch>& br, std::shared_
     uint64_t group = ~0ull, rank = 0;
     for (const auto& [key, m] : first) {
       if (key.first >= bound) break;
-      if (m.type == kWh) continue;
+      if (m.type == kWh || PLY_TRY(hidden(m))) continue;
       if (key.first != group) group = key.first, rank = 0;
       const uint64_t ck = key.first << 7 | std::min<uint64_t>(rank++, 127);
       if (ck < from) continue;
@@ -96,11 +99,20 @@ Result<Union::Node> Union::dir_node(uint64_t dir) {
   return d;
 }
 
+// A name of a merged listing that the lineage rule hides (held_left): its
+// leftmost entry's object is held by a branch of its lineage further left.
+Result<bool> Union::hidden_name(const Merged& m) {
+  if (!any_lineage_) return false;
+  auto [b, ino, type] = m.occ.front();
+  return held_left(b, ino, {});
+}
+
 Result<void> Union::readdir(uint64_t dir, uint64_t cookie,
                             const std::function<bool(const DirEntry&)>& fn) {
   std::shared_lock landing(io_mu_);  // the parts it found stay the stack's
   const Node d = PLY_TRY(dir_node(dir));
   return list_merged(br_, mu_, dir, d.parent, d.inst, cookie,
+                     [&](const Merged& m) { return hidden_name(m); },
                      [&](const DirEntry& e, const Merged*) -> Result<bool> { return fn(e); });
 }
 
@@ -109,6 +121,7 @@ Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
   std::shared_lock landing(io_mu_);  // the parts it found stay the stack's
   const Node d = PLY_TRY(dir_node(dir));
   return list_merged(br_, mu_, dir, d.parent, d.inst, cookie,
+                     [&](const Merged& m) { return hidden_name(m); },
                      [&](const DirEntry& e, const Merged* mp) -> Result<bool> {
     if (!mp) return fn(e, nullptr);
     const Merged& m = *mp;
@@ -127,6 +140,7 @@ Result<void> Union::readdirplus(uint64_t dir, uint64_t cookie,
       for (size_t k = 1; k < m.occ.size() && !stop; k++) {
         auto [b, i, t] = m.occ[k];
         if (t != DT_DIR) break;  // a file or a whiteout ends the merge
+        if (PLY_TRY(held_left(b, i, f.inst))) break;  // as resolve(): not shown
         f.inst.emplace_back(b, i);
         stop = PLY_TRY(br_[b].fs->getattr(i)).opaque;
       }
@@ -150,7 +164,7 @@ Result<bool> Union::union_empty(uint64_t dir) {
     first.clear();
     PLY_CHECK(gather(br_, d.inst, from, first, bound));
     for (const auto& [key, m] : first)
-      if (key.first < bound && m.type != kWh) return false;
+      if (key.first < bound && m.type != kWh && !PLY_TRY(hidden_name(m))) return false;
     if (bound == ~0ull) return true;
     from = bound;
   }

@@ -6,8 +6,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <sys/stat.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <set>
@@ -1153,11 +1156,8 @@ TEST_CASE("union: delete=all removes the writable instances and whiteouts only o
   CHECK(u.lookup(u.root(), "r").error().code == ENOENT);
 }
 
-TEST_CASE("union: an object two clones share is shown once, as the leftmost clone's version", "[union]") {
-  Image im = make_image(1);
-  Filesystem& main = *im.fs[0];
-  const uint64_t f = must(main.mknod(main.root(), "f", S_IFREG | 0644, 0, 0, 0)).ino;
-  must(main.write(f, 0, bytes("old")));
+// A clone of main, registered as branch "x"; the image reopened with it.
+TreeId clone_of_main(Image& im) {
   TreeId clone;
   {
     auto t = must(im.vol->begin({.reserve_blocks = 64}));
@@ -1171,23 +1171,147 @@ TEST_CASE("union: an object two clones share is shown once, as the leftmost clon
   im.trees.push_back(clone);
   im.close();
   im.open();
+  return clone;
+}
+
+// The names a union directory lists, without . and ..; each listed entry's
+// number must be what a lookup of its name gives.
+std::vector<std::string> union_names(Union& u, uint64_t dir) {
+  std::vector<std::string> out;
+  std::vector<std::pair<std::string, uint64_t>> listed;
+  must(u.readdir(dir, 0, [&](const DirEntry& e) {
+    if (e.name != "." && e.name != "..") listed.emplace_back(std::string(e.name), e.ino);
+    return true;
+  }));
+  for (auto& [name, ino] : listed) {
+    Attr a = must(u.lookup(dir, name));
+    CHECK(a.ino == ino);
+    must(u.unpin(a.ino));
+    out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// format.md#fs-union, "Inode numbers": one number names one object in a
+// view, with the names of the leftmost branch of its lineage holding it.
+TEST_CASE("union: an object a clone renamed shows once, under the clone's name", "[union][lineage]") {
+  Image im = make_image(1);
+  Filesystem& main = *im.fs[0];
+  const uint64_t f = must(main.mknod(main.root(), "f", S_IFREG | 0644, 0, 0, 0)).ino;
+  must(main.write(f, 0, bytes("old")));
+  const TreeId clone = clone_of_main(im);
   // In the clone the object is renamed and changed: no whiteout, it is not
-  // a layer. Stacked over main, main's name "f" still names the same
-  // object (the same inode number), which the view shows as the clone's.
+  // a layer. Stacked over main, main's name "f" would name the same object
+  // (the same inode number) under a second name with nlink 1.
   Filesystem& x = *im.fs[1];
   must(x.rename(x.root(), "f", x.root(), "g", 0));
   must(x.write(f, 0, bytes("new")));
   Union u({{im.fs[1].get(), true}, {im.fs[0].get(), false}});
-  Attr viaf = must(u.lookup(u.root(), "f"));
+  CHECK(u.lookup(u.root(), "f").error().code == ENOENT);
   Attr viag = must(u.lookup(u.root(), "g"));
-  CHECK(viaf.ino == f);
   CHECK(viag.ino == f);
+  CHECK(viag.nlink == 1);
+  CHECK(union_names(u, u.root()) == std::vector<std::string>{"g"});
   std::vector<std::byte> buf(3);
-  must(u.read(viaf.ino, 0, buf));
+  must(u.read(viag.ino, 0, buf));
   CHECK(buf == bytes("new"));
   CHECK(u.branch_of(f) == 0);
+  // readdirplus hides it too.
+  std::vector<std::string> plus;
+  must(u.readdirplus(u.root(), 0, [&](const DirEntry& e, const Attr* a) {
+    if (a) plus.emplace_back(e.name);
+    return true;
+  }));
+  CHECK(plus == std::vector<std::string>{"g"});
+  for (size_t i = 0; i < plus.size(); i++) must(u.unpin(f));
+  // The name is free: a new file there is another object, and main keeps its f.
+  Attr nf = must(u.mknod(u.root(), "f", S_IFREG | 0644, 0, kRoot));
+  CHECK(nf.ino != f);
+  CHECK(union_names(u, u.root()) == std::vector<std::string>({"f", "g"}));
+  CHECK(must(main.entry(main.root(), "f"))->ino == f);
   // Is the clone told apart from a layer?
   CHECK(!must(is_layer(*im.vol, must(Filesystem::branch(*im.vol, clone)))));
+  // The other way round (main over its clone), main's names win.
+  Union r({{im.fs[0].get(), false}, {im.fs[1].get(), false}});
+  CHECK(must(r.lookup(r.root(), "f")).ino == f);
+  CHECK(r.lookup(r.root(), "g").error().code == ENOENT);
+}
+
+TEST_CASE("union: hard links in a clone over its source: the clone's names and count", "[union][lineage]") {
+  Image im = make_image(1);
+  Filesystem& main = *im.fs[0];
+  const uint64_t a = must(main.mknod(main.root(), "a", S_IFREG | 0644, 0, 0, 0)).ino;
+  must(main.link(a, main.root(), "h"));
+  must(main.link(a, main.root(), "gone"));
+  clone_of_main(im);
+  Filesystem& x = *im.fs[1];
+  must(x.rename(x.root(), "a", x.root(), "b", 0));
+  must(x.unlink(x.root(), "gone", false));
+  Union u({{im.fs[1].get(), true}, {im.fs[0].get(), false}});
+  CHECK(union_names(u, u.root()) == std::vector<std::string>({"b", "h"}));
+  Attr b = must(u.lookup(u.root(), "b"));
+  Attr h = must(u.lookup(u.root(), "h"));
+  CHECK(b.ino == a);
+  CHECK(h.ino == a);
+  CHECK(b.nlink == 2);
+  CHECK(h.nlink == 2);
+  CHECK(u.lookup(u.root(), "a").error().code == ENOENT);
+  CHECK(u.lookup(u.root(), "gone").error().code == ENOENT);
+  must(u.write(a, 0, bytes("via h"), kRoot));
+  std::vector<std::byte> buf(5);
+  must(x.read(a, 0, buf));
+  CHECK(buf == bytes("via h"));
+  // Unlinking one of the clone's names drops the count the other shows.
+  must(u.unlink(u.root(), "h"));
+  CHECK(must(u.getattr(a)).nlink == 1);
+  CHECK(union_names(u, u.root()) == std::vector<std::string>{"b"});
+  // main is untouched.
+  CHECK(must(main.getattr(a)).nlink == 3);
+}
+
+TEST_CASE("union: a directory a clone renamed shows once; its emptied source can go", "[union][lineage]") {
+  Image im = make_image(1);
+  Filesystem& main = *im.fs[0];
+  const uint64_t d = must(main.mkdir(main.root(), "d", 0755, 0, 0)).ino;
+  must(main.mknod(d, "x", S_IFREG | 0644, 0, 0, 0));
+  const uint64_t keep = must(main.mkdir(main.root(), "keep", 0755, 0, 0)).ino;
+  const uint64_t y = must(main.mknod(keep, "y", S_IFREG | 0644, 0, 0, 0)).ino;
+  clone_of_main(im);
+  Filesystem& x = *im.fs[1];
+  must(x.rename(x.root(), "d", x.root(), "e", 0));
+  must(x.rename(keep, "y", d, "y", 0));
+  Union u({{im.fs[1].get(), true}, {im.fs[0].get(), false}});
+  CHECK(union_names(u, u.root()) == std::vector<std::string>({"e", "keep"}));
+  CHECK(u.lookup(u.root(), "d").error().code == ENOENT);
+  Attr e = must(u.lookup(u.root(), "e"));
+  CHECK(e.ino == d);
+  CHECK(union_names(u, d) == std::vector<std::string>({"x", "y"}));
+  // keep merges the clone's and main's parts (one object, one name); main's
+  // part still names y, which the clone holds in e: keep is empty.
+  Attr k = must(u.lookup(u.root(), "keep"));
+  CHECK(k.ino == keep);
+  CHECK(union_names(u, keep).empty());
+  CHECK(u.lookup(keep, "y").error().code == ENOENT);
+  CHECK(must(u.lookup(d, "y")).ino == y);
+  must(u.rmdir(u.root(), "keep"));
+  CHECK(union_names(u, u.root()) == std::vector<std::string>{"e"});
+}
+
+TEST_CASE("union: a layer (another lineage) keeps showing hard-link copies", "[union][lineage]") {
+  // A layer over main: a copy-up of one name of a hard-linked file brings
+  // the others, and the union shows the copy (leftmost_copy), as before.
+  Image im = make_image(2);
+  Filesystem& low = *im.fs[1];
+  const uint64_t a = must(low.mknod(low.root(), "a", S_IFREG | 0644, 0, 0, 0)).ino;
+  must(low.link(a, low.root(), "b"));
+  Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}});
+  must(u.lookup(u.root(), "a"));
+  must(u.open(a, true, kRoot));
+  CHECK(u.branch_of(a) == 0);
+  CHECK(must(u.lookup(u.root(), "b")).ino == a);
+  CHECK(must(u.lookup(u.root(), "b")).nlink == 2);
+  CHECK(union_names(u, u.root()) == std::vector<std::string>({"a", "b"}));
 }
 
 TEST_CASE("union: the catalog checks (U4) find views that name gone or read-only branches", "[union]") {
