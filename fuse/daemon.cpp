@@ -7,10 +7,13 @@
 
 #include <syslog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernel_io.h"
@@ -19,18 +22,58 @@ namespace plyfs::daemon {
 
 Daemon* g = nullptr;
 
-void log_error(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
+namespace {
+
+void vlog(int priority, const char* fmt, va_list ap) {
   if (g && g->daemonized) {
-    vsyslog(LOG_ERR, fmt, ap);
+    vsyslog(priority, fmt, ap);
   } else {
     std::fputs("plyfs: ", stderr);
     std::vfprintf(stderr, fmt, ap);
     std::fputc('\n', stderr);
   }
+}
+
+std::atomic<unsigned> g_libfuse_errors{0};
+
+}  // namespace
+
+void log_error(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(LOG_ERR, fmt, ap);
   va_end(ap);
 }
+
+void log_info(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(LOG_INFO, fmt, ap);
+  va_end(ap);
+}
+
+// libfuse writes one line in pieces ("fuse: unknown option(s): `", then
+// each option), so a line is kept per thread until its newline.
+void libfuse_log(enum fuse_log_level level, const char* fmt, va_list ap) {
+  if (level >= FUSE_LOG_INFO) {
+    if (g && g->daemonized) vsyslog(LOG_DEBUG, fmt, ap);
+    else std::vfprintf(stderr, fmt, ap);
+    return;
+  }
+  thread_local std::string line;
+  char buf[1024];
+  const int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  if (n > 0) line.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
+  for (size_t nl; (nl = line.find('\n')) != std::string::npos; line.erase(0, nl + 1)) {
+    std::string_view l(line.data(), nl);
+    if (l.rfind("fuse: ", 0) == 0) l.remove_prefix(6);
+    if (l.empty()) continue;
+    g_libfuse_errors++;
+    log_error("%.*s", int(l.size()), l.data());
+  }
+}
+
+unsigned libfuse_errors() { return g_libfuse_errors.load(); }
 
 Union& fs() { return *g->u; }
 uint64_t to_fs(fuse_ino_t i) { return i == FUSE_ROOT_ID ? fs().root() : i; }
@@ -40,7 +83,7 @@ fuse_ino_t to_fuse(uint64_t i) { return i == fs().root() ? FUSE_ROOT_ID : i; }
 // are EIO to the caller, logged, and turn the mount read-only.
 int errno_of(const Error& e) {
   if (e.code == EUCLEAN || e.code == EIO) {
-    log_error("%s", e.message().c_str());
+    log_error("%s", e.user_message(g->image).c_str());
     g->u->fail(e);
     return EIO;
   }

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include <condition_variable>
+#include <cstdarg>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -62,7 +63,8 @@ struct Daemon {
   bool clean_pending = false, clean_stop = false;
   bool read_only = false;
   bool daemonized = false;
-  bool acl = false;
+  bool acl = false;        // default_permissions: the kernel checks permissions, and ACLs
+  std::string image;       // the image's path, for messages
   bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
   bool no_opendir = false; // the kernel can do without opendir
   bool writeback = true;    // ask for the kernel's writeback cache
@@ -70,8 +72,16 @@ struct Daemon {
 };
 extern Daemon* g;
 
-// To stderr, or to syslog once the daemon runs in the background.
-void log_error(const char* fmt, ...);
+// To stderr as "plyfs: MESSAGE", or to syslog once the daemon runs in the
+// background.
+void log_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_info(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// libfuse's messages (fuse_set_log_func), each line as the daemon's own:
+// "plyfs: unknown option(s): ..." rather than "fuse: ...". Its debug
+// output (-d) passes unchanged.
+void libfuse_log(enum fuse_log_level level, const char* fmt, va_list ap);
+// How many error lines libfuse has said so far.
+unsigned libfuse_errors();
 
 // The mounted union and its inode numbers as FUSE knows them (the root is 1).
 Union& fs();

@@ -125,9 +125,9 @@ void cleaner_loop() {
       std::lock_guard cl(g->ctl_mu);
       auto views_held = g->ctl->hold();
       auto d = drop_doomed(*g->vol);
-      if (!d) log_error("dropping replaced branches: %s", d.error().message().c_str());
+      if (!d) log_error("dropping replaced branches: %s", d.error().user_message(g->image).c_str());
       else if (*d)
-        if (auto c = g->vol->commit(); !c) log_error("commit after dropping branches: %s", c.error().message().c_str());
+        if (auto c = g->vol->commit(); !c) log_error("commit after dropping branches: %s", c.error().user_message(g->image).c_str());
     }
     lk.lock();
   }
@@ -142,7 +142,7 @@ void snapper_loop() {
     if (g->snap_cv.wait_for(lk, std::chrono::seconds(g->snap_interval), [] { return g->snap_stop; })) return;
     lk.unlock();
     auto r = control(model::Json{{"command", "snapshot"}}, true);
-    if (!r) log_error("automatic snapshot failed: %s", r.error().message().c_str());
+    if (!r) log_error("automatic snapshot failed: %s", r.error().user_message(g->image).c_str());
     while (r && g->snap_keep) {
       std::vector<std::string> snaps;  // newest first
       {
@@ -161,7 +161,7 @@ void snapper_loop() {
       model::put_name(req, "branch", snaps[snaps.size() - 2]);
       auto m = control(req, true);
       if (!m) {
-        log_error("dropping snapshot %s failed: %s", snaps.back().c_str(), m.error().message().c_str());
+        log_error("dropping snapshot %s failed: %s", snaps.back().c_str(), m.error().user_message(g->image).c_str());
         break;
       }
     }

@@ -10,36 +10,39 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <string>
+#include <string_view>
+
+#include "util/parse.h"
 
 namespace plyfs::daemon {
 
 namespace {
 
-enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO };
+enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO, KEY_ALLOW_OTHER, KEY_ALLOW_ROOT, KEY_DEFAULT_PERMISSIONS };
 
 }  // namespace
 
-#define PLYFS_OPT(t, p) {t, offsetof(Config, p), 1}
 const struct fuse_opt kOpts[] = {
-    {"commit=%u", offsetof(Config, commit), 0},
-    {"cache=%s", offsetof(Config, cache), 0},
+    {"commit=%s", offsetof(Config, commit_s), 0},
+    {"cache=%s", offsetof(Config, cache_s), 0},
     {"view=%s", offsetof(Config, view), 0},
     {"branches=%s", offsetof(Config, branches), 0},
     {"dirs=%s", offsetof(Config, branches), 0},
     {"layer=%s", offsetof(Config, layer), 0},
-    {"copyup=%s", offsetof(Config, copyup), 0},
-    {"delete=%s", offsetof(Config, del), 0},
+    {"copyup=%s", offsetof(Config, copyup_s), 0},
+    {"delete=%s", offsetof(Config, del_s), 0},
     {"crashlog=%s", offsetof(Config, crashlog), 0},
-    {"snapshot_interval=%u", offsetof(Config, snapshot_interval), 0},
-    {"snapshot_keep=%u", offsetof(Config, snapshot_keep), 0},
+    {"snapshot_interval=%s", offsetof(Config, snapshot_interval_s), 0},
+    {"snapshot_keep=%s", offsetof(Config, snapshot_keep_s), 0},
     {"nowriteback", offsetof(Config, nowriteback), 1},
     {"writeback", offsetof(Config, nowriteback), 0},
     {"uring", offsetof(Config, uring), 1},
     {"nouring", offsetof(Config, uring), 0},
     {"commit_stats", offsetof(Config, commit_stats), 1},
-    {"max_threads=%u", offsetof(Config, max_threads), 0},
-    {"max_idle_threads=%u", offsetof(Config, max_idle_threads), 0},
-    {"spin=%u", offsetof(Config, spin), 0},
+    {"max_threads=%s", offsetof(Config, max_threads_s), 0},
+    {"max_idle_threads=%s", offsetof(Config, max_idle_threads_s), 0},
+    {"spin=%s", offsetof(Config, spin_s), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -48,7 +51,17 @@ const struct fuse_opt kOpts[] = {
     FUSE_OPT_KEY("-d", KEY_DEBUG),
     FUSE_OPT_KEY("debug", KEY_DEBUG),
     FUSE_OPT_KEY("ro", KEY_RO),
+    FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
+    FUSE_OPT_KEY("allow_root", KEY_ALLOW_ROOT),
+    FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
     FUSE_OPT_END};
+
+Config::~Config() {
+  for (const char* s : {image, mountpoint, commit_s, cache_s, view, branches, layer, copyup_s, del_s,
+                        crashlog, snapshot_interval_s, snapshot_keep_s, max_threads_s,
+                        max_idle_threads_s, spin_s})
+    std::free(const_cast<char*>(s));
+}
 
 int opt_proc(void* data, const char* arg, int key, struct fuse_args*) {
   auto* c = static_cast<Config*>(data);
@@ -58,13 +71,95 @@ int opt_proc(void* data, const char* arg, int key, struct fuse_args*) {
     case KEY_FG: c->foreground = 1; return 0;
     case KEY_DEBUG: c->debug = c->foreground = 1; return 1;  // libfuse prints requests
     case KEY_RO: c->ro = 1; return 1;                        // libfuse mounts read-only
+    // libfuse's own: kept for it, noted for check_options and main.
+    case KEY_ALLOW_OTHER: c->allow_other = 1; return 1;
+    case KEY_ALLOW_ROOT: c->allow_root = 1; return 1;
+    case KEY_DEFAULT_PERMISSIONS: c->default_permissions = 1; return 1;
     case FUSE_OPT_KEY_NONOPT:
+      // A second string given as IMAGE or MOUNTPOINT (fuse_opt keeps the
+      // last of an option given twice) would leak the first.
       if (!c->image) { c->image = strdup(arg); return 0; }
       if (!c->mountpoint) { c->mountpoint = strdup(arg); return 0; }
       std::fprintf(stderr, "plyfs: unexpected argument '%s'\n", arg);
       return -1;
     default: return 1;
   }
+}
+
+namespace {
+
+// "bad NAME 'VALUE': why": parse_uint's and parse_size's reasons ("invalid
+// NAME 'VALUE': why") as the daemon's refusals of options begin.
+Error bad(Error e) {
+  if (e.reason.rfind("invalid ", 0) == 0) e.reason.replace(0, 7, "bad");
+  return e;
+}
+
+Result<unsigned> number(const char* s, const char* what, unsigned min, unsigned max, unsigned dflt) {
+  if (!s) return dflt;
+  auto v = parse_uint(s, what, min, max);
+  if (!v) return bad(v.error());
+  return unsigned(*v);
+}
+
+// MODE of copyup=const:UID:GID:MODE: octal, as chmod(1) takes it.
+Result<uint32_t> octal_mode(std::string_view s) {
+  uint32_t v = 0;
+  for (char ch : s) {
+    if (ch < '0' || ch > '7' || v > 07777) return Error::invalid("");
+    v = v * 8 + uint32_t(ch - '0');
+  }
+  if (s.empty() || v > 07777) return Error::invalid("");
+  return v;
+}
+
+Result<CopyUpMode> copyup_mode(std::string_view m) {
+  if (m == "owner") return CopyUpMode{};
+  if (m == "current") return CopyUpMode{CopyUpMode::Current};
+  const std::string usage = "bad copyup mode '" + std::string(m) +
+                            "' (owner, current or const:UID:GID:MODE, MODE in octal)";
+  if (m.rfind("const:", 0) != 0) return Error::invalid(usage);
+  const std::string_view rest = m.substr(6);
+  const size_t c1 = rest.find(':');
+  const size_t c2 = c1 == rest.npos ? rest.npos : rest.find(':', c1 + 1);
+  if (c2 == rest.npos) return Error::invalid(usage);
+  // A uid or gid of 2^32 - 1 is (uid_t)-1, "no change" to chown(2).
+  auto uid = parse_uint(rest.substr(0, c1), "copyup uid", 0, 0xfffffffe);
+  auto gid = parse_uint(rest.substr(c1 + 1, c2 - c1 - 1), "copyup gid", 0, 0xfffffffe);
+  auto mode = octal_mode(rest.substr(c2 + 1));
+  if (!uid) return bad(uid.error());
+  if (!gid) return bad(gid.error());
+  if (!mode) return Error::invalid(usage);
+  return CopyUpMode{CopyUpMode::Const, uint32_t(*uid), uint32_t(*gid), *mode};
+}
+
+}  // namespace
+
+Result<void> check_options(Config& c) {
+  c.commit = PLY_TRY(number(c.commit_s, "commit", 0, kMaxCommit, c.commit));
+  if (c.cache_s) {
+    auto v = parse_size(c.cache_s, "cache size");
+    if (!v) return bad(v.error());
+    if (*v < kMinCache || *v > kMaxCache)
+      return Error::invalid("bad cache size '" + std::string(c.cache_s) + "': must be 1M to 16T");
+    c.cache_bytes = *v;
+  }
+  c.snapshot_interval =
+      PLY_TRY(number(c.snapshot_interval_s, "snapshot_interval", 0, kMaxSnapshotInterval, 0));
+  c.snapshot_keep = PLY_TRY(number(c.snapshot_keep_s, "snapshot_keep", 0, kMaxSnapshotKeep, 0));
+  c.max_threads = PLY_TRY(number(c.max_threads_s, "max_threads", 1, kMaxThreads, c.max_threads));
+  c.max_idle_threads =
+      PLY_TRY(number(c.max_idle_threads_s, "max_idle_threads", 0, kMaxThreads, c.max_idle_threads));
+  c.spin = PLY_TRY(number(c.spin_s, "spin", 0, kMaxSpin, c.spin));
+  if (c.copyup_s) c.copyup = PLY_TRY(copyup_mode(c.copyup_s));
+  if (c.del_s) {
+    if (std::strcmp(c.del_s, "all") == 0) c.del = DeleteMode::All;
+    else if (std::strcmp(c.del_s, "whiteout") != 0)
+      return Error::invalid("bad delete mode '" + std::string(c.del_s) + "' (whiteout or all)");
+  }
+  if ((c.view != nullptr) + (c.branches != nullptr) + (c.layer != nullptr) > 1)
+    return Error::invalid("bad options: view=, branches= and layer= exclude each other");
+  return ok();
 }
 
 void usage() {
@@ -80,8 +175,10 @@ void usage() {
       "\n"
       "plyfs options:\n"
       "  -o commit=SECONDS  commit a generation every SECONDS (default 5; 0: only on\n"
-      "                     fsync, sync and unmount)\n"
-      "  -o cache=SIZE      metadata cache size, e.g. 256M (default 256M)\n"
+      "                     fsync, sync and unmount; at most 86400)\n"
+      "  -o cache=SIZE      metadata cache size, 1M to 16T: 256M, 1g, 1GiB, 1.5G\n"
+      "                     (K, M, G, T: powers of 1024; KB, MB, GB: of 1000;\n"
+      "                     default 256M)\n"
       "  -o ro              read-only\n"
       "  -o view=NAME       show the view NAME (plyctl view list); default: the\n"
       "                     default view, or the default branch read-write\n"
@@ -89,10 +186,10 @@ void usage() {
       "                     show this stack of branches, leftmost first (dirs= works too)\n"
       "  -o layer=NAME      show layer NAME over its ancestors (plyctl layer list);\n"
       "                     every layer is also reachable in MOUNTPOINT/.plyfs/layers/\n"
-      "  -o copyup=MODE     owner of copied-up files: owner (default), current, or\n"
-      "                     const:UID:GID:MODE (octal mode)\n"
+      "  -o copyup=MODE     owner of copied-up files: owner (default), current (the\n"
+      "                     caller, its umask applied), or const:UID:GID:MODE (octal)\n"
       "  -o snapshot_interval=SECONDS  snapshot the stack's writable branch every\n"
-      "                     SECONDS (0, the default: never)\n"
+      "                     SECONDS (0, the default: never; at most a year)\n"
       "  -o snapshot_keep=N keep the N newest automatic snapshots (0: all), merging\n"
       "                     the oldest into the next\n"
       "  -o delete=MODE     whiteout (default: hide lower names) or all (also delete\n"
@@ -105,14 +202,15 @@ void usage() {
       "                     fuse.enable_uring=1); default: /dev/fuse only\n"
       "  -o commit_stats    at unmount, say how many commits were made, why, and how\n"
       "                     long operations waited for them\n"
-      "  -o max_threads=N   at most N threads serve requests (default 16)\n"
+      "  -o max_threads=N   at most N threads serve requests (1 to 1024, default 16)\n"
       "  -o max_idle_threads=N  at most N of them wait for requests (default: the\n"
       "                     number of CPUs, at least 2)\n"
       "  -o spin=MICROSECONDS  before sleeping, one thread polls for the next\n"
-      "                     request this long (default 100; 0: never)\n"
+      "                     request this long (0 to 100000, default 100; 0: never)\n"
       "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
-      "FUSE options: allow_other, default_permissions (also enables POSIX ACLs),\n"
-      "  and the other options of mount.fuse3(8).\n"
+      "FUSE options: allow_other (turns default_permissions on: the kernel checks\n"
+      "  permissions), default_permissions (also enables POSIX ACLs), and the other\n"
+      "  options of mount.fuse3(8).\n"
       "\n"
       "With mount(8): mount -t fuse.plyfs IMAGE MOUNTPOINT\n");
 }
@@ -127,24 +225,6 @@ unsigned idle_threads(unsigned asked, unsigned max_threads) {
   if (asked) return std::min(asked, max_threads);
   const long n = sysconf(_SC_NPROCESSORS_ONLN);
   return std::min<unsigned>(std::max<long>(n, 2), max_threads);
-}
-
-bool parse_size(const char* s, uint64_t& out) {
-  char* end;
-  errno = 0;
-  unsigned long long v = std::strtoull(s, &end, 10);
-  if (errno || end == s) return false;
-  uint64_t mul = 1;
-  switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    case '\0': break;
-    default: return false;
-  }
-  if (*end) return false;
-  out = v * mul;
-  return out >= (1ull << 20);
 }
 
 }  // namespace plyfs::daemon

@@ -1,5 +1,8 @@
-// The daemon's command line: the mount options (plyfs -h, plyfs.8) and
-// their parsing with libfuse's fuse_opt. main (plyfs.cpp) checks the values.
+// The daemon's command line: the mount options (plyfs -h, plyfs.8), their
+// parsing with libfuse's fuse_opt, and their checks (check_options). Every
+// value is taken as a string first: fuse_opt's %u is sscanf's, which reads
+// "-1" as 4294967295 and "5s" as 5. Numbers then go through parse_uint and
+// sizes through parse_size (util/parse.h), one rule for every tool.
 #pragma once
 
 #ifndef FUSE_USE_VERSION
@@ -8,40 +11,81 @@
 #include <fuse_lowlevel.h>
 
 #include <cstdint>
+#include <string>
+
+#include "union/union.h"
+#include "util/result.h"
 
 namespace plyfs::daemon {
 
 struct Config {
+  // What the command line gave (fuse_opt's strdup copies, freed with the
+  // Config), null when not given.
   const char* image = nullptr;
   const char* mountpoint = nullptr;
-  unsigned commit = 5;
-  const char* cache = nullptr;
+  const char* commit_s = nullptr;
+  const char* cache_s = nullptr;
   const char* view = nullptr;
   const char* branches = nullptr;
   const char* layer = nullptr;
-  const char* copyup = nullptr;
-  const char* del = nullptr;
+  const char* copyup_s = nullptr;
+  const char* del_s = nullptr;
   const char* crashlog = nullptr;  // testing: log every device write and flush
-  unsigned snapshot_interval = 0, snapshot_keep = 0;
+  const char* snapshot_interval_s = nullptr;
+  const char* snapshot_keep_s = nullptr;
+  const char* max_threads_s = nullptr;
+  const char* max_idle_threads_s = nullptr;
+  const char* spin_s = nullptr;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
   int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it
   int commit_stats = 0; // -o commit_stats: what the commits cost, said at unmount
+  // libfuse's options that decide who may use the mount (kept for libfuse).
+  int allow_other = 0, allow_root = 0, default_permissions = 0;
+
+  // The checked values (check_options), with their defaults.
+  unsigned commit = 5;                   // seconds, 0 to kMaxCommit
+  uint64_t cache_bytes = 256ull << 20;   // kMinCache to kMaxCache
+  unsigned snapshot_interval = 0;        // seconds, 0: never
+  unsigned snapshot_keep = 0;            // 0: all
   // libfuse's session loop: at most max_threads workers, and at most
   // max_idle_threads of them waiting for requests (0: the default, idle_threads).
   unsigned max_threads = 16, max_idle_threads = 0;
   unsigned spin = 100;  // -o spin=MICROSECONDS (kernel_io.h)
+  CopyUpMode copyup;
+  DeleteMode del = DeleteMode::Whiteout;
+
+  Config() = default;
+  ~Config();
+  Config(const Config&) = delete;
+  Config& operator=(const Config&) = delete;
 };
+
+// The ranges of the numeric options (plyfs.8 documents them).
+inline constexpr unsigned kMaxCommit = 86400;              // a day
+inline constexpr unsigned kMaxSnapshotInterval = 31536000;  // a year
+inline constexpr unsigned kMaxSnapshotKeep = 1000000;
+inline constexpr unsigned kMaxThreads = 1024;
+inline constexpr unsigned kMaxSpin = 100000;                // 0.1 s
+inline constexpr uint64_t kMinCache = 1ull << 20;
+inline constexpr uint64_t kMaxCache = 1ull << 44;           // 16 TiB
 
 // What fuse_opt_parse reads into a Config, and the callback for the rest:
 // IMAGE, MOUNTPOINT and the keys libfuse passes on or keeps.
 extern const struct fuse_opt kOpts[];
 int opt_proc(void* data, const char* arg, int key, struct fuse_args*);
 
+// Checks and converts every value the command line gave; the first bad one
+// is the error, whose reason begins with "bad" and names the option.
+Result<void> check_options(Config& c);
+
+// Whether users other than the mount's owner reach the mount: then the
+// kernel must check permissions (default_permissions), since the daemon
+// checks none (plyfs.8, "Permissions").
+inline bool others_reach(const Config& c) { return c.allow_other || c.allow_root; }
+
 void usage();  // plyfs -h
 // The workers that may wait for requests: -o max_idle_threads, or the default.
 unsigned idle_threads(unsigned asked, unsigned max_threads);
-// -o cache=SIZE: "256M" and the like, at least 1M.
-bool parse_size(const char* s, uint64_t& out);
 
 }  // namespace plyfs::daemon

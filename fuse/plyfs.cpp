@@ -11,8 +11,9 @@
 // ctl_folder.h) serves node ids with bit 63 set: every branch's view beside
 // the mounted one.
 //
-// This file holds main: the options' checks, the image and the union opened,
-// the daemon started and, at unmount, stopped. The rest: options.h (the
+// This file holds main and its steps: the options' checks (before anything
+// is claimed: a bad option mounts nothing), the mount point's, the image and
+// the union opened, the daemon started and, at unmount, stopped. The rest: options.h (the
 // mount options), daemon.h (the state the parts share), ops_names.cpp and
 // ops_files.cpp (the operations), control.cpp (the control requests) and
 // lifecycle.cpp (snapshot, merge, rollback and their threads).
@@ -98,179 +99,66 @@ void report(int fd, unsigned char code) {
   ::close(fd);
 }
 
-}  // namespace
+// One line, "plyfs: MESSAGE", and the exit code for the waiting parent.
+int refuse(int status_fd, int code, const std::string& msg) {
+  log_error("%s", msg.c_str());
+  report(status_fd, (unsigned char)code);
+  return code;
+}
 
-int main(int argc, char** argv) {
-  fuse_args args = FUSE_ARGS_INIT(argc, argv);
-  Config cfg;
-  // What the option parser allocated is freed on every way out of main
-  // (LeakSanitizer builds fail on the early returns otherwise).
-  struct ArgsGuard {
-    fuse_args& a;
-    Config& c;
-    ~ArgsGuard() {
-      fuse_opt_free_args(&a);
-      std::free(const_cast<char*>(c.image));
-      std::free(const_cast<char*>(c.mountpoint));
-      std::free(const_cast<char*>(c.cache));
-      std::free(const_cast<char*>(c.view));
-      std::free(const_cast<char*>(c.branches));
-      std::free(const_cast<char*>(c.layer));
-      std::free(const_cast<char*>(c.copyup));
-      std::free(const_cast<char*>(c.del));
-      std::free(const_cast<char*>(c.crashlog));
-    }
-  } args_guard{args, cfg};
-  if (fuse_opt_parse(&args, &cfg, kOpts, opt_proc) != 0) return 1;
-  if (cfg.help) {
-    usage();
-    return 0;
+// mount(8)'s checks of the mount point, with its words and its exit status
+// (32): libfuse mounts on a regular file too, which then answers EIO.
+Result<void> check_mountpoint(const char* mp) {
+  struct stat st;
+  std::string m = "mount point ";
+  m += mp;
+  if (::stat(mp, &st) != 0) {
+    if (errno == ENOENT) return Error::io(ENOENT, m += " does not exist");
+    return Error::sys(errno, std::string("cannot access ") += m);
   }
-  if (cfg.version) {
-    std::printf("plyfs %s (libfuse %s)\n", PLYFS_VERSION, fuse_pkgversion());
-    return 0;
-  }
-  if (!cfg.image || !cfg.mountpoint) {
-    std::fprintf(stderr, "plyfs: IMAGE and MOUNTPOINT are required (plyfs -h for help)\n");
-    return 1;
-  }
-  uint64_t cache = 256ull << 20;
-  if (cfg.cache && !parse_size(cfg.cache, cache)) {
-    std::fprintf(stderr, "plyfs: bad cache size '%s' (e.g. 256M, at least 1M)\n", cfg.cache);
-    return 1;
-  }
-  if (cfg.spin > 100000) {
-    std::fprintf(stderr, "plyfs: bad spin %u (0 to 100000 microseconds)\n", cfg.spin);
-    return 1;
-  }
-  if (cfg.max_threads < 1 || cfg.max_threads > 1024) {
-    std::fprintf(stderr, "plyfs: bad max_threads %u (1 to 1024)\n", cfg.max_threads);
-    return 1;
-  }
-  CopyUpMode copyup;
-  if (cfg.copyup) {
-    std::string m = cfg.copyup;
-    unsigned uid, gid, mode;
-    if (m == "owner") copyup.kind = CopyUpMode::Owner;
-    else if (m == "current") copyup.kind = CopyUpMode::Current;
-    else if (std::sscanf(m.c_str(), "const:%u:%u:%o", &uid, &gid, &mode) == 3 && mode <= 07777)
-      copyup = CopyUpMode{CopyUpMode::Const, uid, gid, mode};
-    else {
-      std::fprintf(stderr, "plyfs: bad copyup mode '%s' (owner, current or const:UID:GID:MODE)\n",
-                   cfg.copyup);
-      return 1;
-    }
-  }
-  DeleteMode del = DeleteMode::Whiteout;
-  if (cfg.del) {
-    if (std::strcmp(cfg.del, "all") == 0) del = DeleteMode::All;
-    else if (std::strcmp(cfg.del, "whiteout") != 0) {
-      std::fprintf(stderr, "plyfs: bad delete mode '%s' (whiteout or all)\n", cfg.del);
-      return 1;
-    }
-  }
-  if ((cfg.view != nullptr) + (cfg.branches != nullptr) + (cfg.layer != nullptr) > 1) {
-    std::fprintf(stderr, "plyfs: view=, branches= and layer= exclude each other\n");
-    return 1;
-  }
-  bool acl = false;
-  for (int i = 0; i < args.argc; i++)
-    if (std::strstr(args.argv[i], "default_permissions")) acl = true;
+  if (!S_ISDIR(st.st_mode)) return Error::io(ENOTDIR, m += " is not a directory");
+  return ok();
+}
 
-  // Claim the image before anything else: a second mount fails here, with
-  // the terminal still attached.
-  FileOpenOptions fo;
-  fo.read_only = cfg.ro;
-  auto dev = FileDevice::open(cfg.image, fo);
-  if (!dev) {
-    if (dev.error().code == EBUSY)
-      std::fprintf(stderr, "plyfs: %s is already mounted or in use by another plyfs program\n",
-                   cfg.image);
-    else std::fprintf(stderr, "plyfs: %s\n", dev.error().message().c_str());
-    return 32;
-  }
-
-  // Daemonize before any thread starts; the parent waits for the mount.
-  int status_fd = -1;
-  if (!cfg.foreground) {
-    int p[2];
-    if (pipe(p) != 0) {
-      std::perror("plyfs: pipe");
-      return 1;
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("plyfs: fork");
-      return 1;
-    }
-    if (pid > 0) {
-      ::close(p[1]);
-      unsigned char code = 1;
-      if (::read(p[0], &code, 1) != 1) code = 1;
-      return code;
-    }
-    ::close(p[0]);
-    status_fd = p[1];
-    setsid();
-  }
-
-  Daemon d;
-  g = &d;
-  d.acl = acl;
-  d.dev = std::move(*dev);
+// Opens the image's volume, the stack the options name and its branches,
+// and makes the union and the control folder: 0, or the exit code (told to
+// the waiting parent).
+int open_union(Daemon& d, const Config& cfg, int status_fd) {
   if (cfg.crashlog) {  // the test suite's crash harness (docs/testing.md)
     auto ld = LogDevice::create(std::move(d.dev), cfg.crashlog);
-    if (!ld) {
-      std::fprintf(stderr, "plyfs: %s\n", ld.error().message().c_str());
-      report(status_fd, 1);
-      return 1;
-    }
+    if (!ld) return refuse(status_fd, 1, ld.error().message());
     d.dev = std::move(*ld);
   }
   VolumeOptions vo;
   vo.read_only = cfg.ro;
   vo.kinds = fs_kinds();
-  vo.cache_bytes = cache;
+  vo.cache_bytes = cfg.cache_bytes;
   vo.commit_interval_ms = cfg.commit * 1000;
-  vo.dirty_limit_bytes = cache / 4;
+  vo.dirty_limit_bytes = cfg.cache_bytes / 4;
   if (cfg.commit_stats) vo.on_commit = [](const CommitStats& st) { g_commits.add(st); };
+  const std::string img = cfg.image;
   auto vol = Volume::open(*d.dev, vo);
-  if (!vol) {
-    std::fprintf(stderr, "plyfs: cannot open %s: %s\n", cfg.image, vol.error().message().c_str());
-    report(status_fd, 32);
-    return 32;
-  }
+  if (!vol) return refuse(status_fd, 32, "cannot open " + img + ": " + vol.error().user_message(img));
   d.vol = std::move(*vol);
   // What an interrupted merge or rollback left goes first (format.md#snapshots).
-  if (auto r = drop_doomed(*d.vol); !r) {
-    std::fprintf(stderr, "plyfs: %s: %s\n", cfg.image, r.error().message().c_str());
-    report(status_fd, 32);
-    return 32;
-  }
+  if (auto r = drop_doomed(*d.vol); !r) return refuse(status_fd, 32, img + ": " + r.error().user_message(img));
   auto stack = cfg.branches ? parse_stack(*d.vol, cfg.branches)
                : cfg.view   ? view_stack(*d.vol, cfg.view)
                : cfg.layer  ? layer_stack(*d.vol, cfg.layer)
                             : default_stack(*d.vol);
-  if (!stack) {
-    std::fprintf(stderr, "plyfs: %s: %s\n", cfg.image, stack.error().message().c_str());
-    report(status_fd, 32);
-    return 32;
-  }
+  if (!stack) return refuse(status_fd, 32, img + ": " + stack.error().user_message(img));
   std::vector<UnionBranch> ub;
   for (const auto& l : *stack) {
     auto fsr = Filesystem::open(*d.vol, l.tree);
-    if (!fsr) {
-      std::fprintf(stderr, "plyfs: cannot open branch %llu of %s: %s\n",
-                   (unsigned long long)l.tree.v, cfg.image, fsr.error().message().c_str());
-      report(status_fd, 32);
-      return 32;
-    }
+    if (!fsr)
+      return refuse(status_fd, 32, "cannot open branch " + std::to_string(l.tree.v) + " of " + img + ": " +
+                                       fsr.error().user_message(img));
     ub.push_back({fsr->get(), l.writable && !cfg.ro});
     d.stack.push_back(ViewLayer{l.tree, l.writable && !cfg.ro});
     d.branches[l.tree.v] = std::move(*fsr);
   }
   d.read_only = cfg.ro;
-  d.u = std::make_unique<Union>(std::move(ub), copyup, del);
+  d.u = std::make_unique<Union>(std::move(ub), cfg.copyup, cfg.del);
   ControlFolder::Host host;
   host.vol = d.vol.get();
   host.ctl_mu = &d.ctl_mu;
@@ -286,46 +174,15 @@ int main(int argc, char** argv) {
   host.mount = d.u.get();
   host.notifier = &d.notifier;
   host.read_only = cfg.ro;
-  host.copyup = copyup;
-  host.del = del;
+  host.copyup = cfg.copyup;
+  host.del = cfg.del;
   d.ctl = std::make_unique<ControlFolder>(std::move(host));
+  return 0;
+}
 
-  fuse_opt_add_arg(&args, "-osubtype=plyfs");
-  std::string fsname = std::string("-ofsname=") + cfg.image;
-  fuse_opt_add_arg(&args, fsname.c_str());
-  fuse_lowlevel_ops ops = make_ops();
-  fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, nullptr);
-  d.se = se;
-  if (!se) {
-    report(status_fd, 1);
-    return 1;
-  }
-  if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, cfg.mountpoint) != 0) {
-    std::fprintf(stderr, "plyfs: cannot mount on %s\n", cfg.mountpoint);
-    fuse_session_destroy(se);
-    report(status_fd, 32);
-    return 32;
-  }
-  // Before the first request (INIT) is read: see kernel_io.h.
-  uring::set_logger(log_error);
-  want_uring(cfg.uring != 0, 8);
-  set_spin(cfg.spin);
-  if (!install_kernel_io(se)) log_error("cannot take the session's I/O: writes will cost a GETXATTR each");
-  d.notifier.start(se);
-  if (!cfg.foreground) {
-    openlog("plyfs", LOG_PID, LOG_DAEMON);
-    d.daemonized = true;
-    int nul = ::open("/dev/null", O_RDWR);
-    if (nul >= 0) {
-      dup2(nul, 0);
-      dup2(nul, 1);
-      dup2(nul, 2);
-      if (nul > 2) ::close(nul);
-    }
-    if (chdir("/") != 0) {}
-    report(status_fd, 0);
-  }
-
+// Serves requests until the unmount, then stops the threads and lets the
+// session go; the session loop's result.
+int serve(Daemon& d, const Config& cfg, fuse_session* se) {
   d.writeback = !cfg.nowriteback;
   d.snap_interval = cfg.snapshot_interval;
   d.snap_keep = cfg.snapshot_keep;
@@ -359,9 +216,12 @@ int main(int argc, char** argv) {
   }
   d.notifier.stop();  // as the snapshot thread: after the unmount
   fuse_remove_signal_handlers(se);
-  fuse_session_destroy(se);
+  return ret;
+}
 
-  // Whatever the kernel still held is gone now: free the orphans and commit.
+// After the unmount: whatever the kernel still held is gone, so the orphans
+// are freed, and the last generation is committed. The exit status.
+int finish(Daemon& d, const Config& cfg, int ret) {
   // The session loop returns the number of the signal that ended it: a
   // SIGTERM, SIGINT or SIGHUP is a requested, clean unmount. -ECONNABORTED
   // is an unmount too: a thread took a request off the queue just as the
@@ -369,11 +229,12 @@ int main(int argc, char** argv) {
   // it, say), and the kernel answers that read so instead of with ENODEV,
   // which libfuse counts as the clean end.
   int rc = (ret == 0 || ret == -ECONNABORTED || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
+  const std::string img = cfg.image;
   if (!d.vol->read_only() && !d.vol->failure()) {
     auto r = d.u->release_all();
     if (r) r = d.ctl->release_all();
     if (!r) {
-      log_error("freeing unlinked files failed: %s", r.error().message().c_str());
+      log_error("freeing unlinked files failed: %s", r.error().user_message(img).c_str());
       rc = 1;
     }
   }
@@ -382,15 +243,137 @@ int main(int argc, char** argv) {
   d.branches.clear();
   if (!d.vol->read_only() && !d.vol->failure())
     if (auto r = drop_doomed(*d.vol); !r) {
-      log_error("dropping merged branches failed: %s", r.error().message().c_str());
+      log_error("dropping merged branches failed: %s", r.error().user_message(img).c_str());
       rc = 1;
     }
   auto c = d.vol->close();
   if (!c) {
-    log_error("final commit failed: %s", c.error().message().c_str());
+    log_error("final commit failed: %s", c.error().user_message(img).c_str());
     rc = 1;
   }
   if (cfg.commit_stats) g_commits.report();
-  fuse_opt_free_args(&args);
   return rc;
+}
+
+// Leaves the foreground: the parent waits for the mount's outcome (a byte
+// on a pipe, report()) and exits with it. Before any thread starts. The
+// child's end of the pipe, or -1 and the parent's exit code in *code.
+int daemonize(int* code) {
+  int p[2];
+  if (pipe(p) != 0) {
+    *code = refuse(-1, 1, Error::sys(errno, "pipe").message());
+    return -1;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    *code = refuse(-1, 1, Error::sys(errno, "fork").message());
+    return -1;
+  }
+  if (pid > 0) {
+    ::close(p[1]);
+    unsigned char c = 1;
+    if (::read(p[0], &c, 1) != 1) c = 1;
+    *code = c;
+    return -1;
+  }
+  ::close(p[0]);
+  setsid();
+  return p[1];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fuse_args args = FUSE_ARGS_INIT(argc, argv);
+  // What the option parser allocated is freed on every way out of main
+  // (LeakSanitizer builds fail on the early returns otherwise); the
+  // Config frees its own strings.
+  struct ArgsGuard {
+    fuse_args& a;
+    ~ArgsGuard() { fuse_opt_free_args(&a); }
+  } args_guard{args};
+  fuse_set_log_func(libfuse_log);  // libfuse's messages as the daemon's own
+  Config cfg;
+  if (fuse_opt_parse(&args, &cfg, kOpts, opt_proc) != 0) return 1;
+  if (cfg.help) {
+    usage();
+    return 0;
+  }
+  if (cfg.version) {
+    std::printf("plyfs %s (libfuse %s)\n", PLYFS_VERSION, fuse_pkgversion());
+    return 0;
+  }
+  if (!cfg.image || !cfg.mountpoint) return refuse(-1, 1, "IMAGE and MOUNTPOINT are required (plyfs -h for help)");
+  if (auto r = check_options(cfg); !r) return refuse(-1, 1, r.error().message());
+  fuse_opt_add_arg(&args, "-osubtype=plyfs");
+  std::string fsname = "-ofsname=";
+  fsname += cfg.image;
+  fuse_opt_add_arg(&args, fsname.c_str());
+  // libfuse's options are checked before anything is claimed: an unknown
+  // one is one line (libfuse_log) and exit 1, nothing mounted.
+  fuse_lowlevel_ops ops = make_ops();
+  std::unique_ptr<fuse_session, void (*)(fuse_session*)> session(
+      fuse_session_new(&args, &ops, sizeof ops, nullptr), fuse_session_destroy);
+  if (!session) return 1;
+  fuse_session* se = session.get();
+  if (auto r = check_mountpoint(cfg.mountpoint); !r) return refuse(-1, 32, r.error().message());
+
+  // Claim the image before anything else: a second mount fails here, with
+  // the terminal still attached.
+  FileOpenOptions fo;
+  fo.read_only = cfg.ro;
+  auto dev = FileDevice::open(cfg.image, fo);
+  if (!dev) {
+    if (dev.error().code == EBUSY)
+      return refuse(-1, 32, std::string(cfg.image) += " is already mounted or in use by another plyfs program");
+    return refuse(-1, 32, dev.error().user_message(cfg.image));
+  }
+
+  // Daemonize before any thread starts; the parent waits for the mount.
+  int status_fd = -1;
+  if (!cfg.foreground) {
+    int code = 0;
+    status_fd = daemonize(&code);
+    if (status_fd < 0) return code;
+  }
+
+  Daemon d;
+  g = &d;
+  d.image = cfg.image;
+  d.acl = cfg.default_permissions;
+  d.dev = std::move(*dev);
+  if (int code = open_union(d, cfg, status_fd)) return code;
+  d.se = se;
+  if (fuse_set_signal_handlers(se) != 0) return refuse(status_fd, 1, "cannot set the signal handlers");
+  const unsigned said = libfuse_errors();
+  if (fuse_session_mount(se, cfg.mountpoint) != 0) {
+    // libfuse said why, as one line, unless a helper (fusermount3) did.
+    if (libfuse_errors() == said) log_error("cannot mount on %s", cfg.mountpoint);
+    fuse_remove_signal_handlers(se);
+    report(status_fd, 32);
+    return 32;
+  }
+  // Before the first request (INIT) is read: see kernel_io.h.
+  uring::set_logger(log_error);
+  want_uring(cfg.uring != 0, 8);
+  set_spin(cfg.spin);
+  if (!install_kernel_io(se)) log_error("cannot take the session's I/O: writes will cost a GETXATTR each");
+  d.notifier.start(se);
+  if (!cfg.foreground) {
+    openlog("plyfs", LOG_PID, LOG_DAEMON);
+    d.daemonized = true;
+    int nul = ::open("/dev/null", O_RDWR);
+    if (nul >= 0) {
+      dup2(nul, 0);
+      dup2(nul, 1);
+      dup2(nul, 2);
+      if (nul > 2) ::close(nul);
+    }
+    if (chdir("/") != 0) {}
+    report(status_fd, 0);
+  }
+
+  const int ret = serve(d, cfg, se);
+  session.reset();
+  return finish(d, cfg, ret);
 }
