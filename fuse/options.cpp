@@ -159,7 +159,18 @@ Result<void> check_options(Config& c) {
   }
   if ((c.view != nullptr) + (c.branches != nullptr) + (c.layer != nullptr) > 1)
     return Error::invalid("bad options: view=, branches= and layer= exclude each other");
+  if (c.uring && !uring_built())
+    return Error::invalid(
+        "bad option uring: this build of plyfs has no io_uring support (built without liburing)");
   return ok();
+}
+
+bool uring_built() {
+#ifdef PLYFS_HAVE_URING
+  return true;
+#else
+  return false;
+#endif
 }
 
 void usage() {

@@ -84,6 +84,9 @@ Result<void> check_options(Config& c);
 // checks none (plyfs.8, "Permissions").
 inline bool others_reach(const Config& c) { return c.allow_other || c.allow_root; }
 
+// Whether this build has FUSE over io_uring (liburing; meson option uring).
+bool uring_built();
+
 void usage();  // plyfs -h
 // The workers that may wait for requests: -o max_idle_threads, or the default.
 unsigned idle_threads(unsigned asked, unsigned max_threads);

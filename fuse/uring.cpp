@@ -3,6 +3,8 @@
 // declared here and their sizes checked.
 #include "uring.h"
 
+#ifdef PLYFS_HAVE_URING
+
 #include <liburing.h>
 #include <linux/fuse.h>
 #include <poll.h>
@@ -438,3 +440,22 @@ uint64_t requests() {
 }
 
 }  // namespace plyfs::uring
+
+#else  // PLYFS_HAVE_URING
+
+// Built without liburing (meson option uring): main refuses -o uring
+// (options.cpp), so the INIT reply never asks for a ring and none of this
+// is reached but stop() and the reply hook, which find no ring.
+namespace plyfs::uring {
+
+void set_logger(void (*)(const char* fmt, ...)) {}
+void not_offered() {}
+bool start(fuse_session*, int, size_t, unsigned) { return false; }
+bool reply(const struct iovec*, int, ssize_t*) { return false; }
+void stop() {}
+bool active() { return false; }
+uint64_t requests() { return 0; }
+
+}  // namespace plyfs::uring
+
+#endif  // PLYFS_HAVE_URING
