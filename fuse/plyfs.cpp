@@ -11,6 +11,10 @@
 // ctl_folder.h) serves node ids with bit 63 set: every branch's view beside
 // the mounted one.
 //
+// The daemon checks no permission itself: when other users reach the mount
+// (allow_other, allow_root) it has the kernel check them (default_permissions,
+// plyfs.8 "Permissions").
+//
 // This file holds main and its steps: the options' checks (before anything
 // is claimed: a bad option mounts nothing), the mount point's, the image and
 // the union opened, the daemon started and, at unmount, stopped. The rest: options.h (the
@@ -305,6 +309,13 @@ int main(int argc, char** argv) {
   }
   if (!cfg.image || !cfg.mountpoint) return refuse(-1, 1, "IMAGE and MOUNTPOINT are required (plyfs -h for help)");
   if (auto r = check_options(cfg); !r) return refuse(-1, 1, r.error().message());
+  // The daemon checks no permission itself: whoever may reach the mount
+  // besides its owner, the kernel must check for (plyfs.8, "Permissions").
+  const bool perms_added = others_reach(cfg) && !cfg.default_permissions;
+  if (perms_added) {
+    fuse_opt_add_arg(&args, "-odefault_permissions");
+    cfg.default_permissions = 1;
+  }
   fuse_opt_add_arg(&args, "-osubtype=plyfs");
   std::string fsname = "-ofsname=";
   fsname += cfg.image;
@@ -372,6 +383,10 @@ int main(int argc, char** argv) {
     if (chdir("/") != 0) {}
     report(status_fd, 0);
   }
+  if (perms_added)
+    log_info("%s: other users reach the mount: default_permissions is on, the kernel checks "
+             "permissions",
+             cfg.allow_other ? "allow_other" : "allow_root");
 
   const int ret = serve(d, cfg, se);
   session.reset();
