@@ -122,9 +122,26 @@ void reply_entry(fuse_req_t req, const Result<Attr>& a, std::initializer_list<Vi
 namespace {
 uint32_t umask_of(const fuse_ctx* c) { return g->dont_mask ? c->umask : 0; }
 }  // namespace
+// The pid lets copyup=current find the caller's umask, which FUSE sends
+// only with creations (union.h, Caller).
 Caller caller(fuse_req_t req) {
   const fuse_ctx* c = fuse_req_ctx(req);
-  return Caller{c->uid, c->gid, umask_of(c)};
+  return Caller{c->uid, c->gid, umask_of(c), uint32_t(c->pid)};
+}
+
+// A copy-up under copyup=current or const:... gave the file another owner
+// or mode, and the reply of the request that caused it (an open, a write,
+// an xattr change) carries no attributes: the kernel would show the old
+// ones until their timeout, or, for a regular file with the writeback
+// cache, whose ctime the kernel keeps, until the file is looked up again.
+// The hook runs on the thread of that request, whose object the kernel
+// holds (looked up or open): an attributes-only invalidation then waits
+// for no lock and no request (the kernel's fuse_reverse_inval_inode only
+// marks the attributes stale), so it is sent at once, and the request's
+// reply comes after it: the caller's next stat sees the copy's owner and
+// mode.
+void attributes_changed(uint64_t ino) {
+  if (g->se) (void)fuse_lowlevel_notify_inval_inode(g->se, to_fuse(ino), -1, 0);
 }
 
 // Clears setuid/setgid before a change when `kill` (kernel_io.h), and then

@@ -95,6 +95,9 @@ fuse_entry_param to_entry(const Attr& a);
 void reply_entry(fuse_req_t req, const Result<Attr>& a, std::initializer_list<ViewChange> cs = {});
 Caller caller(fuse_req_t req);
 Result<void> kill_setid(fuse_req_t req, fuse_ino_t ino, bool kill);
+// The mounted union's copy-up hook (Union::set_copyup_hook): the owner or
+// mode of `ino` changed under the kernel's cached attributes.
+void attributes_changed(uint64_t ino);
 
 // The session's operations (ops_names.cpp), and those of other parts that
 // the table takes: ops_files.cpp's and control.cpp's ioctl.

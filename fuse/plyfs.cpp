@@ -163,6 +163,7 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
   }
   d.read_only = cfg.ro;
   d.u = std::make_unique<Union>(std::move(ub), cfg.copyup, cfg.del);
+  d.u->set_copyup_hook(attributes_changed);
   ControlFolder::Host host;
   host.vol = d.vol.get();
   host.ctl_mu = &d.ctl_mu;

@@ -78,10 +78,22 @@ struct CopyUpMode {
 //    still holds the name.
 enum class DeleteMode { Whiteout, All };
 
-// The caller of an operation (for CopyUpMode::Current).
+// The caller of an operation: the owner of what it creates, with `umask`
+// applied to creations (0 when the kernel applied it already), and
+// CopyUpMode::Current's owner of copies.
 struct Caller {
   uint32_t uid = 0, gid = 0, umask = 022;
+  // The calling process, 0 if unknown: CopyUpMode::Current applies its
+  // umask (copyup_umask), which FUSE sends only with a creation, not with
+  // the open, write or chmod that copies a file up.
+  uint32_t pid = 0;
 };
+
+// The umask CopyUpMode::Current applies to a copy: the Umask line of the
+// caller's /proc/PID/status (Linux 4.7+), or 022 when it cannot be read
+// (pid 0: the caller lives in a pid namespace the daemon does not see; the
+// process is gone; no /proc).
+uint32_t copyup_umask(const Caller& c);
 
 class Union {
  public:
@@ -206,6 +218,12 @@ class Union {
   // them.
   Result<void> release_all();
 
+  // Called after a copy-up changed the owner or mode of `ino` (CopyUpMode
+  // Const or Current), on the thread of the operation that caused it,
+  // whose object that is: the FUSE daemon drops the kernel's cached
+  // attributes. Set before the union serves anyone.
+  void set_copyup_hook(std::function<void(uint64_t ino)> fn) { copyup_hook_ = std::move(fn); }
+
   Result<void> sync();
   void fail(const Error& e);
   bool read_only();
@@ -314,6 +332,7 @@ class Union {
   // as every lineage).
   bool lineage(int a, int b) const;
   CopyUpMode copyup_;
+  std::function<void(uint64_t)> copyup_hook_;
   DeleteMode del_;
   uint64_t root_;
   uint32_t bs_;

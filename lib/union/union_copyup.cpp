@@ -5,7 +5,10 @@
 #include "union/union.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "union/union_internal.h"
@@ -15,6 +18,25 @@ namespace plyfs {
 using namespace union_internal;
 
 // --- copy-up ----------------------------------------------------------------------------------
+
+uint32_t copyup_umask(const Caller& c) {
+  constexpr uint32_t kFallback = 022;
+  if (c.pid == 0) return kFallback;
+  const std::string path = "/proc/" + std::to_string(c.pid) + "/status";
+  FILE* f = std::fopen(path.c_str(), "re");
+  if (!f) return kFallback;
+  char line[256];
+  uint32_t mask = kFallback;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned v;
+    if (std::strncmp(line, "Umask:", 6) == 0 && std::sscanf(line + 6, " %o", &v) == 1 && v <= 0777) {
+      mask = v;
+      break;
+    }
+  }
+  std::fclose(f);
+  return mask;
+}
 
 Result<void> Union::apply_copyup_mode(int b, uint64_t ino, const Caller& c) {
   if (copyup_.kind == CopyUpMode::Owner) return ok();
@@ -28,10 +50,11 @@ Result<void> Union::apply_copyup_mode(int b, uint64_t ino, const Caller& c) {
   } else {
     s.uid = c.uid;
     s.gid = c.gid;
-    s.mode = a.mode & 07777 & ~c.umask;
+    s.mode = a.mode & 07777 & ~copyup_umask(c);
   }
   if (S_ISLNK(a.mode)) s.mode.reset();
-  (void)PLY_TRY(br_[b].fs->setattr(ino, s));
+  const Attr now = PLY_TRY(br_[b].fs->setattr(ino, s));
+  if (copyup_hook_ && (now.uid != a.uid || now.gid != a.gid || now.mode != a.mode)) copyup_hook_(ino);
   return ok();
 }
 

@@ -785,10 +785,47 @@ TEST_CASE("union: copy-up modes set the owner and mode of copies", "[union]") {
   Attr k = owner_after_copyup({CopyUpMode::Const, 7, 8, 0600});
   CHECK((k.uid == 7 && k.gid == 8 && (k.mode & 07777) == 0600));
   Attr c = owner_after_copyup({CopyUpMode::Current});
-  CHECK((c.uid == 2000 && c.gid == 200 && (c.mode & 07777) == 0640));  // 0640 & ~027
+  // No pid: the umask is the fallback, 022 (copyup_umask).
+  CHECK((c.uid == 2000 && c.gid == 200 && (c.mode & 07777) == 0640));
   // The base is untouched throughout.
   Attr base = must(im.fs[1]->getattr(a.ino));
   CHECK((base.uid == 1000 && base.gid == 100 && (base.mode & 07777) == 0640));
+}
+
+// copyup=current applies the caller's umask, read from /proc/PID/status:
+// FUSE sends the umask with creations only.
+TEST_CASE("union: copyup=current applies the calling process's umask", "[union]") {
+  CHECK(copyup_umask(Caller{0, 0, 0, 0}) == 022);            // pid unknown
+  CHECK(copyup_umask(Caller{0, 0, 0, 0x7ffffff0}) == 022);   // no such process
+  const mode_t was = ::umask(077);
+  CHECK(copyup_umask(Caller{0, 0, 0, uint32_t(::getpid())}) == 077);
+  ::umask(027);
+  CHECK(copyup_umask(Caller{0, 0, 0, uint32_t(::getpid())}) == 027);
+  Image im = make_image(2);
+  const uint64_t f = must(im.fs[1]->mknod(im.fs[1]->root(), "f", S_IFREG | 0666, 0, 1000, 100)).ino;
+  const uint64_t g = must(im.fs[1]->mknod(im.fs[1]->root(), "g", S_IFREG | 0666, 0, 1000, 100)).ino;
+  std::vector<uint64_t> hooked;
+  {
+    Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}}, {CopyUpMode::Current});
+    u.set_copyup_hook([&](uint64_t ino) { hooked.push_back(ino); });
+    must(u.lookup(u.root(), "f"));
+    // The umask of the caller's process (027), not the one in Caller (0).
+    must(u.open(f, true, Caller{2000, 200, 0, uint32_t(::getpid())}));
+    ::umask(was);
+    Attr c = must(im.fs[0]->getattr(f));
+    CHECK((c.uid == 2000 && c.gid == 200 && (c.mode & 07777) == 0640));
+    CHECK(hooked == std::vector<uint64_t>{f});
+  }
+  {
+    // Nothing changes (the owner's copy-up, or the same owner and mode): no hook.
+    hooked.clear();
+    Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}}, {CopyUpMode::Const, 1000, 100, 0666});
+    u.set_copyup_hook([&](uint64_t ino) { hooked.push_back(ino); });
+    must(u.lookup(u.root(), "g"));
+    must(u.open(g, true, kRoot));
+    CHECK(u.branch_of(g) == 0);
+    CHECK(hooked.empty());
+  }
 }
 
 TEST_CASE("union: Unionfs's cases one by one", "[union]") {
