@@ -1193,7 +1193,8 @@ TEST_CASE("union: delete=all removes the writable instances and whiteouts only o
   CHECK(u.lookup(u.root(), "r").error().code == ENOENT);
 }
 
-// A clone of main, registered as branch "x"; the image reopened with it.
+// A clone of main, registered as branch "x"; the image reopened with it
+// (the Filesystems of before are gone: im.fs[0] is main's new one).
 TreeId clone_of_main(Image& im) {
   TreeId clone;
   {
@@ -1266,7 +1267,7 @@ TEST_CASE("union: an object a clone renamed shows once, under the clone's name",
   Attr nf = must(u.mknod(u.root(), "f", S_IFREG | 0644, 0, kRoot));
   CHECK(nf.ino != f);
   CHECK(union_names(u, u.root()) == std::vector<std::string>({"f", "g"}));
-  CHECK(must(main.entry(main.root(), "f"))->ino == f);
+  CHECK(must(im.fs[0]->entry(im.fs[0]->root(), "f"))->ino == f);
   // Is the clone told apart from a layer?
   CHECK(!must(is_layer(*im.vol, must(Filesystem::branch(*im.vol, clone)))));
   // The other way round (main over its clone), main's names win.
@@ -1304,7 +1305,7 @@ TEST_CASE("union: hard links in a clone over its source: the clone's names and c
   CHECK(must(u.getattr(a)).nlink == 1);
   CHECK(union_names(u, u.root()) == std::vector<std::string>{"b"});
   // main is untouched.
-  CHECK(must(main.getattr(a)).nlink == 3);
+  CHECK(must(im.fs[0]->getattr(a)).nlink == 3);
 }
 
 TEST_CASE("union: a directory a clone renamed shows once; its emptied source can go", "[union][lineage]") {
