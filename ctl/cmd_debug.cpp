@@ -209,6 +209,7 @@ int corrupt_item(FsStruct f, const std::vector<std::string>& pos, const CorruptA
     t.offset = *off;
   }
   t.field = pos.back();
+  t.dev = o->dev.get();  // the leaf.* fields damage the leaf in place
   auto r = corrupt_fs(*o->vol, t, act);
   if (!r) return fail(pos[0] + ": " + r.error().message());
   return print_corrupted(pos, *r, json);

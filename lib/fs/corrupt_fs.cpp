@@ -3,6 +3,7 @@
 #include "fs/corrupt_fs.h"
 
 #include <cstddef>
+#include <cstdio>
 
 #include "fs/disk_fs.h"
 #include "fs/items.h"
@@ -154,6 +155,15 @@ Result<std::string> damage_item(Volume& vol, const FsTarget& t, const CorruptAct
     const Field* f = nullptr;
     for (const auto& x : fields_of(t.what))
       if (t.field == x.name) f = &x;
+    // FsInfo's name.N: byte N of the name (format.md#fs-info).
+    Field name_byte{"name.N", offsetof(disk::FsInfo, name), 1};
+    unsigned n = 0;
+    char end = 0;
+    if (!f && t.what == FsStruct::FsInfo && std::sscanf(t.field.c_str(), "name.%u%c", &n, &end) == 1 &&
+        n < sizeof(disk::FsInfo::name)) {
+      name_byte.offset += n;
+      f = &name_byte;
+    }
     if (!f) return Error::invalid("no field \"" + t.field + "\" in " + fs_struct_name(t.what));
     size_t base = 0;
     if (t.what == FsStruct::Dirent || t.what == FsStruct::Whiteout || t.what == FsStruct::Xattr)
@@ -202,12 +212,29 @@ Result<FsStruct> fs_struct_named(std::string_view s) {
 std::vector<std::string> fs_corrupt_fields(FsStruct s) {
   std::vector<std::string> out;
   for (const auto& f : fields_of(s)) out.push_back(f.name);
+  if (s == FsStruct::FsInfo) out.push_back("name.N");
   out.push_back("key.hi");
   out.push_back("key.off");
+  for (const char* f : {"leaf.key.hi", "leaf.key.lo", "leaf.value_offset", "leaf.value_len", "leaf.first.key.hi",
+                        "leaf.first.key.lo", "leaf.last.key.hi", "leaf.last.key.lo"})
+    out.push_back(f);
   return out;
 }
 
 Result<std::string> corrupt_fs(Volume& vol, const FsTarget& t, const CorruptAction& a) {
+  if (t.field.starts_with("leaf.")) {
+    if (!t.dev) return Error::invalid("the leaf fields need the device");
+    // Where the item lies now: the key the named structure has.
+    Key k;
+    {
+      auto txn = PLY_TRY(vol.begin());
+      k = t.what == FsStruct::XattrChunk ? PLY_TRY(chunk_key(txn, t)) : key_of(t);
+      if (!PLY_TRY(txn.get(t.tree, k)))
+        return Error::io(ENOENT, std::string("no ") + fs_struct_name(t.what) + " item there");
+    }
+    std::string what = PLY_TRY(corrupt_leaf_item(*t.dev, t.tree.v, k.hi, k.lo, t.field.substr(5), a));
+    return std::string(fs_struct_name(t.what)) + " " + t.field + ": " + what;
+  }
   std::string what = PLY_TRY(damage_item(vol, t, a));
   PLY_CHECK(vol.commit());
   return what;

@@ -27,10 +27,21 @@ struct FsTarget {
   std::string name;   // an entry's, a whiteout's or an xattr's name (also of an xattr chunk)
   uint64_t offset = 0;  // an extent's file block, an inline or xattr chunk's byte offset
   std::string field;    // a name from fs_corrupt_fields()
+  // The device under the volume, for the "leaf." fields, which damage the
+  // item where it lies in its leaf rather than change the tree.
+  BlockDevice* dev = nullptr;
 };
 
 // Every struct also offers "key.hi" and "key.off": the item moves to
-// another key (an object number or offset out of range, a cycle).
+// another key (an object number or offset out of range, a cycle), as a
+// program could have put it there. "leaf.key.hi", "leaf.key.lo",
+// "leaf.value_offset" and "leaf.value_len" change the item's entry in its
+// leaf in place instead (the leaf's checksum recomputed, nothing
+// committed): the B-tree itself is damaged, a key can stand out of order
+// (corrupt_leaf_item, lib/fsck/corrupt.h); "leaf.first.key.hi",
+// "leaf.last.key.hi" (and .key.lo...) damage the first or last item of the
+// leaf that holds the item. FsInfo's "name" is its first byte; "name.N" is
+// byte N (0-31).
 std::vector<std::string> fs_corrupt_fields(FsStruct s);
 const char* fs_struct_name(FsStruct s);
 Result<FsStruct> fs_struct_named(std::string_view s);

@@ -1,7 +1,9 @@
 #include "fsck/corrupt.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <iterator>
 
 #include "alloc/disk_space.h"
 #include "btree/disk_node.h"
@@ -103,9 +105,11 @@ Result<std::vector<std::byte>> read_block(BlockDevice& dev, uint64_t b, uint32_t
   return buf;
 }
 
-// Walks a tree down to the leaf holding key (k, 0): (block, slot).
+// Walks a tree down to the leaf holding key (hi, lo): (block, slot). Every
+// count and child read on the way is checked against the block: the tool
+// runs on images damaged on purpose.
 Result<std::pair<uint64_t, uint32_t>> find_item(BlockDevice& dev, uint32_t bs, uint64_t root,
-                                                 uint64_t k) {
+                                                 uint64_t k, uint64_t lo = 0) {
   uint64_t b = root;
   for (int depth = 0; depth < 18; depth++) {
     auto buf = PLY_TRY(read_block(dev, b, bs));
@@ -117,14 +121,15 @@ Result<std::pair<uint64_t, uint32_t>> find_item(BlockDevice& dev, uint32_t bs, u
       const auto* kp = reinterpret_cast<const disk::Key*>(buf.data() + 64 + i * isz);
       return std::pair<uint64_t, uint64_t>(kp->hi.get(), kp->lo.get());
     };
+    const std::pair<uint64_t, uint64_t> want(k, lo);
     if (h->level == 0) {
       for (uint32_t i = 0; i < n; i++)
-        if (key_at(i) == std::pair<uint64_t, uint64_t>(k, 0)) return std::pair{b, i};
-      return Error::io(ENOENT, "no item with key " + std::to_string(k));
+        if (key_at(i) == want) return std::pair{b, i};
+      return Error::io(ENOENT, "no item with key (" + std::to_string(k) + ", " + std::to_string(lo) + ")");
     }
     uint32_t child = 0;
     for (uint32_t i = 0; i < n; i++)
-      if (key_at(i) <= std::pair<uint64_t, uint64_t>(k, 0)) child = i;
+      if (key_at(i) <= want) child = i;
     b = reinterpret_cast<const disk::InnerItem*>(buf.data() + 64 + child * isz)->child.get();
   }
   return Error::corrupt(root, "tree deeper than any valid tree");
@@ -166,6 +171,44 @@ void seal_node_bytes(std::vector<std::byte>& buf) {
 }
 
 }  // namespace
+
+Result<std::string> corrupt_leaf_item(BlockDevice& dev, uint64_t tree, uint64_t key_hi, uint64_t key_lo,
+                                      const std::string& field, const CorruptAction& a) {
+  static const char* const kFields[] = {"key.hi", "key.lo", "value_offset", "value_len"};
+  // "first." and "last.": that item of the leaf instead, so that a key can
+  // be moved past the leaf's neighbours while the leaf's own order holds.
+  std::string f = field;
+  int which = 0;
+  if (f.starts_with("first.")) which = 1, f = f.substr(6);
+  else if (f.starts_with("last.")) which = 2, f = f.substr(5);
+  if (std::find(std::begin(kFields), std::end(kFields), f) == std::end(kFields))
+    return Error::invalid("no leaf item field '" + field +
+                          "' ([first.|last.]key.hi, key.lo, value_offset, value_len)");
+  auto ch = read_superblocks(dev);
+  if (!ch) return Error::invalid("no valid superblock to find the tree by: " + ch.error().reason);
+  const uint32_t bs = ch->info.block_size;
+  // The tree's root, from its root record (format.md#root-record).
+  auto [rleaf, ridx] = PLY_TRY(find_item(dev, bs, ch->info.root_tree.block.v, tree));
+  auto rbuf = PLY_TRY(read_block(dev, rleaf, bs));
+  const auto* rit = reinterpret_cast<const disk::LeafItem*>(rbuf.data() + 64 + ridx * sizeof(disk::LeafItem));
+  const uint32_t roff = rit->value_offset.get();
+  if (roff > bs || bs - roff < sizeof(disk::RootRecord)) return Error::corrupt(rleaf, "root record out of range");
+  disk::RootRecord rec;
+  std::memcpy(&rec, rbuf.data() + roff, sizeof rec);
+  auto [leaf, idx] = PLY_TRY(find_item(dev, bs, rec.root_block.get(), key_hi, key_lo));
+  auto buf = PLY_TRY(read_block(dev, leaf, bs));
+  const uint32_t n = reinterpret_cast<const disk::NodeHeader*>(buf.data())->nitems.get();  // find_item checked it
+  if (which == 1) idx = 0;
+  if (which == 2) idx = n - 1;
+  const disk::Key* kp = reinterpret_cast<const disk::Key*>(buf.data() + 64 + idx * sizeof(disk::LeafItem));
+  key_hi = kp->hi.get(), key_lo = kp->lo.get();
+  auto what = PLY_TRY(corrupt_node_field(buf, "item." + std::to_string(idx) + "." + f, a));
+  if (a.fix_checksum) seal_node_bytes(buf);
+  PLY_CHECK(dev.write(leaf * bs, buf));
+  PLY_CHECK(dev.flush());
+  return "tree " + std::to_string(tree) + " item (" + std::to_string(key_hi) + ", " + std::to_string(key_lo) +
+         "), item " + std::to_string(idx) + " of leaf " + std::to_string(leaf) + ", " + field + ": " + what;
+}
 
 const char* corrupt_struct_name(CorruptStruct s) {
   switch (s) {

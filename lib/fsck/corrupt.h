@@ -38,4 +38,14 @@ const char* corrupt_struct_name(CorruptStruct s);
 // Damages the field and returns one sentence saying what changed.
 Result<std::string> corrupt(BlockDevice& dev, const CorruptTarget& t, const CorruptAction& a);
 
+// The item of tree `tree` whose key is (key_hi, key_lo), damaged where it
+// lies in its leaf: its "key.hi", "key.lo", "value_offset" or "value_len"
+// (format.md#btree-node); with "first." or "last." before the field, that
+// item of the same leaf. Nothing moves, so a key changed this way can
+// stand out of order in a leaf whose checksum is right (unless
+// !a.fix_checksum): the last item's key past the next leaf's keys is a
+// leaf that verifies on its own (T1 is broken between the leaves).
+Result<std::string> corrupt_leaf_item(BlockDevice& dev, uint64_t tree, uint64_t key_hi, uint64_t key_lo,
+                                      const std::string& field, const CorruptAction& a);
+
 }  // namespace plyfs
