@@ -305,8 +305,14 @@ class FedCheck : public ObjectChecker {
         free_.push_back(std::move(ch.bytes));
       }
       if (ch.last) {
-        c->finish();
-        t.findings = std::move(c->findings());
+        // A tree the walk did not hand over whole is scanned again in
+        // finish(), if the walk found the image sound at all: what it did
+        // hand over is no basis for findings (end_tree set `complete`
+        // before this chunk was queued).
+        if (t.complete) {
+          c->finish();
+          t.findings = std::move(c->findings());
+        }
         c.reset();
       }
     }

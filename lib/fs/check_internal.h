@@ -50,15 +50,21 @@ struct InodeInfo {
   std::vector<std::pair<Key, uint64_t>> past_end;       // data extents ending past data_end's limit
 };
 
-// The objects of one tree in scan order, which is inode-number order: an
-// object's entry is made by its first item, so the table stays sorted and
-// costs no allocation per object beyond its slot (a million-file tree is
-// checked in one pass of appends, then binary searches).
+// The objects of one tree, sorted by inode number. A sound tree is scanned
+// in key order, which is inode-number order: an object's entry is made by
+// its first item and appended, so a million-file tree costs one pass of
+// appends, then binary searches. A damaged leaf can hand over keys out of
+// order (format.md#btree-invariants, T1: a key's `hi` is read from disk and
+// may be anything); such an entry is inserted at its place, so the table
+// stays sorted and every lookup finds what at_scan made.
 class InodeTable {
  public:
-  InodeInfo& at_scan(uint64_t ino) {  // numbers never decrease between calls
-    if (v_.empty() || v_.back().first != ino) v_.emplace_back(ino, InodeInfo{});
-    return v_.back().second;
+  InodeInfo& at_scan(uint64_t ino) {
+    if (v_.empty() || v_.back().first < ino) return v_.emplace_back(ino, InodeInfo{}).second;
+    if (v_.back().first == ino) return v_.back().second;
+    auto it = std::lower_bound(v_.begin(), v_.end(), ino, [](const auto& e, uint64_t x) { return e.first < x; });
+    if (it == v_.end() || it->first != ino) it = v_.emplace(it, ino, InodeInfo{});
+    return it->second;
   }
   InodeInfo* find(uint64_t ino) {
     auto it = std::lower_bound(v_.begin(), v_.end(), ino, [](const auto& e, uint64_t x) { return e.first < x; });

@@ -21,7 +21,9 @@ constexpr uint64_t kMaxAdvance = 1ull << 32;
 // object give it, if they agree; the permission bits stay.
 void Checker::modes() {
   for (uint64_t ino : bad_modes_) {
-    InodeInfo& i = *inodes_.find(ino);
+    InodeInfo* ip = inodes_.find(ino);  // at_scan made it: never null (check_internal.h)
+    if (!ip) continue;
+    InodeInfo& i = *ip;
     if (ino == root_) {  // the info item's root is a directory, named by nothing
       const uint32_t m = (i.mode & 07777) | S_IFDIR;
       problem("F-mode", ino, "mode " + std::to_string(i.mode) + " names no file type", Repair::Lossy, 2,
@@ -59,8 +61,12 @@ void Checker::finish() {
   modes();
   info_and_root();
   inode_numbers();
-  for (uint64_t o : objects_)
-    if (o != root_ && inodes_.find(o)->entries + dirent_items_.count(o))
+  for (uint64_t o : objects_) {
+    // Items met before their object's inode item (only in a tree whose keys
+    // are out of order) belong to an object that exists.
+    const InodeInfo* oi = inodes_.find(o);
+    if (oi && oi->present) continue;
+    if (o != root_ && ((oi ? oi->entries : 0) + dirent_items_.count(o)))
       // A directory's entries outlived its inode: make the directory
       // again (mode 0700) rather than give up the subtree.
       problem("F6-orphan-item", o, "a directory's entries without its inode", Repair::Lossy, 2,
@@ -78,6 +84,7 @@ void Checker::finish() {
                 for (auto& [k, ref] : items) PLY_CHECK(erase_item(c, k, ref));
                 return ok();
               });
+  }
   for (uint64_t o : orphans_) {
     const Key k = ikey(0, ItemType::Orphan, o);
     if (!inodes_.present(o))
@@ -246,7 +253,11 @@ void Checker::xattr_values() {
             "xattr \"" + outlines_[0].name + "\" is out of line, but the image lacks the LARGE_XATTR feature flag",
             Repair::Safe, 2, "set the LARGE_XATTR feature flag",
             [](RepairCtx& c) { return c.t.add_incompat(kIncompatLargeXattr), ok(); });
-  size_t j = 0;  // chunks_ is in (ino, id, offset) order: the scan's
+  // chunks_ is in (ino, id, offset) order, the scan's, unless a damaged
+  // leaf handed keys over out of order.
+  auto chunk_order = [](const Chunk& a, const Chunk& b) { return std::tie(a.ino, a.id, a.off) < std::tie(b.ino, b.id, b.off); };
+  if (!std::is_sorted(chunks_.begin(), chunks_.end(), chunk_order)) std::sort(chunks_.begin(), chunks_.end(), chunk_order);
+  size_t j = 0;
   auto present = [&](uint64_t ino) { return inodes_.present(ino); };
   auto orphan_chunks = [&](uint64_t ino, uint64_t id, size_t n) {
     if (present(ino))  // else the object's items go whole (F6-orphan-item)
