@@ -264,7 +264,7 @@ struct WalkMemo {
   // ok: the node itself verified; clean: neither it nor anything below it
   // had a problem (a tree reaching a shared subtree that is not clean is
   // damaged too, and is told so).
-  struct Summary { Key min, max; int level; bool ok; bool clean = true; };
+  struct Summary { Key min, max; int level; bool ok; bool clean = true; Generation gen{}; };
   std::unordered_map<uint64_t, Summary> nodes;
 };
 struct WalkHooks {

@@ -101,6 +101,14 @@ struct Walker {
       if (!s.clean)
         problem("B-node-shared", b.v, "shares a subtree that was found damaged above");
       if (!s.ok) return std::nullopt;
+      // A second parent's pointer must expect the generation the first's did
+      // (the node verified against it): else it is a stale pointer.
+      if (s.gen != g) {
+        problem("B-node-corrupt", b.v,
+                "B-tree node: generation " + std::to_string(s.gen.v) + ", another parent expects " +
+                    std::to_string(g.v) + " (lost or stale write)");
+        return std::nullopt;
+      }
       if (s.level != level) problem("T3-level", b.v, "shared node reached at two levels");
       bounds(b, s, low, high);
       return s;
@@ -129,7 +137,7 @@ struct Walker {
       problem("T4-root", b.v, "inner root with fewer than two children");
     if (!is_root && v.n() == 0) problem("T4-empty", b.v, "empty non-root node");
 
-    WalkMemo::Summary s{{}, {}, level, true};
+    WalkMemo::Summary s{{}, {}, level, true, true, g};
     if (v.n() > 0) {
       s.min = v.key(0);
       s.max = v.key(v.n() - 1);

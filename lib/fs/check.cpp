@@ -72,12 +72,20 @@ std::vector<Finding> check_branches(Volume& vol) {
   std::vector<Finding> out;
   auto bs = Filesystem::branches(vol);
   if (!bs) return out;  // the per-tree checks report unreadable info items
-  auto problem = [&](const BranchMeta& b, const std::string& what, std::string done, BranchMeta fixed) {
+  // A fix changes its own field of the branch as it is when it runs: one
+  // branch may have two findings (a taken name and a cycle), and a fix that
+  // wrote the whole record it saw would undo the other's.
+  auto problem = [&](const BranchMeta& b, const std::string& what, std::string done,
+                     std::function<void(BranchMeta&)> change) {
     Finding f;
     f.p = Problem{"U3-branch", Error::kNoBlock, what, b.tree.v, Repair::Lossy};
     f.round = 2;
     f.done = std::move(done);
-    f.fix = [fixed](RepairCtx& c) { return Filesystem::set_branch(c.t, fixed); };
+    f.fix = [tree = b.tree, change](RepairCtx& c) -> Result<void> {
+      BranchMeta m = PLY_TRY(Filesystem::branch(c.t, tree));
+      change(m);
+      return Filesystem::set_branch(c.t, m);
+    };
     out.push_back(std::move(f));
   };
   std::map<uint64_t, const BranchMeta*> by_id;
@@ -87,26 +95,29 @@ std::vector<Finding> check_branches(Volume& vol) {
     // A doomed tree's name is free (format.md#snapshots): a rollback's new
     // branch has it while the old one waits to be dropped.
     if (b.doomed || names.insert(b.name).second) continue;
-    BranchMeta m = b;
-    m.name = b.name.substr(0, 20) + "~" + std::to_string(b.tree.v);
-    problem(b, "two branches are named \"" + b.name + "\"", "renamed branches whose names were taken", m);
+    // NAME~TREEID, unique (tree ids are) unless another branch took that
+    // very name too; at most 32 bytes (format.md#fs-info).
+    std::string n = b.name.substr(0, 20) + "~" + std::to_string(b.tree.v);
+    for (int i = 2; std::any_of(bs->begin(), bs->end(), [&](const BranchMeta& o) { return o.name == n; }); i++)
+      n = "branch~" + std::to_string(b.tree.v) + "." + std::to_string(i);
+    problem(b, "two branches are named \"" + b.name + "\"", "renamed branches whose names were taken",
+            [n](BranchMeta& m) { m.name = n; });
   }
   for (const auto& b : *bs) {
     // A doomed tree's fields no longer matter: drop_doomed drops them one at
     // a time, so one may outlive the parent it names.
     if (b.doomed) continue;
-    BranchMeta m = b;
-    m.parent = TreeId{0};
+    auto forget = [](BranchMeta& m) { m.parent = TreeId{0}; };
     if (b.parent.v && !by_id.count(b.parent.v)) {
       problem(b, "branch \"" + b.name + "\" names missing parent tree " + std::to_string(b.parent.v),
-              "forgot branch parents that do not exist or form a cycle", m);
+              "forgot branch parents that do not exist or form a cycle", forget);
       continue;
     }
     uint64_t p = b.parent.v;
     for (size_t steps = 0; p; steps++) {
       if (steps > by_id.size() || p == b.tree.v) {
         problem(b, "branch \"" + b.name + "\" is its own ancestor",
-                "forgot branch parents that do not exist or form a cycle", m);
+                "forgot branch parents that do not exist or form a cycle", forget);
         break;
       }
       auto it = by_id.find(p);
@@ -350,18 +361,21 @@ std::unique_ptr<ObjectChecker> feed_filesystems(BlockDevice& dev, bool data) {
 
 Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy, bool data) {
   std::vector<std::string> actions;
-  {
-    std::map<std::string, uint64_t> done;
+  // The branch fields (U3), before the trees and again after them: a tree
+  // whose info item round 1 rewrites shows its fields only then.
+  std::map<std::string, uint64_t> branch_done;
+  auto fix_branches = [&]() -> Result<void> {
     uint64_t none = 0;
     for (const auto& f : check_branches(vol)) {
       if (!lossy) continue;
       auto t = PLY_TRY(vol.begin({.reserve_blocks = Filesystem::kSetBranchBlocks}));
       RepairCtx c{t, TreeId{f.p.tree}, 0, none};
       PLY_CHECK(f.fix(c));
-      done[f.done]++;
+      branch_done[f.done]++;
     }
-    for (const auto& [what, n] : done) actions.push_back(what + " (" + std::to_string(n) + ")");
-  }
+    return ok();
+  };
+  PLY_CHECK(fix_branches());
   auto metas = Filesystem::branches(vol);  // names for the report; a damaged info item has none
   if (!metas) metas = std::vector<BranchMeta>{};
   for (TreeId id : PLY_TRY(fs_trees(vol))) {
@@ -377,6 +391,10 @@ Result<std::vector<std::string>> repair_filesystems(Volume& vol, bool lossy, boo
     for (const auto& [what, n] : done)
       actions.push_back(name + ": " + what + " (" + std::to_string(n) + ")");
   }
+  PLY_CHECK(fix_branches());
+  std::vector<std::string> first;
+  for (const auto& [what, n] : branch_done) first.push_back(what + " (" + std::to_string(n) + ")");
+  actions.insert(actions.begin(), first.begin(), first.end());
   return actions;
 }
 

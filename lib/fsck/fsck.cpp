@@ -137,10 +137,16 @@ bool cancelled(const FsckOptions& o) { return o.cancel && o.cancel->load(); }
 RebuildPlan plan_for(const std::vector<FsckProblem>& ps) {
   RebuildPlan plan;
   for (const auto& p : ps)
-    if (p.tree >= kFirstTreeId && (starts(p.code, "B-") || starts(p.code, "T") || p.code == "A3-ref-range"))
+    // A user tree: not the root or space tree (1, 2), whatever id its
+    // record is filed under (R-id: the rebuild renumbers it).
+    if (p.tree > 2 && (starts(p.code, "B-") || starts(p.code, "T") || p.code == "A3-ref-range"))
       plan.rebuild.insert(p.tree);
   return plan;
 }
+
+// Repairs one run may write, each a generation (R4): structural rounds,
+// then the objects'.
+constexpr int kMaxRepairRounds = 8;
 
 Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth);
 
@@ -218,7 +224,9 @@ Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
   });
   std::optional<SuperInfo> fallback;
   const auto& other = ch->reports[1 - ch->slot];
-  if (lossy && other.state == SlotState::Valid && other.info->generation < sb.generation) {
+  // Only a generation this fsck can write back: no feature it does not know.
+  if (lossy && other.state == SlotState::Valid && other.info->generation < sb.generation &&
+      !(other.info->incompat & ~kIncompatKnown) && !(other.info->ro_compat & ~kRoCompatKnown)) {
     progress(2, "the older generation");
     if (check_generation(dev, *other.info, opts, nullptr).empty()) {
       fallback = *other.info;
@@ -300,15 +308,23 @@ Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
                           " trees kept, " + std::to_string(r->trees_rebuilt) + " rebuilt (" +
                           std::to_string(r->items_kept) + " items carried over, " +
                           std::to_string(r->items_dropped) + " referencing blocks outside dropped), " +
-                          std::to_string(r->records_dropped) + " damaged root records dropped");
+                          std::to_string(r->records_dropped) + " damaged root records dropped" +
+                          (r->records_renumbered ? ", " + std::to_string(r->records_renumbered) +
+                                                       " trees given new ids"
+                                                 : std::string()) +
+                          (r->space_released ? "; blocks only the damaged space tree listed were freed"
+                                             : ""));
   }
 
   // The repaired image must check clean; whatever remains is reported. A
   // structural repair is checked in the same mode, so that the objects it
-  // left wrong (or that pass 5 could not see before) are repaired next (R4).
+  // left wrong (or that pass 5 could not see before) are repaired next (R4),
+  // and so is a structural repair that still finds some: a damaged node
+  // that several trees share is reported once, under the first tree that
+  // reaches it, and each round rebuilds the next tree that still does.
   progress(7, "checking the repair");
   FsckOptions again = opts;
-  if (!(structural && depth == 0)) again.mode = FsckMode::Check;
+  if (!(structural && depth + 1 < kMaxRepairRounds)) again.mode = FsckMode::Check;
   again.progress = nullptr;
   auto after = run(dev, again, depth + 1);
   if (!after) return after.error();

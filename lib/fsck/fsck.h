@@ -28,7 +28,9 @@
 //      generation verifies clean, -y falls back to it instead;
 //   R4 object repairs (passes 5-6) come after the B-trees and space are
 //      sound: a run that rebuilds them checks again and repairs the objects
-//      in a second generation; each generation lands whole.
+//      in a second generation (a damaged node shared by several trees may
+//      take a structural round per tree first, up to 8 generations in all);
+//      each generation lands whole.
 #pragma once
 
 #include <atomic>

@@ -1,12 +1,16 @@
 #include "fsck/rebuild.h"
 
 #include <algorithm>
-
+#include <cstring>
 #include <ctime>
+#include <iterator>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "alloc/disk_space.h"
 #include "alloc/space.h"
+#include "btree/disk_node.h"
 
 namespace plyfs::fsck_internal {
 
@@ -41,9 +45,10 @@ uint64_t now_ns() {
 
 }  // namespace
 
-Result<RebuildResult> rebuild_generation(BlockDevice& dev, const SuperInfo& base,
-                                         const RebuildPlan& plan,
-                                         const std::map<uint8_t, ValueRefs>& kinds) {
+namespace {
+
+Result<RebuildResult> rebuild(BlockDevice& dev, const SuperInfo& base, const RebuildPlan& plan,
+                              const std::map<uint8_t, ValueRefs>& kinds, bool hold_unreadable) {
   RebuildResult res;
   const Generation g = next(base.generation);
   BlockCache cache(dev, base.block_size, 256ull << 20);
@@ -62,19 +67,32 @@ Result<RebuildResult> rebuild_generation(BlockDevice& dev, const SuperInfo& base
   old_meta.on_item = [&](Key k, std::span<const std::byte> v) {
     if (k.lo != 0) return;  // reserved keys are not carried over
     auto t = decode_root_record(TreeId{k.hi}, v, base, base.generation);
-    if (t && k.hi >= kFirstTreeId) records.push_back(*t);
+    // A record filed under a reserved id (a damaged key) is renumbered below.
+    if (t && k.hi != kRootTreeId.v && k.hi != 2) records.push_back(*t);  // 2: the space tree
     else res.records_dropped++;
   };
   check_tree(cache, base.fs_id, base.root_tree, base.generation, old_meta, memo, ignored);
   // The old space tree lists what the old generation holds, including what
   // is reachable only through nodes too damaged to read: all of it is held.
+  // A damaged length must not hold the whole device (the repair would find
+  // no free block): a node's extent is one block, and an extent lies in its
+  // group and ends where the next one starts (A1, format.md#space-item).
   old_meta.on_item = [&](Key k, std::span<const std::byte> v) {
-    if (v.size() < 8 || k.lo != 0) return;
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | static_cast<uint8_t>(v[i]);
-    c.old_data[k.hi] = std::min<uint64_t>(n, SpaceManager::kGroupBlocks);
+    if (v.size() != sizeof(disk::SpaceItem) || k.lo != 0 || k.hi < base.first_block || k.hi >= base.total_blocks)
+      return;
+    disk::SpaceItem it;
+    std::memcpy(&it, v.data(), sizeof it);
+    const uint64_t group_end =
+        base.first_block + ((k.hi - base.first_block) / SpaceManager::kGroupBlocks + 1) * SpaceManager::kGroupBlocks;
+    c.old_data[k.hi] = it.kind.get() == 1 ? 1 : std::min(it.nblocks.get(), group_end - k.hi);
   };
-  check_tree(cache, base.fs_id, base.space_tree, base.generation, old_meta, memo, ignored);
+  if (hold_unreadable)
+    check_tree(cache, base.fs_id, base.space_tree, base.generation, old_meta, memo, ignored);
+  for (auto it = c.old_data.begin(); it != c.old_data.end(); ++it) {
+    const auto nx = std::next(it);
+    const uint64_t end = nx == c.old_data.end() ? base.total_blocks : nx->first;
+    it->second = std::min(it->second, end - it->first);
+  }
 
   // Kept trees: every node and value they reach is in use, with the
   // references counted afresh (R2). They share one memo, so that a subtree
@@ -82,10 +100,24 @@ Result<RebuildResult> rebuild_generation(BlockDevice& dev, const SuperInfo& base
   // counts one reference (T6). Rebuilt trees are read in full, each alone,
   // so that shared leaves still give up all their items.
   std::map<uint64_t, std::map<Key, std::vector<std::byte>>> salvaged;
+  // A tree the plan keeps but whose walk finds damage is rebuilt too: the
+  // check attributes a damaged node shared by several trees to the first
+  // that reaches it, and a record filed under a damaged key may name a tree
+  // by an id the plan does not know.
+  std::set<uint64_t> rebuilt(plan.rebuild.begin(), plan.rebuild.end());
+  {
+    WalkMemo check_memo;
+    for (const TreeInfo& t : records) {
+      if (rebuilt.count(t.id.v)) continue;
+      std::vector<Problem> found;
+      check_tree(cache, base.fs_id, t.root, base.generation, WalkHooks{}, check_memo, found);
+      if (!found.empty()) rebuilt.insert(t.id.v);
+    }
+  }
   WalkMemo kept_memo;
   for (int pass = 0; pass < 2; pass++) {
     for (const TreeInfo& t : records) {
-      const bool rebuild = plan.rebuild.count(t.id.v) > 0;
+      const bool rebuild = rebuilt.count(t.id.v) > 0;
       if (rebuild != (pass == 1)) continue;
       const ValueRefs vr = refs_of(t.kind);
       WalkHooks h;
@@ -149,10 +181,30 @@ Result<RebuildResult> rebuild_generation(BlockDevice& dev, const SuperInfo& base
   MutCtx m{g, sm->unshared(g)};
   BTree root(cache, base.fs_id, TreeConfig{kRootTreeId, false, Generation{0}, {}},
              PLY_TRY(BTree::create(cache, base.fs_id, kRootTreeId, m)));
-  uint64_t max_id = 0;
+  // A record filed under a reserved id or far past the tree id counter (a
+  // damaged key) takes the id its root node names as its writer, if that is
+  // one no other record has, else a new one: moving the counter that far
+  // could overflow it, or waste the id space (format.md#root-record, R-id).
+  const uint64_t id_limit = base.next_tree_id + (1ull << 32);
+  auto in_range = [&](uint64_t id) { return id >= kFirstTreeId && id < id_limit; };
+  std::set<uint64_t> ids;
+  uint64_t next_id = base.next_tree_id;
+  for (const TreeInfo& t : records)
+    if (in_range(t.id.v)) ids.insert(t.id.v), next_id = std::max(next_id, t.id.v + 1);
   for (TreeInfo t : records) {
-    max_id = std::max(max_id, t.id.v);
     auto s = salvaged.find(t.id.v);
+    if (!in_range(t.id.v)) {
+      uint64_t owner = 0;
+      std::vector<std::byte> node(base.block_size);
+      if (t.root.block.v < base.total_blocks && dev.read(t.root.block.v * base.block_size, node)) {
+        disk::NodeHeader h;
+        std::memcpy(&h, node.data(), sizeof h);
+        owner = h.owner.get();
+      }
+      t.id = TreeId{in_range(owner) && owner < next_id && !ids.count(owner) ? owner : next_id++};
+      ids.insert(t.id.v);
+      res.records_renumbered++;
+    }
     if (s != salvaged.end()) {
       BTree fresh(cache, base.fs_id, TreeConfig{t.id, false, Generation{0}, {}},
                   PLY_TRY(BTree::create(cache, base.fs_id, t.id, m)));
@@ -172,11 +224,27 @@ Result<RebuildResult> rebuild_generation(BlockDevice& dev, const SuperInfo& base
   sb.used_blocks = cnt.used_blocks;
   sb.meta_blocks = cnt.meta_blocks;
   sb.data_blocks = cnt.data_blocks;
-  sb.next_tree_id = std::max(base.next_tree_id, max_id + 1);
+  sb.next_tree_id = next_id;
   sb.commit_time_ns = now_ns();
   PLY_CHECK(write_generation(dev, cache, sb));
   res.written = g;
   return res;
+}
+
+}  // namespace
+
+Result<RebuildResult> rebuild_generation(BlockDevice& dev, const SuperInfo& base,
+                                         const RebuildPlan& plan,
+                                         const std::map<uint8_t, ValueRefs>& kinds) {
+  auto r = rebuild(dev, base, plan, kinds, true);
+  if (r || r.error().code != ENOSPC) return r;
+  // The old space tree's extents left no room (damaged lengths that still
+  // look plausible, or a full device): hold only what the old generation
+  // reaches through readable nodes. What only an unreadable subtree held is
+  // lost to the repair either way.
+  auto again = PLY_TRY(rebuild(dev, base, plan, kinds, false));
+  again.space_released = true;
+  return again;
 }
 
 }  // namespace plyfs::fsck_internal

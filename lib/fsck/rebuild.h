@@ -16,6 +16,8 @@ struct RebuildResult {
   uint64_t items_kept = 0;   // items of rebuilt trees carried over
   uint64_t items_dropped = 0;  // values referencing blocks outside the filesystem
   uint64_t trees_kept = 0, trees_rebuilt = 0, records_dropped = 0;
+  uint64_t records_renumbered = 0;  // filed far past the tree id counter
+  bool space_released = false;      // the old space tree's extents could not all be held
 };
 
 // Writes generation base.generation + 1 from the trees `base` reaches: the

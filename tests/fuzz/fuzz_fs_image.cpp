@@ -85,9 +85,11 @@ std::unique_ptr<MemDevice> build_fs_base() {
   return dev;
 }
 
+}  // namespace
+
 // Reads everything a mount could: every name, attribute, xattr, link and
 // byte of every branch (bounded, a damaged tree may hold cycles).
-void read_all(Volume& vol) {
+void read_all_fs(Volume& vol) {
   auto bs = Filesystem::branches(vol);
   if (!bs) return;
   for (const auto& b : *bs) {
@@ -123,17 +125,19 @@ void read_all(Volume& vol) {
   (void)list_views(vol);
 }
 
-}  // namespace
+const MemDevice& fs_base() {
+  static const std::unique_ptr<MemDevice> base = build_fs_base();
+  return *base;
+}
 
 void run_one_fs(const uint8_t* data, size_t size) {
-  static const std::unique_ptr<MemDevice> base = build_fs_base();
-  auto dev = base->clone();
+  auto dev = fs_base().clone();
   apply_patches(*dev, data, size);
   VolumeOptions ro;
   ro.read_only = true;
   ro.kinds = fs_kinds();
   ro.cache_bytes = 1 << 20;
-  if (auto vol = Volume::open(*dev, ro)) read_all(**vol);
+  if (auto vol = Volume::open(*dev, ro)) read_all_fs(**vol);
   FsckOptions fo;
   set_object_passes(fo, true);
   fsck_cycle(*dev, fo);
@@ -145,5 +149,9 @@ void run_one_fs(const uint8_t* data, size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   plyfs::fuzz::run_one_fs(data, size);
   return 0;
+}
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  return plyfs::fuzz::custom_mutate(plyfs::fuzz::fs_base(), data, size, max_size, seed, LLVMFuzzerMutate);
 }
 #endif

@@ -10,11 +10,16 @@
 //   flags bit 0: re-seal the checksum of the patched node or superblock
 //                (JANUS-style), so the mutation reaches the field checks
 //   flags bit 1: the block number counts from first_block (a metadata block)
+// Most patches the fuzzers try are structured (struct_mutate.h): a field of
+// an item of a node, set to a value that breaks an invariant, re-sealed.
 // Built two ways: with libFuzzer (clang, -Dfuzzer=true) for fuzzing, and as
 // a plain program that replays the committed corpus (tests/fuzz/corpus).
 // fuzz_fs_image.cpp applies the same patches to an image of filesystem trees.
 #include "fuzz_image.h"
 
+#include "struct_mutate.h"
+
+#include <algorithm>
 #include <cstring>
 
 #include "blockdev/test_devices.h"
@@ -116,9 +121,26 @@ void apply_patches(MemDevice& dev, const uint8_t* data, size_t size) {
   }
 }
 
-void run_one(const uint8_t* data, size_t size) {
+const MemDevice& engine_base() {
   static const std::unique_ptr<MemDevice> base = build_base();
-  auto dev = base->clone();
+  return *base;
+}
+
+size_t custom_mutate(const MemDevice& base, uint8_t* data, size_t size, size_t max_size, unsigned seed,
+                     size_t (*byte_mutate)(uint8_t*, size_t, size_t)) {
+  static const NodeMap map = map_nodes(base);  // one base per fuzzer binary
+  std::mt19937_64 rng(seed);
+  if (rng() % 4 == 0) return byte_mutate(data, size, max_size);
+  std::vector<uint8_t> in(data, data + whole_patches(data, size));
+  if (rng() % 4 == 0 || in.size() > max_size / 2) in.clear();  // a fresh list now and then
+  (void)append_struct_patch(in, map, rng);
+  if (in.size() > max_size) return byte_mutate(data, size, max_size);
+  std::memcpy(data, in.data(), in.size());
+  return in.size();
+}
+
+void run_one(const uint8_t* data, size_t size) {
+  auto dev = engine_base().clone();
   apply_patches(*dev, data, size);
 
   (void)read_superblocks(*dev);
@@ -143,11 +165,19 @@ void fsck_cycle(MemDevice& dev, FsckOptions fo) {
   if (!check) return;  // not plyfs any more, or newer features: a clean refusal
   fo.mode = FsckMode::Yes;
   auto fixed = fsck_run(dev, fo);
-  if (!fixed || fixed->exit_code != kFsckCorrected) return;
+  // An image -n could check, -y must check too (and repair or refuse).
+  if (!fixed) __builtin_trap();
+  if (check->exit_code == kFsckClean && fixed->exit_code != kFsckClean) __builtin_trap();
   fo.mode = FsckMode::Check;
   auto after = fsck_run(dev, fo);
-  // A repair that does not leave the image clean is a finding.
-  if (!after || after->exit_code != kFsckClean) __builtin_trap();
+  if (!after) __builtin_trap();
+  // A repair that does not leave the image clean is a finding; a refusal
+  // must leave something no repair can mend (fsck.h: -y stops there).
+  if (fixed->exit_code == kFsckCorrected && after->exit_code != kFsckClean) __builtin_trap();
+  if (fixed->exit_code == kFsckUncorrected &&
+      std::none_of(after->problems.begin(), after->problems.end(),
+                   [](const FsckProblem& p) { return p.fix == FixClass::None; }))
+    __builtin_trap();
 }
 
 }  // namespace plyfs::fuzz
@@ -156,5 +186,9 @@ void fsck_cycle(MemDevice& dev, FsckOptions fo) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   plyfs::fuzz::run_one(data, size);
   return 0;
+}
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  return plyfs::fuzz::custom_mutate(plyfs::fuzz::engine_base(), data, size, max_size, seed, LLVMFuzzerMutate);
 }
 #endif

@@ -3,12 +3,15 @@
 // regression tests. Each file: hex bytes, whitespace ignored, '#' starts a
 // comment to the end of the line (where the input came from).
 //   replay [--fs] FILE...
+//   replay [--fs] --image OUT FILE   writes the patched image to OUT instead
+//                                    (to look at it with fsck.plyfs, plyctl)
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "blockdev/test_devices.h"
 #include "fuzz_image.h"
 
 namespace {
@@ -33,10 +36,27 @@ int main(int argc, char** argv) {
   int n = 0;
   // --fs: the inputs patch the filesystem image (fuzz_fs_image.cpp).
   void (*target)(const uint8_t*, size_t) = plyfs::fuzz::run_one;
+  bool fs = false;
+  const char* out = nullptr;
   for (int i = 1; i < argc; i++) {
     if (std::string(argv[i]) == "--fs") {
       target = plyfs::fuzz::run_one_fs;
+      fs = true;
       continue;
+    }
+    if (std::string(argv[i]) == "--image" && i + 1 < argc) {
+      out = argv[++i];
+      continue;
+    }
+    if (out) {
+      std::vector<uint8_t> data;
+      if (!load(argv[i], data)) return std::fprintf(stderr, "replay: cannot read %s\n", argv[i]), 1;
+      auto dev = (fs ? plyfs::fuzz::fs_base() : plyfs::fuzz::engine_base()).clone();
+      plyfs::fuzz::apply_patches(*dev, data.data(), data.size());
+      auto bytes = dev->peek(0, dev->size_bytes());
+      std::ofstream f(out, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+      return f ? 0 : (std::fprintf(stderr, "replay: cannot write %s\n", out), 1);
     }
     std::vector<uint8_t> data;
     if (!load(argv[i], data)) {
