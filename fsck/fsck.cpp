@@ -1,15 +1,20 @@
 // fsck.plyfs: checks and repairs a plyfs image, following fsck(8) and e2fsck
 // conventions (options, exit codes). The work is in lib/fsck.
-#include <malloc.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "util/json.h"
+#include "util/parse.h"
+#include "util/progress.h"
 #include "blockdev/blockdev.h"
 #include "fsck/fsck.h"
 #include "fs/check.h"
@@ -28,20 +33,25 @@ std::atomic<bool> g_cancel{false};
 
 struct Args {
   FsckMode mode = FsckMode::Check;
-  bool mode_given = false, progress = false, json = false, verbose = false, data = false;
+  bool mode_given = false, json = false, verbose = false, data = false;
+  // -C FD (e2fsck's): 0 a progress bar on standard output, FD > 0 lines
+  // "PASS DONE TOTAL DEVICE" written to FD, FD < 0 none (fsck(8) gives
+  // another checker the bar). Without -C: the bar on a terminal.
+  std::optional<int> progress_fd;
   std::string path;
 };
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "Usage: %s [-n|-p|-a|-y] [-f] [-c] [-C] [-v] [--json] DEVICE|IMAGE\n"
+               "Usage: %s [-n|-p|-a|-y] [-f] [-c] [-C FD] [-v] [--json] DEVICE|IMAGE\n"
                "Check a plyfs filesystem and repair it.\n\n"
                "  -n      check only; open read-only and change nothing (the default)\n"
                "  -p, -a  preen: repair what loses nothing, without asking\n"
                "  -y      repair everything that can be repaired\n"
                "  -f      accepted for compatibility: every run is a full check\n"
                "  -c      also read every file data block and verify its checksum\n"
-               "  -C      show progress\n"
+               "  -C FD   progress: 0 a progress line on standard output; FD > 0 lines\n"
+               "          \"PASS DONE TOTAL DEVICE\" to file descriptor FD (as e2fsck)\n"
                "  -v      list every problem, including information\n"
                "  --json  print a machine-readable report on standard output\n"
                "  -V      print the version;  -h  print this help\n\n"
@@ -79,6 +89,30 @@ void print_json(const std::string& path, const FsckReport& r) {
   std::printf("],\n  \"exit_code\": %d\n}\n", r.exit_code);
 }
 
+// What to do about the errors left: the command that repairs them, or why
+// none will.
+std::string advice(const Args& a, const FsckReport& r) {
+  size_t preen = 0, yes = 0, none = 0;
+  for (const auto& p : r.problems) {
+    if (p.fix == FixClass::Info || p.fixed) continue;
+    (p.fix == FixClass::Preen ? preen : p.fix == FixClass::Yes ? yes : none)++;
+  }
+  std::string s;
+  if (a.mode == FsckMode::Check && (preen || yes)) {
+    s = "; checked only: run '";
+    s += kProg;
+    s += yes ? " -y " : " -p ";
+    s += a.path;
+    s += yes ? "' to repair them (some repairs give up what cannot be read)" : "' to repair them (nothing is lost)";
+  }
+  if (none) {
+    s += "; ";
+    s += std::to_string(none);
+    s += " no repair can mend (mount the image read-only and copy what it holds)";
+  }
+  return s;
+}
+
 void print_text(const Args& a, const FsckReport& r) {
   const bool preen = a.mode == FsckMode::Preen;
   if (!preen || a.verbose) {
@@ -112,10 +146,60 @@ void print_text(const Args& a, const FsckReport& r) {
     default:
       if (preen)
         std::printf("%s: UNEXPECTED INCONSISTENCY; RUN %s -y MANUALLY.\n", a.path.c_str(), kProg);
-      std::printf("%s: %zu errors left uncorrected%s\n", a.path.c_str(), r.remaining(),
-                  a.mode == FsckMode::Check ? " (checked only: run with -p or -y to repair)" : "");
+      std::printf("%s: %zu errors left uncorrected%s\n", a.path.c_str(), r.remaining(), advice(a, r).c_str());
   }
 }
+
+// -C's value, as e2fsck reads it: a descriptor, negative for none.
+Result<int> parse_fd(std::string_view v) {
+  const bool neg = v.starts_with('-');
+  auto n = parse_uint(neg ? v.substr(1) : v, "-C file descriptor", 0, 1 << 20);
+  if (!n) return n.error();
+  return neg ? -int(*n) : int(*n);
+}
+
+// The progress of the passes (FsckOptions::progress), as -C asks.
+class PassProgress {
+ public:
+  PassProgress(const Args& a, int fd) : a_(a), fd_(fd) {}
+  void operator()(int pass, const std::string& what, uint64_t done, uint64_t total) {
+    if (fd_ > 0) {
+      // e2fsck's format for fsck(8) and systemd-fsck: "PASS DONE TOTAL DEVICE".
+      const std::string line = std::to_string(pass) + " " + std::to_string(done) + " " +
+                               std::to_string(std::max<uint64_t>({total, done, 1})) + " " + a_.path + "\n";
+      for (size_t off = 0; !failed_ && off < line.size();) {
+        const ssize_t n = ::write(fd_, line.data() + off, line.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) failed_ = true;  // the reader is gone: the check goes on
+        else off += size_t(n);
+      }
+      return;
+    }
+    if (pass != pass_) {
+      bar_.reset();  // erases the previous pass's line
+      pass_ = pass;
+      std::string label = a_.path;
+      label += ": pass ";
+      label += std::to_string(pass);
+      label += ", ";
+      label += what;
+      // -C 0 asked for it: drawn on standard output whatever it is (as
+      // e2fsck); by default only on a terminal, on standard error.
+      bar_ = std::make_unique<Progress>(label, total, Progress::Unit::Count, "blocks",
+                                        fd_ == 0 ? stdout : stderr, fd_ == 0);
+    }
+    bar_->set_total(std::max(total, done));
+    bar_->update(done);
+  }
+  void done() { bar_.reset(); }
+
+ private:
+  const Args& a_;
+  int fd_;
+  bool failed_ = false;
+  int pass_ = 0;
+  std::unique_ptr<Progress> bar_;
+};
 
 int real_main(int argc, char** argv) {
   Args a;
@@ -130,14 +214,22 @@ int real_main(int argc, char** argv) {
     a.mode_given = true;
     return true;
   };
-  for (int c; (c = getopt_long(argc, argv, "npayfcCvVh", kLong, nullptr)) != -1;) {
+  for (int c; (c = getopt_long(argc, argv, ":npayfcC:vVh", kLong, nullptr)) != -1;) {
     switch (c) {
       case 'n': if (!set_mode(FsckMode::Check)) return usage_error("-n, -p and -y exclude each other"); break;
       case 'p': case 'a': if (!set_mode(FsckMode::Preen)) return usage_error("-n, -p and -y exclude each other"); break;
       case 'y': if (!set_mode(FsckMode::Yes)) return usage_error("-n, -p and -y exclude each other"); break;
       case 'f': break;
       case 'c': a.data = true; break;
-      case 'C': a.progress = true; break;
+      case 'C': {
+        auto fd = parse_fd(optarg);
+        if (!fd) return usage_error(fd.error().message());
+        a.progress_fd = *fd;
+        break;
+      }
+      case ':':
+        return usage_error(optopt == 'C' ? "option -C needs a file descriptor (0: a progress line on standard output)"
+                                         : std::string("option -") + char(optopt) + " needs a value");
       case 'v': a.verbose = true; break;
       case 'J': a.json = true; break;
       case 'V': std::printf("%s (plyfs) %s\n", kProg, PLYFS_VERSION); return 0;
@@ -151,6 +243,13 @@ int real_main(int argc, char** argv) {
   if (argc - optind > 1) return usage_error("more than one device given");
   a.path = argv[optind];
 
+  if (a.progress_fd && *a.progress_fd > 0 && ::fcntl(*a.progress_fd, F_GETFD) < 0) {
+    std::fprintf(stderr, "%s: %s\n", kProg,
+                 Error::sys(errno, "-C " + std::to_string(*a.progress_fd) + ": cannot write progress there")
+                     .message()
+                     .c_str());
+    return kFsckOperational;
+  }
   auto dev = FileDevice::open(a.path, FileOpenOptions{a.mode == FsckMode::Check, true});
   if (!dev) {
     std::fprintf(stderr, "%s: %s\n", kProg, dev.error().message().c_str());
@@ -162,12 +261,20 @@ int real_main(int argc, char** argv) {
   set_object_passes(fo, a.data);  // passes 5-6 and their repairs
   fo.mode = a.mode;
   fo.cancel = &g_cancel;
-  if (a.progress)
-    fo.progress = [&](int pass, const std::string& what) {
-      std::fprintf(a.json ? stderr : stdout, "%s: pass %d: %s\n", a.path.c_str(), pass, what.c_str());
-      std::fflush(a.json ? stderr : stdout);
+  // Without -C, a line on a terminal (standard error), unless preening
+  // (fsck -A runs checkers side by side on one console) or --json.
+  const int fd = a.progress_fd.value_or(-1);
+  const bool bar = a.progress_fd ? fd >= 0 : a.mode != FsckMode::Preen && !a.json && ::isatty(STDERR_FILENO);
+  PassProgress shown(a, a.progress_fd ? fd : -2);
+  if (bar) {
+    if (fd > 0) std::signal(SIGPIPE, SIG_IGN);  // a reader that goes away stops the lines, not fsck
+    fo.progress = [&](int pass, const std::string& what, uint64_t done, uint64_t total) {
+      shown(pass, what, done, total);
     };
+    fo.progress_data = a.data;
+  }
   auto r = fsck_run(**dev, fo);
+  shown.done();
   if (!r) {
     std::fprintf(stderr, "%s: %s: %s\n", kProg, a.path.c_str(), r.error().message().c_str());
     return kFsckOperational;

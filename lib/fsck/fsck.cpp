@@ -1,7 +1,11 @@
 #include "fsck/fsck.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "fsck/rebuild.h"
 
@@ -148,21 +152,89 @@ RebuildPlan plan_for(const std::vector<FsckProblem>& ps) {
 // then the objects'.
 constexpr int kMaxRepairRounds = 8;
 
-Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth);
+// Progress (FsckOptions::progress): the device counts the bytes read; the
+// passes say where they are; a thread reports 5 times a second.
+class Meter final : public BlockDevice {
+ public:
+  Meter(BlockDevice& inner, const FsckOptions& o)
+      : in_(inner), cb_(o.progress), data_(o.progress_data), ticker_([this] { tick(); }) {}
+  ~Meter() override {
+    {
+      std::lock_guard l(mu_);
+      end_pass();
+      stop_ = true;
+    }
+    cv_.notify_all();
+    ticker_.join();
+  }
+
+  // A pass starts: `total` blocks of `bs` bytes to read, about (0: unknown).
+  void pass(int pass, const std::string& what, uint64_t total, uint32_t bs) {
+    std::lock_guard l(mu_);
+    end_pass();
+    pass_ = pass, what_ = what, total_ = total, bs_ = bs ? bs : 4096;
+    start_ = read_.load();
+    cb_(pass_, what_, 0, total_);
+    last_ = 0;
+  }
+  bool counts_data() const { return data_; }
+
+  Result<void> read(uint64_t off, std::span<std::byte> out) override {
+    read_ += out.size();
+    return in_.read(off, out);
+  }
+  Result<void> write(uint64_t off, std::span<const std::byte> in) override { return in_.write(off, in); }
+  Result<void> flush() override { return in_.flush(); }
+  Result<void> discard(uint64_t off, uint64_t len) override { return in_.discard(off, len); }
+  uint64_t size_bytes() const override { return in_.size_bytes(); }
+  uint32_t logical_sector_size() const override { return in_.logical_sector_size(); }
+  uint32_t physical_sector_size() const override { return in_.physical_sector_size(); }
+
+ private:
+  uint64_t done() const { return (read_.load() - start_) / bs_; }
+  void end_pass() {  // under mu_
+    if (pass_) cb_(pass_, what_, done(), total_);
+    pass_ = 0;
+  }
+  void tick() {
+    std::unique_lock l(mu_);
+    while (!cv_.wait_for(l, std::chrono::milliseconds(200), [&] { return stop_; }))
+      if (pass_ && done() != last_) cb_(pass_, what_, last_ = done(), total_);
+  }
+
+  BlockDevice& in_;
+  const std::function<void(int, const std::string&, uint64_t, uint64_t)> cb_;
+  const bool data_;
+  std::atomic<uint64_t> read_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  int pass_ = 0;
+  std::string what_;
+  uint64_t total_ = 0, start_ = 0, last_ = 0;
+  uint32_t bs_ = 4096;
+  std::thread ticker_;  // last: starts when everything else is ready
+};
+
+Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth, Meter* meter = nullptr);
 
 }  // namespace
 
-Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) { return run(dev, opts, 0); }
+Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
+  if (!opts.progress) return run(dev, opts, 0);
+  Meter meter(dev, opts);
+  return run(meter, opts, 0, &meter);
+}
 
 namespace {
 
-Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
+Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth, Meter* meter) {
   FsckReport rep;
-  auto progress = [&](int pass, const char* what) {
-    if (opts.progress) opts.progress(pass, what);
+  auto progress = [&](int pass, const char* what, uint64_t total = 0, uint32_t bs = 0) {
+    if (meter) meter->pass(pass, what, total, bs);
   };
 
-  progress(1, "superblocks");
+  progress(1, "superblocks", 2, 4096);
   auto ch = read_superblocks(dev);
   if (!ch) {
     if (ch.error().code != EUCLEAN) return ch.error();  // not plyfs, newer version, I/O
@@ -190,7 +262,8 @@ Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
                                 " is the newest whole one: the last commit did not complete",
                             FixClass::Info, false});
 
-  progress(2, "metadata blocks, B-trees and space");
+  progress(2, "metadata blocks, B-trees and space",
+           sb.meta_blocks + (meter && meter->counts_data() ? sb.data_blocks : 0), sb.block_size);
   VerifyReport vr;
   // Pass 5 reads the items as passes 2-4 walk the trees (one read of each node).
   std::unique_ptr<ObjectChecker> feed = opts.object_feed ? opts.object_feed(dev) : nullptr;
@@ -227,7 +300,7 @@ Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
   // Only a generation this fsck can write back: no feature it does not know.
   if (lossy && other.state == SlotState::Valid && other.info->generation < sb.generation &&
       !(other.info->incompat & ~kIncompatKnown) && !(other.info->ro_compat & ~kRoCompatKnown)) {
-    progress(2, "the older generation");
+    progress(2, "the older generation", other.info->meta_blocks, sb.block_size);
     if (check_generation(dev, *other.info, opts, nullptr).empty()) {
       fallback = *other.info;
       rep.problems.push_back({"S-fallback", 1, Error::kNoBlock, 0,
@@ -322,11 +395,10 @@ Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth) {
   // and so is a structural repair that still finds some: a damaged node
   // that several trees share is reported once, under the first tree that
   // reaches it, and each round rebuilds the next tree that still does.
-  progress(7, "checking the repair");
+  progress(7, "checking the repair", sb.meta_blocks, sb.block_size);
   FsckOptions again = opts;
   if (!(structural && depth + 1 < kMaxRepairRounds)) again.mode = FsckMode::Check;
-  again.progress = nullptr;
-  auto after = run(dev, again, depth + 1);
+  auto after = run(dev, again, depth + 1);  // its reads count in pass 7
   if (!after) return after.error();
   if (after->cancelled) {
     rep.cancelled = true;

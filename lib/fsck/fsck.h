@@ -78,7 +78,13 @@ struct FsckOptions {
     Generation written;
   };
   std::function<Result<ObjectRepair>(BlockDevice&, bool lossy)> object_repair;
-  std::function<void(int pass, const std::string& what)> progress;
+  // Progress (fsck -C): called when a pass starts, about 5 times a second
+  // while it reads, and when it ends; from one thread at a time. `done`
+  // counts the blocks the pass has read, `total` about how many it will
+  // read (0: unknown): pass 2 reads every metadata block once, and with
+  // `progress_data` (fsck -c) every data block too.
+  std::function<void(int pass, const std::string& what, uint64_t done, uint64_t total)> progress;
+  bool progress_data = false;
   const std::atomic<bool>* cancel = nullptr;  // checked between passes and before writing
 };
 

@@ -56,9 +56,32 @@ check "... says so" err_has "no plyfs filesystem found"
 run "$FSCK" "$IMG"
 check "a fresh image is clean (0)" rc_is 0
 check "... and says clean" out_has "clean"
-run "$FSCK" -f -C -v "$IMG"
-check "-f -C -v: clean" rc_is 0
-check "-C shows the passes" out_has "pass 2"
+run "$FSCK" -f -C 0 -v "$IMG"
+check "-f -C 0 -v: clean" rc_is 0
+check "-C 0 draws the passes on standard output" out_has ": pass 2, metadata blocks, B-trees and space: 0 / 3 blocks (0%)"
+check "... on a line that rewrites itself" grep -q $'\r' "$T/out"
+run "$FSCK" -C0 "$IMG"
+check "-C0 (fsck(8)'s spelling) is -C 0" rc_is 0
+run "$FSCK" -C 1 "$IMG"
+check "-C 1: e2fsck's lines \"PASS DONE TOTAL DEVICE\" on descriptor 1" \
+  grep -qE "^2 [0-9]+ [0-9]+ $IMG\$" "$T/out"
+check "... pass 1 starts at 0 of 2 blocks" grep -qx "1 0 2 $IMG" "$T/out"
+run "$FSCK" -C 7 "$IMG" 7>"$T/progress"
+check "-C 7: the lines go to descriptor 7" grep -qE "^2 [0-9]+ [0-9]+ $IMG\$" "$T/progress"
+check "... and the report to standard output" out_has "clean"
+run "$FSCK" -C 9 "$IMG"
+check "-C on a closed descriptor: 8" rc_is 8
+check "... says so in one line" err_has "^fsck.plyfs: -C 9: cannot write progress there: Bad file descriptor\$"
+run "$FSCK" -C-1 "$IMG"
+check "-C-1 (fsck(8): another checker has the bar): no progress" rc_is 0
+check "... nothing but the report" test "$(grep -c . "$T/out")" = 2
+run "$FSCK" -C
+check "-C without a descriptor: usage error 16" rc_is 16
+check "... says what -C takes" err_has "option -C needs a file descriptor"
+run "$FSCK" -C x "$IMG"
+check "-C x: usage error 16" rc_is 16
+run "$FSCK" -n "$IMG"
+check "no progress on a pipe without -C" test "$(grep -c . "$T/out")" = 2
 run "$FSCK" --json "$IMG"
 check "--json: clean" rc_is 0
 check "--json is JSON with exit_code 0" test "$(json_field exit_code)" = 0
@@ -183,7 +206,7 @@ for chunk in (b"x" * 4096, b"x"):
     except BlockingIOError:
         pass
 fcntl.fcntl(w, fcntl.F_SETFL, 0)
-p = subprocess.Popen([fsck, "-n", "-f", "-C", img], stdout=w, stderr=subprocess.DEVNULL)
+p = subprocess.Popen([fsck, "-n", "-f", "-C", "1", img], stdout=w, stderr=subprocess.DEVNULL)
 os.close(w)
 deadline = time.time() + 60
 while time.time() < deadline:
