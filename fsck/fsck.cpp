@@ -103,7 +103,7 @@ std::string advice(const Args& a, const FsckReport& r) {
     s += kProg;
     s += yes ? " -y " : " -p ";
     s += a.path;
-    s += yes ? "' to repair them (some repairs give up what cannot be read)" : "' to repair them (nothing is lost)";
+    s += yes ? "' to repair them (some repairs give something up)" : "' to repair them (nothing is lost)";
   }
   if (none) {
     s += "; ";

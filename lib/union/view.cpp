@@ -9,6 +9,7 @@
 
 #include "btree/btree.h"
 #include "fs/check.h"
+#include "union/name_check.h"
 #include "util/endian.h"
 #include "util/text.h"
 
@@ -457,6 +458,8 @@ class FedWithViews : public ObjectChecker {
     auto ps = fs_->finish();
     auto vs = check_views(d_);
     ps.insert(ps.end(), vs.begin(), vs.end());
+    auto ns = check_names(d_);  // U5, name_check.h
+    ps.insert(ps.end(), ns.begin(), ns.end());
     return ps;
   }
 
@@ -480,6 +483,8 @@ void set_object_passes(FsckOptions& fo, bool data) {
     auto ps = check_filesystems(**vol, data);
     auto vs = check_views(**vol);
     ps.insert(ps.end(), vs.begin(), vs.end());
+    auto ns = check_names(**vol);
+    ps.insert(ps.end(), ns.begin(), ns.end());
     return ps;
   };
   // One generation for both layers: a crash during the repair leaves the
@@ -491,8 +496,10 @@ void set_object_passes(FsckOptions& fo, bool data) {
     auto vol = PLY_TRY(Volume::open(d, vo));
     FsckOptions::ObjectRepair r;
     r.actions = PLY_TRY(repair_filesystems(*vol, lossy, data));
-    if (lossy)
+    if (lossy) {
       for (auto& a : PLY_TRY(repair_views(*vol))) r.actions.push_back(std::move(a));
+      for (auto& a : PLY_TRY(repair_names(*vol))) r.actions.push_back(std::move(a));
+    }
     r.written = PLY_TRY(vol->commit());
     return r;
   };
