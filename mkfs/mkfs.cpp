@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <uuid/uuid.h>
 
+#include <cctype>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +31,8 @@
 #include "commit/superblock.h"
 #include "commit/volume.h"
 #include "fs/fs.h"
+#include "util/parse.h"
+#include "util/progress.h"
 
 #ifndef PLYFS_VERSION
 #define PLYFS_VERSION "unknown"
@@ -42,13 +45,13 @@ constexpr const char* kProg = "mkfs.plyfs";
 
 // The command line as typed; values are checked in resolve().
 struct Args {
-  bool force = false, dry_run = false, quiet = false, help = false, version = false;
+  bool force = false, dry_run = false, quiet = false, help = false, version = false, nodiscard = false;
   std::string label, path;
   std::optional<std::string> uuid, block_size, size;  // empty when not given
 };
 
 struct Options {
-  bool force = false, dry_run = false, quiet = false;
+  bool force = false, dry_run = false, quiet = false, discard = true;
   FormatOptions format;  // size_bytes 0: the whole device or existing file
   std::string path;
 };
@@ -63,11 +66,13 @@ void usage(FILE* out) {
                "  -U UUID       filesystem UUID, or 'random' (the default)\n"
                "  -b SIZE       block size, a power of two from 4096 to 65536 (default 4096)\n"
                "  -s SIZE       filesystem size; creates or extends an image file\n"
+               "  -K            do not discard the device's blocks first\n"
                "  -n            show what would be done; write nothing\n"
                "  -q            quiet: print nothing on success\n"
                "  -V            print the version and exit\n"
                "  -h            print this help and exit\n\n"
-               "SIZE is in bytes, or with a binary suffix: K, M, G, T (or KiB, MiB, GiB, TiB).\n",
+               "SIZE is in bytes, or with a unit: K, M, G, T, P, E (or KiB, MiB...) are\n"
+               "powers of 1024, KB, MB, GB... powers of 1000, in any case (1g, 1.5GiB).\n",
                kProg);
 }
 
@@ -76,13 +81,14 @@ Result<Args> parse_args(int argc, char** argv) {
   opterr = 0;  // our own messages, so that each starts with "mkfs.plyfs: "
   static const option kLong[] = {
       {"help", no_argument, nullptr, 'h'}, {"version", no_argument, nullptr, 'V'}, {}};
-  for (int c; (c = getopt_long(argc, argv, ":fL:U:b:s:nqVh", kLong, nullptr)) != -1;) {
+  for (int c; (c = getopt_long(argc, argv, ":fL:U:b:s:KnqVh", kLong, nullptr)) != -1;) {
     switch (c) {
       case 'f': a.force = true; break;
       case 'L': a.label = optarg; break;
       case 'U': a.uuid = optarg; break;
       case 'b': a.block_size = optarg; break;
       case 's': a.size = optarg; break;
+      case 'K': a.nodiscard = true; break;
       case 'n': a.dry_run = true; break;
       case 'q': a.quiet = true; break;
       case 'V': a.version = true; break;
@@ -100,31 +106,6 @@ Result<Args> parse_args(int argc, char** argv) {
   return a;
 }
 
-// Bytes, or a number with a binary suffix. Anything else is refused rather
-// than guessed at: a typo must not become a filesystem of the wrong size.
-Result<uint64_t> parse_size(const std::string& s, const char* what) {
-  auto bad = [&](const char* why) {
-    return Error::invalid(std::string("invalid ") + what + " '" + s + "': " + why);
-  };
-  size_t digits = 0;
-  while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9') digits++;
-  if (digits == 0) return bad("expected a number");
-  if (digits > 19) return bad("too large");
-  const uint64_t n = std::stoull(s.substr(0, digits));
-  const std::string suffix = s.substr(digits);
-  static constexpr const char* kUnits = "KMGT";
-  unsigned shift = 0;
-  if (!suffix.empty()) {
-    const char* u = std::strchr(kUnits, suffix[0]);
-    if (!u || (suffix.size() != 1 && suffix.substr(1) != "iB"))
-      return bad("unknown suffix (use K, M, G, T or KiB, MiB, GiB, TiB)");
-    shift = 10 * static_cast<unsigned>(u - kUnits + 1);
-  }
-  if (n == 0) return bad("must be greater than zero");
-  if (n > (~uint64_t{0} >> shift)) return bad("too large");
-  return n << shift;
-}
-
 Result<std::array<uint8_t, 16>> parse_uuid(const std::string& s) {
   std::array<uint8_t, 16> out{};  // all zero: the library picks a random one
   if (s == "random") return out;
@@ -140,13 +121,19 @@ Result<Options> resolve(const Args& a) {
   o.force = a.force;
   o.dry_run = a.dry_run;
   o.quiet = a.quiet;
+  o.discard = !a.nodiscard;
   o.path = a.path;
   o.format.label = a.label;
   if (a.uuid) o.format.uuid = PLY_TRY(parse_uuid(*a.uuid));
-  if (a.size) o.format.size_bytes = PLY_TRY(parse_size(*a.size, "size"));
+  // One size rule for every tool (util/parse.h, util-linux's units).
+  if (a.size) {
+    o.format.size_bytes = PLY_TRY(parse_size(*a.size, "size"));
+    // 0 would mean the whole device to the library.
+    if (o.format.size_bytes == 0) return Error::invalid("invalid size '" + *a.size + "': must be greater than zero");
+  }
   if (a.block_size) {
     const uint64_t bs = PLY_TRY(parse_size(*a.block_size, "block size"));
-    if (bs > UINT32_MAX) return Error::invalid("invalid block size '" + *a.block_size + "'");
+    if (bs > UINT32_MAX) return Error::invalid("invalid block size '" + *a.block_size + "': too large");
     o.format.block_size = static_cast<uint32_t>(bs);  // the library checks the range
   }
   return o;
@@ -181,6 +168,23 @@ void print_summary(const Options& o, const SuperInfo& s) {
 
 // ------------------------------------------------------------- signatures
 
+// "an " before a name said with a vowel sound first: ext4, iso9660, and the
+// initialisms of an f, h, l, m, n, r, s or x (an xfs, an ntfs, an LVM2_member,
+// an hfsplus), else "a " (a btrfs, a dos partition table, a gpt, a vfat, a
+// swap, a squashfs).
+std::string article(std::string_view name) {
+  static const char* const kSaidAsLetters[] = {"xfs", "ntfs", "hfs", "f2fs", "lvm", "mbr", "nilfs", "rbd",
+                                               "sgi", "msdos", "mdraid", "mpath", "lsi", "hpt"};
+  if (name.empty()) return "a ";
+  const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(name[0])));
+  if (std::strchr("aeiou", c)) return "an ";
+  std::string lower;
+  for (char ch : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const char* p : kSaidAsLetters)
+    if (lower.starts_with(p)) return "an ";
+  return "a ";
+}
+
 // A libblkid probe over our own descriptor: read-only to look, read-write to
 // wipe. For a block device the descriptor is not O_EXCL, because the
 // FileDevice we hold already has the exclusive claim (M3).
@@ -189,7 +193,7 @@ class Probe {
   static Result<Probe> open(const std::string& path, bool writable) {
     Probe p;
     p.fd_ = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-    if (p.fd_ < 0) return Error::io(errno, "cannot open " + path + " to probe it");
+    if (p.fd_ < 0) return Error::sys(errno, "cannot open " + path + " to probe it");
     p.pr_ = blkid_new_probe();
     if (!p.pr_ || blkid_probe_set_device(p.pr_, p.fd_, 0, 0) != 0)
       return Error::io(EIO, "libblkid cannot probe " + path);
@@ -212,17 +216,18 @@ class Probe {
     if (blkid_probe_lookup_value(pr_, name, &data, nullptr) != 0 || !data) return {};
     return data;
   }
-  // "a ext4 file system labelled 'x'", or nothing when the device is blank.
-  // Worded as mke2fs words it; RAID members and the like are "signatures".
+  // "an ext4 file system labelled 'x'", or nothing when the device is blank.
+  // RAID members and the like are "signatures".
   Result<std::optional<std::string>> describe(const std::string& path) {
     const int r = blkid_do_safeprobe(pr_);
     if (r == 1) return std::optional<std::string>{};
     if (r == -2) return std::optional<std::string>{"several conflicting signatures"};
     if (r < 0) return Error::io(EIO, "libblkid failed to probe " + path);
     if (std::string pt = value("PTTYPE"); !pt.empty())
-      return std::optional<std::string>{"a " + pt + " partition table"};
+      return std::optional<std::string>{article(pt) + pt + " partition table"};
     const bool fs = value("USAGE") == "filesystem";
-    std::string d = "a " + value("TYPE") + (fs ? " file system" : " signature");
+    const std::string type = value("TYPE");
+    std::string d = article(type) + type + (fs ? " file system" : " signature");
     if (std::string label = value("LABEL"); !label.empty()) d += " labelled '" + label + "'";
     return std::optional<std::string>{d};
   }
@@ -233,9 +238,9 @@ class Probe {
       if (what.empty()) what = value("PTTYPE");
       errno = 0;  // libblkid does not always set it
       if (blkid_do_wipe(pr_, 0) != 0)
-        return Error::io(errno ? errno : EIO, "cannot wipe the " + what + " signature on " + path);
+        return Error::sys(errno ? errno : EIO, "cannot wipe the " + what + " signature on " + path);
     }
-    if (::fsync(fd_) != 0) return Error::io(errno, "fsync of " + path + " failed");
+    if (::fsync(fd_) != 0) return Error::sys(errno, "fsync of " + path + " failed");
     return ok();
   }
 
@@ -276,6 +281,23 @@ Result<SuperInfo> plan_for(const FileDevice& dev, const Options& o) {
   return Volume::plan(dev, o.format);
 }
 
+// Tells the device that every block of the filesystem is free (as mke2fs,
+// mkfs.xfs and mkfs.btrfs do): a thin or flash device gets its space back,
+// and an image file its holes. Advisory (D7): a device that cannot does
+// nothing. On a large device it takes a while, so it goes by 1 GiB steps
+// with the progress line on a terminal.
+Result<void> discard_all(FileDevice& dev, const Options& o, const SuperInfo& plan) {
+  if (!o.discard) return ok();
+  const uint64_t total = plan.total_blocks * plan.block_size;
+  constexpr uint64_t kStep = 1ull << 30;
+  Progress bar("discarding " + o.path, total, Progress::Unit::Bytes, "", o.quiet ? nullptr : stderr);
+  for (uint64_t off = 0; off < total; off += kStep) {
+    PLY_CHECK(dev.discard(off, std::min(kStep, total - off)));
+    bar.update(std::min(kStep, total - off) + off);
+  }
+  return ok();
+}
+
 Result<SuperInfo> write_filesystem(FileDevice& dev, const Options& o, const SuperInfo& plan) {
   FormatOptions f = o.format;
   f.uuid = plan.uuid;  // the plan drew the random uuid; write exactly what was checked
@@ -286,11 +308,11 @@ Result<SuperInfo> write_filesystem(FileDevice& dev, const Options& o, const Supe
 Result<void> sync_parent(const std::string& path) {
   std::string copy = path;
   const int fd = ::open(::dirname(copy.data()), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Error::io(errno, "cannot open the directory of " + path);
+  if (fd < 0) return Error::sys(errno, "cannot open the directory of " + path);
   const int r = ::fsync(fd);
   const int e = errno;
   ::close(fd);
-  if (r != 0) return Error::io(e, "fsync of the directory of " + path + " failed");
+  if (r != 0) return Error::sys(e, "fsync of the directory of " + path + " failed");
   return ok();
 }
 
@@ -301,9 +323,19 @@ Result<SuperInfo> format_new(const Options& o, const SuperInfo& plan) {
   return done;
 }
 
+// A mistyped device name (/dev/sdz) must not turn into a regular file in
+// /dev: a new image is refused in a directory of the filesystem /dev is on
+// (devtmpfs), and made anywhere else, /dev/shm's tmpfs included.
+Result<void> refuse_in_dev(const std::string& path) {
+  std::string copy = path;
+  struct stat dir {}, dev {};
+  if (::stat(::dirname(copy.data()), &dir) != 0 || ::stat("/dev", &dev) != 0) return ok();  // open() says why
+  if (dir.st_dev == dev.st_dev) return Error::io(ENOENT, "no such device " + path);
+  return ok();
+}
+
 Result<void> make_new_image(const Options& o) {
-  // A mistyped device name must not turn into a regular file under /dev.
-  if (o.path.starts_with("/dev/")) return Error::io(ENOENT, "no such device " + o.path);
+  PLY_CHECK(refuse_in_dev(o.path));
   if (o.format.size_bytes == 0)
     return Error::invalid(o.path + " does not exist; give -s SIZE to create an image file");
   MemDevice sized(o.format.size_bytes);
@@ -313,12 +345,12 @@ Result<void> make_new_image(const Options& o) {
     return ok();
   }
   const int fd = ::open(o.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) return Error::io(errno, "cannot create " + o.path);
+  if (fd < 0) return Error::sys(errno, "cannot create " + o.path);
   const bool sized_ok = ::ftruncate(fd, static_cast<off_t>(o.format.size_bytes)) == 0;
   const int e = errno;
   ::close(fd);
   auto r = sized_ok ? format_new(o, plan)
-                     : Result<SuperInfo>(Error::io(e, "cannot size " + o.path));
+                     : Result<SuperInfo>(Error::sys(e, "cannot size " + o.path));
   if (!r) {
     ::unlink(o.path.c_str());  // leave no half-made image behind
     return r.error();
@@ -333,7 +365,7 @@ Result<void> check_not_busy(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC);
   if (fd < 0 && errno == EBUSY)
     return Error::io(EBUSY, path + " is busy: mounted, or open by another program");
-  if (fd < 0) return Error::io(errno, "cannot open " + path);
+  if (fd < 0) return Error::sys(errno, "cannot open " + path);
   ::close(fd);
   return ok();
 }
@@ -355,9 +387,10 @@ Result<void> make_on_existing(const Options& o) {
   if (grow) {  // an image file only: reopen to see its new size
     dev.reset();
     if (::truncate(o.path.c_str(), static_cast<off_t>(o.format.size_bytes)) != 0)
-      return Error::io(errno, "cannot extend " + o.path);
+      return Error::sys(errno, "cannot extend " + o.path);
     dev = PLY_TRY(FileDevice::open(o.path));
   }
+  PLY_CHECK(discard_all(*dev, o, plan));
   print_summary(o, PLY_TRY(write_filesystem(*dev, o, plan)));
   return ok();
 }
@@ -365,14 +398,14 @@ Result<void> make_on_existing(const Options& o) {
 Result<void> run(const Options& o) {
   struct stat st {};
   if (::stat(o.path.c_str(), &st) == 0) return make_on_existing(o);
-  if (errno != ENOENT) return Error::io(errno, "cannot access " + o.path);
+  if (errno != ENOENT) return Error::sys(errno, "cannot access " + o.path);
   return make_new_image(o);
 }
 
-// One line. strerror adds nothing to our own validation messages.
-void print_error(const Error& e) {
-  const bool plain = e.code == EINVAL || e.code == EEXIST;
-  std::fprintf(stderr, "%s: %s\n", kProg, plain ? e.reason.c_str() : e.message().c_str());
+// One line: strerror only after a system call's failure (Error::sys), the
+// advice to run fsck.plyfs after a damaged image's.
+void print_error(const Error& e, const std::string& path = {}) {
+  std::fprintf(stderr, "%s: %s\n", kProg, e.user_message(path).c_str());
 }
 
 int real_main(int argc, char** argv) {
@@ -397,7 +430,7 @@ int real_main(int argc, char** argv) {
   }
   auto r = run(*opts);
   if (!r) {
-    print_error(r.error());
+    print_error(r.error(), opts->path);
     return 1;
   }
   if (std::fflush(stdout) != 0) {

@@ -126,7 +126,7 @@ for bs in 1000 3000 131072 0 x; do
 done
 
 # --- bad sizes
-for s in 12Q '' 100K 1.5G 12KB 64MB 64Mx 64MiBs '64 M' 0x4000000 -5M 0 \
+for s in 12Q '' 100K 12KB 64Mx 64MiBs '64 M' 0x4000000 -5M +5M 0 \
     99999999999999999999G 17179869184T; do
   run -s "$s" "$T/bad_size"
   check "-s '$s' refused" one_line_error "size\|small"
@@ -139,6 +139,19 @@ check "-s with K" is_dump "$T/kib" total_blocks 8192
 run -s 1GiB "$T/gib"
 check "-s with GiB" is_dump "$T/gib" total_blocks 262144
 check "summary in GiB" grep -q "Size *1.00 GiB (262144 blocks of 4096 bytes)" "$T/out"
+# One size rule for every tool (util/parse.h): plyfs -o cache=1g takes 1g.
+run -s 1g "$T/g"
+check "-s 1g: units in any case" is_dump "$T/g" total_blocks 262144
+run -s 1.5G "$T/g15"
+check "-s 1.5G: a decimal size" is_dump "$T/g15" total_blocks 393216
+run -s 64MB "$T/mb"
+check "-s 64MB: powers of 1000 (64,000,000 bytes)" is_dump "$T/mb" total_blocks 15625
+run -s 64mib "$T/mib"
+check "-s 64mib" is_dump "$T/mib" total_blocks 16384
+run -b 16k -s 32M "$T/b16"
+check "-b 16k: the block size takes the same units" is_dump "$T/b16" block_size 16384
+run -s 8M "$T/no_such_dir/img"
+check "a missing directory: strerror ends the line" one_line_error "cannot create $T/no_such_dir/img: No such file or directory"
 run "$T/no_such_file"
 check "a missing file without -s" one_line_error "-s"
 check "... creates nothing" test ! -e "$T/no_such_file"
@@ -146,6 +159,16 @@ mkdir "$T/dir"
 run -s 8M "$NODEV"
 check "a missing /dev path is not created as a file" one_line_error "no such device"
 check "... and nothing appears in /dev" test ! -e "$NODEV"
+# /dev/shm is a tmpfs of its own: an image there is an ordinary file.
+SHM=/dev/shm/plyfs-mkfs-test-$$.img
+if [[ -d /dev/shm && -w /dev/shm ]] && [[ $(stat -c %d /dev/shm) != $(stat -c %d /dev) ]]; then
+  run -s 8M "$SHM"
+  check "an image in /dev/shm is created" test $rc -eq 0
+  check "... and is plyfs" is_dump "$SHM" generation 3
+  rm -f "$SHM"
+else
+  echo "note: no writable /dev/shm of its own; that check did not run"
+fi
 run -f "$T/dir"
 check "a directory is refused" one_line_error "regular file"
 
@@ -182,7 +205,7 @@ if command -v mkfs.ext4 >/dev/null && command -v blkid >/dev/null; then
   mkfs.ext4 -q -F -L extdata "$T/ext4" 16M >/dev/null
   before=$(sum "$T/ext4")
   run "$T/ext4"
-  check "ext4 refused without -f" one_line_error "contains a ext4 file system"
+  check "ext4 refused without -f" one_line_error "contains an ext4 file system"
   check "refusal names the ext4 label" grep -q "extdata" "$T/err"
   check "ext4 image unchanged" test "$(sum "$T/ext4")" = "$before"
   run -n -f "$T/ext4"
@@ -224,6 +247,28 @@ run -f -q "$T/md"
 check "-f formats over a RAID member" test $rc -eq 0
 check "-f wiped the RAID magic" test "$(od -An -tx1 -j$md_off -N4 "$T/md" | tr -d ' ')" = 00000000
 check "plyfs after the RAID member" is_dump "$T/md" generation 3
+
+# --- discard: an existing image's blocks become holes (mke2fs does the
+# same); -K keeps them. On a terminal a progress line shows how far it is.
+head -c $((8 << 20)) /dev/urandom >"$T/full"
+run -f -q -s 8M "$T/full"
+check "discarded: the image is sparse again" test "$(du -k "$T/full" | cut -f1)" -lt 1024
+head -c $((8 << 20)) /dev/urandom >"$T/kept"
+run -f -q -K -s 8M "$T/kept"
+check "-K: no discard" test "$(du -k "$T/kept" | cut -f1)" -ge 7000
+check "-K: plyfs all the same" is_dump "$T/kept" generation 3
+if command -v script >/dev/null; then
+  truncate -s 3G "$T/large"
+  script -qec "$MKFS -f $T/large" /dev/null >"$T/tty" 2>&1
+  check "on a terminal, discarding a large image shows the progress line" \
+    grep -q "discarding $T/large: [0-9.]* GiB / 3.00 GiB ([0-9]*%)" "$T/tty"
+  script -qec "$MKFS -f -q $T/large" /dev/null >"$T/tty" 2>&1
+  check "... not with -q" test ! -s "$T/tty"
+  run -f "$T/large"
+  check "... nor when stderr is no terminal" test ! -s "$T/err"
+else
+  echo "note: script(1) not found; the progress line was not checked"
+fi
 
 if [[ $fails -ne 0 ]]; then
   echo "$fails check(s) failed"

@@ -92,7 +92,7 @@ check "the device keeps its size" test "$(blockdev --getsize64 "$L")" -eq $((64 
 # --- an ext4 filesystem on the device
 mkfs.ext4 -q -F -L data "$L" >/dev/null
 run "$L"
-check "ext4 refused without -f" one_line_error "contains a ext4 file system"
+check "ext4 refused without -f" one_line_error "contains an ext4 file system"
 check "refusal names the label" grep -q "'data'" "$T/err"
 check "ext4 still there" test "$(fs_type "$L")" = ext4
 run -f -q "$L"
