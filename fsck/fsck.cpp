@@ -185,8 +185,10 @@ class PassProgress {
       label += what;
       // -C 0 asked for it: drawn on standard output whatever it is (as
       // e2fsck); by default only on a terminal, on standard error.
+      // (With --json, standard output holds the report: the line goes to
+      // standard error.)
       bar_ = std::make_unique<Progress>(label, total, Progress::Unit::Count, "blocks",
-                                        fd_ == 0 ? stdout : stderr, fd_ == 0);
+                                        fd_ == 0 && !a_.json ? stdout : stderr, fd_ == 0);
     }
     bar_->set_total(std::max(total, done));
     bar_->update(done);

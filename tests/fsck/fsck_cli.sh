@@ -62,6 +62,9 @@ check "-C 0 draws the passes on standard output" out_has ": pass 2, metadata blo
 check "... on a line that rewrites itself" grep -q $'\r' "$T/out"
 run "$FSCK" -C0 "$IMG"
 check "-C0 (fsck(8)'s spelling) is -C 0" rc_is 0
+run "$FSCK" -C0 --json "$IMG"
+check "-C0 --json: the report alone on standard output" test "$(json_field exit_code)" = 0
+check "... the progress line on standard error" err_has ": pass 2, metadata blocks"
 run "$FSCK" -C 1 "$IMG"
 check "-C 1: e2fsck's lines \"PASS DONE TOTAL DEVICE\" on descriptor 1" \
   grep -qE "^2 [0-9]+ [0-9]+ $IMG\$" "$T/out"
