@@ -4,10 +4,10 @@
 //   merge_bench [--gib G] [--changed 0.25,1] [--files N] [--copy-in]
 //
 // A base branch holds N small files and one file of G GiB. For each changed
-// size C: a snapshot; the big file is copied up through the union (the
+// size C: a layer made on the base; the big file is copied up through the union (the
 // copy-up is timed alone: Union::open for writing); C GiB of it and every
 // small file are overwritten; then the merge (snap::merge) and the drop of
-// the two replaced branches (drop_doomed) are timed, as `plyctl merge` runs
+// what it replaced (drop_doomed) are timed, as `plyctl merge` runs
 // them on a mount. Issue 7's target is a merge time that does not follow C.
 // --copy-in times Filesystem::copy_in alone first (into a second name of
 // the file in the upper branch; the union's copy-up then only links it).
@@ -80,8 +80,9 @@ int main(int argc, char** argv) {
       must(bfs->write(bino, off, std::span(chunk).first(std::min<uint64_t>(chunk.size(), big - off))), "write");
     must(vol->commit(), "commit");
 
-    auto sn = must(snapshot(*vol, {{base, true}}, "base"), "snapshot");
-    auto live = must(Filesystem::open(*vol, sn.live.tree), "fs");
+    // The change goes into a layer on the base (OLFS), merged down after.
+    auto layer = must(create_layer(*vol, "work", base, false), "layer");
+    auto live = must(Filesystem::open(*vol, layer.tree), "fs");
     Union u({{live.get(), true}, {bfs.get(), false}});
     // Through the union, as the kernel reaches them.
     (void)must(u.lookup(u.root(), "big"), "lookup");
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
     }
     must(vol->commit(), "commit");
     auto t2 = Clock::now();
-    auto m = must(merge(*vol, sn.live.tree, live.get()), "merge");
+    auto m = must(merge(*vol, layer.tree, live.get()), "merge");
     auto t3 = Clock::now();
     must(u.release_all(), "release");
     live.reset();

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "fs/fs.h"
 #include "mount_client.h"
@@ -23,18 +24,6 @@ namespace plyfs::ctl {
 
 namespace {
 
-std::string stack_text(const Json& stack) {
-  std::string out;
-  if (!stack.is_array()) return out;
-  for (const auto& e : stack) {
-    auto name = model::get_name(e, "branch");
-    if (!out.empty()) out += ':';
-    out += shown(name ? *name : "?");
-    out += e.value("writable", false) ? "=rw" : "=ro";
-  }
-  return out;
-}
-
 std::string name_of(const Json& o, const char* key = "name") {
   auto n = model::get_name(o, key);
   return n ? *n : "?";
@@ -46,8 +35,8 @@ Json member(const Json& o, const char* key) { return o.is_object() ? o.value(key
 // The text of a command's result object.
 void print_text(const std::string& cmd, const Json& r, const std::string& arg) {
   if (cmd == "snapshot") {
-    std::printf("snapshot %s taken; %s is a new layer on it: %s\n", in_quotes(name_of(member(r, "snapshot"))).c_str(),
-                in_quotes(name_of(member(r, "live"))).c_str(), stack_text(member(r, "stack")).c_str());
+    std::printf("snapshot %s of %s taken\n", in_quotes(name_of(member(r, "snapshot"))).c_str(),
+                in_quotes(name_of(member(r, "live"))).c_str());
   } else if (cmd == "clone") {
     std::printf("cloned %s as %s (id %llu)\n", in_quotes(arg).c_str(), in_quotes(name_of(r)).c_str(),
                 (unsigned long long)r.value("id", uint64_t(0)));
@@ -56,7 +45,9 @@ void print_text(const std::string& cmd, const Json& r, const std::string& arg) {
                 in_quotes(name_of(member(r, "merged"))).c_str(), (unsigned long long)r.value("entries", uint64_t(0)),
                 (unsigned long long)r.value("objects", uint64_t(0)), (unsigned long long)r.value("removed", uint64_t(0)));
   } else if (cmd == "rollback") {
-    std::printf("rolled back %s (now id %llu)\n", in_quotes(name_of(r)).c_str(), (unsigned long long)r.value("id", uint64_t(0)));
+    const Json to = member(r, "to");
+    std::printf("rolled back %s %s\n", in_quotes(name_of(member(r, "branch"))).c_str(),
+                to.is_object() ? ("to " + in_quotes(name_of(to))).c_str() : "to empty (a layer without snapshots)");
   } else if (cmd == "delete") {
     std::printf("deleted branch %s (id %llu)\n", in_quotes(name_of(r)).c_str(), (unsigned long long)r.value("id", uint64_t(0)));
   }
@@ -78,9 +69,11 @@ int print_diff(const std::vector<DiffEntry>& d, bool json, bool nul) {
 // before the command.
 int mounted(const std::string& cmd, const Parsed& p, bool json, bool nul) {
   const auto& pos = p.pos;
-  if (p.opt.count("--view")) return usage_error("--view is for an image: a mount snapshots its own stack");
+  if (p.opt.count("--view") || p.opt.count("--branch"))
+    return usage_error("--view and --branch are for an image: a mount snapshots its writable branch");
   Json req = {{"command", cmd}};
   if (cmd == "snapshot" && p.opt.count("--name")) model::put_name(req, "name", p.opt.at("--name"));
+  if (cmd == "rollback" && p.opt.count("--to")) model::put_name(req, "to", p.opt.at("--to"));
   if (cmd == "clone") {
     model::put_name(req, "source", pos[1]);
     model::put_name(req, "name", pos[2]);
@@ -113,17 +106,18 @@ int mounted(const std::string& cmd, const Parsed& p, bool json, bool nul) {
   return 0;
 }
 
+// A snapshot of a named branch (--branch), or of a stack's writable branch
+// (--view V, or the stack a plain mount shows).
 Result<Json> offline_snapshot(Volume& v, const Parsed& p) {
-  auto stack = PLY_TRY(p.opt.count("--view") ? view_stack(v, p.opt.at("--view")) : default_stack(v));
+  TreeId target;
+  if (p.opt.count("--branch"))
+    target = PLY_TRY(find_branch(v, p.opt.at("--branch"))).tree;
+  else
+    target = PLY_TRY(snapshot_target(PLY_TRY(p.opt.count("--view") ? view_stack(v, p.opt.at("--view")) : default_stack(v))));
   std::string name;
-  if (p.opt.count("--name")) {
-    name = p.opt.at("--name");
-  } else {
-    auto top = std::find_if(stack.begin(), stack.end(), [](const ViewLayer& l) { return l.writable; });
-    if (top == stack.end()) return Error::io(EROFS, "the stack has no writable branch");
-    name = PLY_TRY(snapshot_name(v, PLY_TRY(Filesystem::branch(v, top->tree)).name));
-  }
-  Snapshot s = PLY_TRY(snapshot(v, stack, name));
+  if (p.opt.count("--name")) name = p.opt.at("--name");
+  else name = PLY_TRY(snapshot_name(v, PLY_TRY(Filesystem::branch(v, target)).name));
+  Snapshot s = PLY_TRY(snapshot(v, target, name));
   Json out = model::snapshot(PLY_TRY(model::Branches::read(v)), s);
   PLY_CHECK(v.close());
   return out;
@@ -145,14 +139,15 @@ Result<Json> offline_merge(Volume& v, const std::string& name) {
   return out;
 }
 
-Result<Json> offline_rollback(Volume& v, const std::string& name) {
+Result<Json> offline_rollback(Volume& v, const std::string& name, const std::optional<std::string>& to) {
   BranchMeta b = PLY_TRY(find_branch(v, name));
-  BranchMeta fresh = PLY_TRY(rollback(v, b.tree));
-  Progress prog("freeing the old layer", 0, Progress::Unit::Count, "nodes");
+  std::optional<TreeId> target;
+  if (to) target = PLY_TRY(find_branch(v, *to)).tree;
+  Rollback rb = PLY_TRY(rollback(v, b.tree, target));
+  Progress prog("freeing what the rollback discarded", 0, Progress::Unit::Count, "nodes");
   (void)PLY_TRY(drop_doomed(v, [&](const BTree::DropStats& st) { prog.update(st.nodes); }));
   if (prog.shown()) prog.finish();
-  auto bs = PLY_TRY(model::Branches::read(v));
-  Json out = bs.branch(*bs.find(fresh.tree));
+  Json out = model::rollback(PLY_TRY(model::Branches::read(v)), rb);
   PLY_CHECK(v.close());
   return out;
 }
@@ -187,21 +182,22 @@ int offline_diff(const std::string& image, const std::string& from, const std::s
 }  // namespace
 
 int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) {
-  auto p = parse(args, {"--view", "--name"}, {"--json", "--ro", "-z"});
+  auto p = parse(args, {"--view", "--name", "--branch", "--to"}, {"--json", "--ro", "-z"});
   if (!p) return usage_error(p.error().message());
   const auto& pos = p->pos;
   auto has = [&](const char* o) { return p->opt.count(o) > 0; };
   const bool json = has("--json");
   static const std::map<std::string, std::pair<std::string, size_t>> kUsage = {
-      {"snapshot", {"snapshot IMAGE|MOUNTPOINT [--view V] [--name SNAP] [--json]", 1}},
+      {"snapshot", {"snapshot IMAGE|MOUNTPOINT [--view V | --branch B] [--name SNAP] [--json]", 1}},
       {"clone", {"clone IMAGE|MOUNTPOINT SRC NAME [--ro] [--json]", 3}},
       {"merge", {"merge IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
-      {"rollback", {"rollback IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
+      {"rollback", {"rollback IMAGE|MOUNTPOINT BRANCH [--to SNAP] [--json]", 2}},
       {"delete", {"delete IMAGE|MOUNTPOINT BRANCH [--json]", 2}},
       {"diff", {"diff IMAGE|MOUNTPOINT FROM TO [-z | --json]", 3}}};
   const auto& [use, npos] = kUsage.at(cmd);
-  if (pos.size() != npos || (has("--view") && cmd != "snapshot") || (has("--name") && cmd != "snapshot") ||
-      (has("--ro") && cmd != "clone") || (has("-z") && (cmd != "diff" || json)))
+  if (pos.size() != npos || ((has("--view") || has("--branch")) && cmd != "snapshot") ||
+      (has("--view") && has("--branch")) || (has("--name") && cmd != "snapshot") ||
+      (has("--to") && cmd != "rollback") || (has("--ro") && cmd != "clone") || (has("-z") && (cmd != "diff" || json)))
     return usage_error("usage: plyctl " + use);
   // A new name is checked before anything is opened, the same on an image
   // and on a mount.
@@ -217,7 +213,7 @@ int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args) 
   Volume& v = *o->vol;
   Result<Json> r = cmd == "snapshot" ? offline_snapshot(v, *p)
                    : cmd == "merge"  ? offline_merge(v, pos[1])
-                   : cmd == "rollback" ? offline_rollback(v, pos[1])
+                   : cmd == "rollback" ? offline_rollback(v, pos[1], has("--to") ? std::optional(p->opt.at("--to")) : std::nullopt)
                                        : offline_clone(v, pos[1], pos[2], has("--ro"));
   if (!r) return fail_on(pos[0], r.error());
   if (json) print_json(*r);

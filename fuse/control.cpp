@@ -131,16 +131,7 @@ Result<Json> clone_or_delete(const std::string& cmd, const Json& req) {
     auto bs = PLY_TRY(model::Branches::read(*g->vol));
     return bs.branch(*bs.find(c.tree));
   }
-  BranchMeta b = PLY_TRY(arg_branch(req, "branch"));
-  // A branch this mount has shown may still be in use by an operation
-  // that began before it left the stack: it goes after the unmount.
-  if (g->branches.count(b.tree.v))
-    return Error::io(EBUSY, "this mount has shown \"" + shown(b.name) +
-                                "\" since it was mounted: unmount, then delete it on the image");
-  auto bs = PLY_TRY(model::Branches::read(*g->vol));
-  Json was = bs.branch(*bs.find(b.tree));
-  PLY_CHECK(delete_branch(*g->vol, b.tree));
-  return was;
+  return delete_online(PLY_TRY(arg_branch(req, "branch")));
 }
 
 // `add`, `remove`, `set` and `move`: the stack afterwards.
@@ -198,14 +189,15 @@ Result<Json> control(const Json& req, bool may_change) {
                                           : "only root or the mount's owner may change branches");
   if (cmd == "diff") return run_diff(req);
   if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") {
-    std::string name;
+    std::string name, to;
     if (cmd != "snapshot") name = PLY_TRY(arg_branch(req, "branch")).name;
     else if (req.contains("name")) {
       // Checked here: an empty name would ask lifecycle for the default one.
       name = PLY_TRY(model::get_name(req, "name"));
       PLY_CHECK(check_branch_name(name, "snapshot"));
     }
-    return lifecycle(cmd, name);
+    if (cmd == "rollback" && req.contains("to")) to = PLY_TRY(arg_branch(req, "to")).name;
+    return lifecycle(cmd, name, to);
   }
   if (cmd == "clone" || cmd == "delete") return clone_or_delete(cmd, req);
   return restack(cmd, req);

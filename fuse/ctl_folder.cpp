@@ -120,7 +120,7 @@ void ControlFolder::retire_if_idle(size_t slot) {
   if (v.u && v.idle() && bound(slot)) v.u.reset();
 }
 
-void ControlFolder::refresh() {
+void ControlFolder::refresh(const std::vector<TreeId>& replaced) {
   struct Count {  // however the loop ends
     ControlFolder& f;
     ~Count() { f.live_views_ = f.slot_of_.size(); }
@@ -152,6 +152,9 @@ void ControlFolder::refresh() {
     bool same = s && s->size() == v.stack.size() &&
                 std::equal(s->begin(), s->end(), v.stack.begin(), [](const ViewLayer& a, const ViewLayer& b) {
                   return a.tree == b.tree && a.writable == b.writable;
+                }) &&
+                std::none_of(v.stack.begin(), v.stack.end(), [&](const ViewLayer& l) {
+                  return std::find(replaced.begin(), replaced.end(), l.tree) != replaced.end();
                 });
     if (same) continue;
     Result<void> r = s ? Result<void>(ok()) : Result<void>(s.error());

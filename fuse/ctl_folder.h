@@ -257,7 +257,10 @@ class ControlFolder {
   // ends it, ESTALE, if no branch has the name). It runs before the daemon
   // closes the branches the change replaced.
   std::unique_lock<std::shared_mutex> hold() { return std::unique_lock(mu_); }
-  void refresh();
+  // `replaced`: branches whose Filesystem the daemon replaced (their content
+  // changed under the same tree id, or they went): a view using one moves
+  // to the new object, or answers ESTALE.
+  void refresh(const std::vector<TreeId>& replaced = {});
   // At unmount: frees the files unlinked while open in the views.
   Result<void> release_all();
   // After a change through the mounted view: the same for the views that

@@ -127,8 +127,10 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
 // and, unless the view stays the same, drops what the kernel cached with
 // invalidate_all (daemon.cpp).
 // Both answer with the JSON model's object for the command (snap/model.h).
+// lifecycle's `arg`: a rollback's target snapshot (empty: the newest).
 Result<nlohmann::ordered_json> control(const nlohmann::ordered_json& request, bool may_change);
-Result<nlohmann::ordered_json> lifecycle(const std::string& cmd, const std::string& name);
+Result<nlohmann::ordered_json> lifecycle(const std::string& cmd, const std::string& name, const std::string& arg);
+Result<nlohmann::ordered_json> delete_online(const BranchMeta& b);
 void cleaner_loop();  // Daemon::cleaner and Daemon::snapper, started by main
 void snapper_loop();
 void invalidate_all();

@@ -15,99 +15,139 @@
 
 namespace plyfs::daemon {
 
-// Snapshot, merge or rollback of the mounted stack (format.md#snapshots,
+namespace {
+
+// Takes `tree`'s Filesystem out of use: its branch's content was replaced
+// (a rollback or a merge keeps the tree id, snap.h) or the branch is gone.
+// The object lives on in `retired` until nothing can use it any more.
+void retire_branch(TreeId tree, std::vector<std::unique_ptr<Filesystem>>& retired) {
+  auto it = g->branches.find(tree.v);
+  if (it == g->branches.end()) return;
+  it->second->retire();
+  retired.push_back(std::move(it->second));
+  g->branches.erase(it);
+}
+
+void kick_cleaner() {
+  std::lock_guard cl(g->clean_mu);
+  g->clean_pending = true;
+  g->clean_cv.notify_all();
+}
+
+}  // namespace
+
+// A snapshot of the mounted stack's writable branch (format.md#snapshots,
+// "Online"): an O(1) clone taken while no operation runs and no data change
+// is landing, so that it holds every write that finished before it and none
+// after. Nothing the mount shows changes, so nothing is restacked and no
+// cache is dropped; the mount never grows deeper. Durable when it returns,
+// as btrfs's snapshots are; the commit runs with operations going on
+// (format.md#commit), so the mount pauses for the clone alone.
+Result<model::Json> take_snapshot(const std::string& name) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  const TreeId top = PLY_TRY(snapshot_target(g->stack));
+  std::string snap = name;
+  if (snap.empty()) snap = PLY_TRY(snapshot_name(*g->vol, PLY_TRY(Filesystem::branch(*g->vol, top)).name));
+  Snapshot s;
+  PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
+    s = PLY_TRY(snapshot(*g->vol, top, snap));
+    return ok();
+  }));
+  PLY_CHECK(g->vol->commit());
+  return model::snapshot(PLY_TRY(model::Branches::read(*g->vol)), s);
+}
+
+// Merge or rollback of a branch of the mounted stack (format.md#snapshots,
 // "Online"), under ctl_mu. Each runs inside Union::restack's prepare step,
-// while no operation runs and no data change is landing, so that a snapshot
-// holds every write that finished before it and none after, and a merge
-// sees the upper branch hold still. When the restack returns nothing uses
-// the replaced (doomed) branches: they are closed and dropped at once (or
-// at the next mount, after a crash). The answer is the object plyctl prints
-// for the command offline (snap/model.h): a Snapshot, a Merge, or the
-// rolled-back Branch.
-Result<model::Json> lifecycle(const std::string& cmd, const std::string& name) {
+// while no operation runs and no data change is landing, so that a merge
+// sees the upper branch hold still. The branch keeps its tree id and place
+// in the stack; its Filesystem is replaced by one of the new content, and
+// what the old content only held is dropped by the cleaner once the command
+// has returned (or at the next mount, after a crash). The answer is the
+// object plyctl prints for the command offline (snap/model.h): a Snapshot,
+// a Merge, or a Rollback.
+Result<model::Json> lifecycle(const std::string& cmd, const std::string& name, const std::string& arg) {
+  if (cmd == "snapshot") return take_snapshot(name);
   if (g->read_only) return Error::io(EROFS, "the mount is read-only");
   // No operation of the control folder's views runs meanwhile (ctl_folder.h C2).
   auto views_held = g->ctl->hold();
   // The mounted stack is checked like a view before anything changes (snap.h):
   // a merge needs the lower branch right below the upper one, a rollback
   // the branch in the stack.
-  if (cmd != "snapshot") {
-    BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
-    auto at = std::find_if(g->stack.begin(), g->stack.end(), [&](const ViewLayer& l) { return l.tree == b.tree; });
-    if (at == g->stack.end()) return Error::io(ENOENT, "branch \"" + shown(b.name) + "\" is not in the mounted stack");
-    if (cmd == "merge" && (at + 1 == g->stack.end() || (at + 1)->tree != b.parent))
-      return Error::io(EBUSY, "the mount does not show \"" + shown(b.name) +
-                                  "\" right above the branch it is on: move that branch right below it "
-                                  "(plyctl branch add|move MOUNTPOINT), or merge on the image unmounted");
-  }
+  BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
+  auto at = std::find_if(g->stack.begin(), g->stack.end(), [&](const ViewLayer& l) { return l.tree == b.tree; });
+  if (at == g->stack.end()) return Error::io(ENOENT, "branch \"" + shown(b.name) + "\" is not in the mounted stack");
+  if (cmd == "merge" && (at + 1 == g->stack.end() || (at + 1)->tree != b.parent))
+    return Error::io(EBUSY, "the mount does not show \"" + shown(b.name) +
+                                "\" right above the branch it is on: move that branch right below it "
+                                "(plyctl branch add|move MOUNTPOINT), or merge on the image unmounted");
+  std::optional<TreeId> to;
+  if (cmd == "rollback" && !arg.empty()) to = PLY_TRY(find_branch(*g->vol, arg)).tree;
   std::vector<ViewLayer> next;
-  Snapshot snap_done;
-  Merge merge_done;
-  TreeId result;                 // the branch the answer shows (a rollback's fresh one)
-  std::vector<TreeId> replaced;  // branches a merge or rollback doomed
+  std::vector<TreeId> gone;  // branches that left the stack and the image
+  std::vector<std::unique_ptr<Filesystem>> retired;
   bool changed = false;  // the image changed: the mount must follow or stop
+  Merge merge_done;
+  Rollback rollback_done;
   auto r = g->u->restack([&]() -> Result<std::vector<UnionBranch>> {
-    if (cmd == "snapshot") {
-      auto top = std::find_if(g->stack.begin(), g->stack.end(), [](const ViewLayer& l) { return l.writable; });
-      if (top == g->stack.end()) return Error::io(EROFS, "the stack has no writable branch");
-      std::string snap = name;
-      if (snap.empty()) snap = PLY_TRY(snapshot_name(*g->vol, PLY_TRY(Filesystem::branch(*g->vol, top->tree)).name));
-      snap_done = PLY_TRY(snapshot(*g->vol, g->stack, snap));
-      next = snap_done.stack;
+    next = g->stack;
+    if (cmd == "merge") {
+      auto it = g->branches.find(b.tree.v);
+      Merge m = PLY_TRY(merge(*g->vol, b.tree, it == g->branches.end() ? nullptr : it->second.get()));
       changed = true;
+      std::erase_if(next, [&](const ViewLayer& l) { return l.tree == m.lower; });
+      if (m.lower_doomed) gone.push_back(m.lower);
+      merge_done = m;
     } else {
-      BranchMeta b = PLY_TRY(find_branch(*g->vol, name));
-      next = g->stack;
-      if (cmd == "merge") {
-        auto it = g->branches.find(b.tree.v);
-        Merge m = PLY_TRY(merge(*g->vol, b.tree, it == g->branches.end() ? nullptr : it->second.get()));
-        merge_done = m;
-        changed = true;
-        replaced = {m.upper, m.lower};
-        for (auto& l : next)
-          if (l.tree == m.upper) l.tree = m.merged.tree;
-        std::erase_if(next, [&](const ViewLayer& l) { return l.tree == m.lower; });
-      } else {
-        BranchMeta fresh = PLY_TRY(rollback(*g->vol, b.tree));
-        result = fresh.tree;
-        changed = true;
-        replaced = {b.tree};
-        for (auto& l : next)
-          if (l.tree == b.tree) l.tree = fresh.tree;
-      }
+      rollback_done = PLY_TRY(rollback(*g->vol, b.tree, to));
+      changed = true;
     }
+    // The same tree id with another content: a new Filesystem serves it.
+    retire_branch(b.tree, retired);
     return union_branches(next);
   });
   if (!r) {
     // The branches changed but the union could not follow: writing on into
-    // a branch that is now doomed would lose the writes at unmount.
+    // a branch whose content was replaced would lose the writes at unmount.
     if (changed) g->vol->fail(r.error());
     return r.error();
   }
   g->stack = next;
-  g->ctl->refresh();  // before the replaced branches close
-  // Once the restack returned, nothing uses the replaced branches: they
-  // close now, and the cleaner drops them once the command has returned,
-  // so that what the freeing costs (it follows the data the merge
-  // replaced) is not the command's. Their DOOMED flags are durable with
-  // the swap: after a crash the next mount drops them.
-  for (TreeId t : replaced) g->branches.erase(t.v);
-  // Durable when the command returns, as btrfs's snapshots are.
+  // The views of the control folder move too, onto the new Filesystem of
+  // the branch (ctl_folder.h C1), before the retired one goes.
+  g->ctl->refresh({b.tree});
+  retired.clear();
+  for (TreeId t : gone) g->branches.erase(t.v);
+  // Durable when the command returns.
   PLY_CHECK(g->vol->commit());
-  if (!replaced.empty()) {
-    std::lock_guard cl(g->clean_mu);
-    g->clean_pending = true;
-    g->clean_cv.notify_all();
-  }
-  // A snapshot or a merge shows the same view, with the same inode numbers
-  // and attributes: what the kernel cached stays true. A rollback does not.
+  kick_cleaner();
+  // A merge shows the same view, with the same inode numbers and
+  // attributes: what the kernel cached stays true. A rollback does not.
   if (cmd == "rollback") invalidate_all();
   auto bs = PLY_TRY(model::Branches::read(*g->vol));
-  if (cmd == "snapshot") return model::snapshot(bs, snap_done);
   if (cmd == "merge") return model::merge(bs, merge_done);
-  const BranchMeta* fresh = bs.find(result);
-  if (!fresh) return Error::io(ENOENT, "the rolled-back branch is gone");
-  return bs.branch(*fresh);
+  return model::rollback(bs, rollback_done);
+}
+
+// Deletes a branch the mount does not show, online (issue 24: space comes
+// back without unmounting). No operation of the mount uses a branch outside
+// its stack once the restack that took it out returned; the control
+// folder's views are held still, and one showing the branch answers ESTALE
+// from then on. Its space is free once the commit returns.
+Result<model::Json> delete_online(const BranchMeta& b) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  if (std::any_of(g->stack.begin(), g->stack.end(), [&](const ViewLayer& l) { return l.tree == b.tree; }))
+    return Error::io(EBUSY, "the mount shows \"" + shown(b.name) +
+                                "\": take it out of the stack first (plyctl branch remove MOUNTPOINT)");
+  auto views_held = g->ctl->hold();
+  const model::Json deleted = PLY_TRY(model::Branches::read(*g->vol)).branch(b);
+  std::vector<std::unique_ptr<Filesystem>> retired;
+  PLY_CHECK(delete_branch(*g->vol, b.tree));
+  retire_branch(b.tree, retired);
+  g->ctl->refresh({b.tree});
+  retired.clear();
+  PLY_CHECK(g->vol->commit());
+  return deleted;
 }
 
 // Drops doomed branches whenever a merge or rollback made some, as btrfs's
@@ -133,9 +173,10 @@ void cleaner_loop() {
   }
 }
 
-// Automatic snapshots: every interval, a snapshot of the stack; beyond
-// `keep` snapshots of the live branch (the read-only branches named
-// LIVE@... right below it), the oldest goes by merging the next one into it.
+// Automatic snapshots: every interval, a snapshot of the stack's writable
+// branch; beyond `keep` snapshots of it made this way (named LIVE@...),
+// the oldest are deleted: their blocks that newer snapshots or the branch
+// share stay, the rest is freed (format.md#snapshots).
 void snapper_loop() {
   std::unique_lock lk(g->snap_mu);
   for (;;) {
@@ -143,26 +184,23 @@ void snapper_loop() {
     lk.unlock();
     auto r = control(model::Json{{"command", "snapshot"}}, true);
     if (!r) log_error("automatic snapshot failed: %s", r.error().user_message(g->image).c_str());
-    while (r && g->snap_keep) {
-      std::vector<std::string> snaps;  // newest first
+    if (r && g->snap_keep) {
+      std::vector<std::string> old;  // oldest first, beyond keep
       {
         std::lock_guard cl(g->ctl_mu);
-        auto top = std::find_if(g->stack.begin(), g->stack.end(), [](const ViewLayer& l) { return l.writable; });
-        auto live = top == g->stack.end() ? Result<BranchMeta>(Error::io(ENOENT, "")) : Filesystem::branch(*g->vol, top->tree);
-        if (!live) break;
-        for (auto it = top + 1; it != g->stack.end() && !it->writable; ++it) {
-          auto b = Filesystem::branch(*g->vol, it->tree);
-          if (!b || b->name.rfind(snapshot_prefix(live->name), 0) != 0) break;
-          snaps.push_back(b->name);
+        auto top = snapshot_target(g->stack);
+        auto live = top ? Filesystem::branch(*g->vol, *top) : Result<BranchMeta>(top.error());
+        auto snaps = live ? snapshots_of(*g->vol, live->tree) : Result<std::vector<BranchMeta>>(live.error());
+        if (snaps) {
+          std::erase_if(*snaps, [&](const BranchMeta& b) { return b.name.rfind(snapshot_prefix(live->name), 0) != 0; });
+          for (size_t i = 0; i + g->snap_keep < snaps->size(); i++) old.push_back((*snaps)[i].name);
         }
       }
-      if (snaps.size() <= g->snap_keep || snaps.size() < 2) break;
-      model::Json req = {{"command", "merge"}};
-      model::put_name(req, "branch", snaps[snaps.size() - 2]);
-      auto m = control(req, true);
-      if (!m) {
-        log_error("dropping snapshot %s failed: %s", snaps.back().c_str(), m.error().user_message(g->image).c_str());
-        break;
+      for (const auto& name : old) {
+        model::Json req = {{"command", "delete"}};
+        model::put_name(req, "branch", name);
+        if (auto d = control(req, true); !d)
+          log_error("deleting snapshot %s failed: %s", shown(name).c_str(), d.error().user_message(g->image).c_str());
       }
     }
     lk.lock();

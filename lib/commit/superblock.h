@@ -18,9 +18,13 @@ namespace plyfs {
 // incompat bit 0: out-of-line xattr values, XattrValue items (lib/fs,
 // format.md#fs-xattr).
 inline constexpr uint64_t kIncompatLargeXattr = 1ull << 0;
+// incompat bit 1: version 4 FsInfo items (128 bytes: branch uuids, the
+// SNAPSHOT flag; lib/fs, format.md#fs-info). An older reader refuses a
+// version 4 tree, and its fsck would rewrite the item as version 3.
+inline constexpr uint64_t kIncompatBranchInfoV4 = 1ull << 1;
 inline constexpr uint64_t kCompatKnown = 0;
 inline constexpr uint64_t kRoCompatKnown = 0;
-inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr;
+inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr | kIncompatBranchInfoV4;
 inline constexpr uint32_t kVersionMajor = 1;
 inline constexpr uint32_t kVersionMinor = 0;
 

@@ -539,6 +539,7 @@ Volume::Txn::Txn(Txn&& o) noexcept {
   s_.for_delete = o.s_.for_delete;
   s_.grouped = o.s_.grouped;
   s_.reserved = std::exchange(o.s_.reserved, 0);
+  s_.epoch = o.s_.epoch;
 }
 
 Volume::Txn::~Txn() {
@@ -625,6 +626,7 @@ Result<TreeId> Volume::Txn::create_tree(uint8_t kind) {
     std::lock_guard lk(v->trees_mu_);
     v->trees_[id.v] = std::move(s);
   }
+  s_.epoch = ++v->tree_epoch_;
   PLY_CHECK(mutated(ok(), nullptr));
   return id;
 }
@@ -653,6 +655,7 @@ Result<TreeId> Volume::Txn::clone_tree(TreeId src) {
   c->dirty = true;
   std::lock_guard lk(v->trees_mu_);
   v->trees_[info.id.v] = std::move(c);
+  s_.epoch = ++v->tree_epoch_;
   return info.id;
 }
 
@@ -666,6 +669,36 @@ Result<void> Volume::Txn::drop_tree(TreeId id, const BTree::DropProgress& progre
   PLY_CHECK(mutated(BTree::drop(*v->cache_, v->info_.fs_id, s->tree->config(), s->tree->root(), m, progress),
                     s));
   s->dropped = true;
+  s_.epoch = ++v->tree_epoch_;
+  return ok();
+}
+
+Result<void> Volume::Txn::reset_tree(TreeId dst, TreeId src, const BTree::DropProgress& progress) {
+  Volume* v = s_.v;
+  PLY_CHECK(v->writable());
+  if (dst == src) return Error::invalid("a tree cannot take its own content");
+  Slot* d = PLY_TRY(v->slot(dst));
+  Slot* s = PLY_TRY(v->slot(src));
+  // Two slot locks: always the lower id first.
+  std::unique_lock first(dst.v < src.v ? d->mu : s->mu);
+  std::unique_lock second(dst.v < src.v ? s->mu : d->mu);
+  PLY_CHECK(check_kind(v->opts_, d->info));
+  PLY_CHECK(check_kind(v->opts_, s->info));
+  if (d->info.kind != s->info.kind)
+    return Error::invalid("tree " + std::to_string(dst.v) + " cannot take the content of a tree of another kind");
+  // As clone_tree: dst's new root is one more reference to src's, and both
+  // may share every node written up to this generation (format.md#btree-cow).
+  PLY_CHECK(mutated(BTree::clone_root(s_, s->tree->root()), s));
+  s->tree->set_last_shared(s_.gen);
+  s->info.last_shared = s_.gen;
+  // Then dst's reference on its old root goes, as in drop_tree.
+  MutCtx m{s_.gen, s_};
+  PLY_CHECK(mutated(BTree::drop(*v->cache_, v->info_.fs_id, d->tree->config(), d->tree->root(), m, progress),
+                    d));
+  d->info.last_shared = s_.gen;
+  d->info.root = s->tree->root();
+  d->tree = std::make_unique<BTree>(*v->cache_, v->info_.fs_id, v->config_for(d->info), d->info.root);
+  s_.epoch = ++v->tree_epoch_;
   return ok();
 }
 

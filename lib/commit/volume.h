@@ -39,6 +39,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
+#include <typeindex>
 
 #include "alloc/space.h"
 #include "commit/superblock.h"
@@ -193,6 +194,22 @@ class Volume {
   // (a data checksum mismatch): later changes fail with EROFS.
   void fail(const Error& e);
 
+  // Counts changes to the set of trees or to which root a tree has
+  // (create, clone, drop, reset), so that a higher layer's cache of
+  // per-tree facts (the filesystem layer's branch names) knows when it may
+  // have missed one. Txn::tree_change() says which count a Txn's own last
+  // change made.
+  uint64_t tree_epoch() const { return tree_epoch_.load(std::memory_order_acquire); }
+  // State a higher layer keeps per volume (a cache it maintains itself),
+  // made on first use and destroyed with the volume.
+  template <class T>
+  T& extension() {
+    std::lock_guard lk(ext_mu_);
+    auto& p = ext_[std::type_index(typeid(T))];
+    if (!p) p = std::make_shared<T>();
+    return *static_cast<T*>(p.get());
+  }
+
  private:
   struct Slot {
     std::shared_mutex mu;
@@ -244,6 +261,9 @@ class Volume {
   std::atomic<bool> changed_{false};  // the open generation has something to commit
   std::atomic<uint64_t> next_tree_id_{0}, next_inode_{0};
   std::atomic<uint64_t> incompat_added_{0};  // Txn::add_incompat, folded in at each freeze
+  std::atomic<uint64_t> tree_epoch_{1};      // tree_epoch()
+  std::mutex ext_mu_;
+  std::map<std::type_index, std::shared_ptr<void>> ext_;
 
   std::shared_mutex trees_mu_;  // shared to find a slot, exclusive to add or remove one
   std::map<uint64_t, std::unique_ptr<Slot>> trees_;
@@ -266,6 +286,7 @@ class Volume::Txn {
   ~Txn();
 
   Generation gen() const;
+  Volume& volume() const { return *s_.v; }
   // Reserve blocks now so that later steps cannot fail with ENOSPC halfway.
   Result<void> reserve(uint64_t nblocks);
 
@@ -273,6 +294,15 @@ class Volume::Txn {
   Result<TreeId> clone_tree(TreeId src);  // O(1), shares every block (Rodeh)
   // Frees what no other tree shares; `progress`: BTree::drop's.
   Result<void> drop_tree(TreeId id, const BTree::DropProgress& progress = {});
+  // Tree `dst` takes the content of `src`, as a clone of it would, and keeps
+  // its id and root record otherwise (created, cloned_from): O(1) but for
+  // freeing what only dst's old content held (drop_tree's cost, `progress`
+  // its report). A rollback to a snapshot (format.md#snapshots), so that
+  // views, mounts and snapshots keep naming the branch by its id.
+  Result<void> reset_tree(TreeId dst, TreeId src, const BTree::DropProgress& progress = {});
+  // The Volume::tree_epoch() value this Txn's last create, clone, drop or
+  // reset made: the epoch just before it was this minus one.
+  uint64_t tree_change() const { return s_.epoch; }
   Result<TreeInfo> tree_info(TreeId id);
   Result<std::vector<TreeInfo>> list_trees();
 
@@ -320,6 +350,7 @@ class Volume::Txn {
     bool for_delete = false;
     bool grouped = false;  // inside this thread's Group: it holds the gate
     uint64_t reserved = 0;
+    uint64_t epoch = 0;    // tree_change()
     Result<BlockNo> alloc_node() override;
     Result<uint32_t> refcount(BlockNo b) override;
     Result<void> inc_ref(BlockNo b) override;

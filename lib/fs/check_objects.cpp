@@ -193,25 +193,25 @@ void Checker::findings_fix_info(uint64_t root) {
       f.round = 1;
       f.done = "rewrote damaged filesystem info items";
       f.fix = [root, old = info_, tree = tree_](RepairCtx& c) mutable -> Result<void> {
-        std::vector<std::byte> v(sizeof(disk::FsInfo));
-        if (old.size() == v.size()) v = old;
-        auto* d = view_as<disk::FsInfo>(std::span(v));
+        disk::FsInfo fi;
+        const bool readable = decode_info(old, fi);
+        if (!readable) fi = disk::FsInfo{};
+        auto* d = &fi;
         if (!root) {
           if (auto cur = PLY_TRY(c.t.get(c.tree, ikey(0, ItemType::FsInfo)));
-              cur && cur->size() == v.size() && *cur != old)
+              cur && *cur != old)
             return ok();  // an earlier step of this round made it
           root = c.t.next_inode_number();
           c.t.advance_inode_numbers(root + 1);
           PLY_CHECK(remake_dir(c, root, root));
         }
         d->magic.set(disk::kFsMagic);
-        d->version.set(disk::kFsVersion);
         d->root_ino.set(root);
-        if (old.size() != v.size()) {
+        if (!readable) {
           const std::string name = "recovered~" + std::to_string(tree.v);
           std::memcpy(d->name, name.data(), name.size());
         }
-        return c.t.put(c.tree, ikey(0, ItemType::FsInfo), v);
+        return write_info(c.t, c.tree, fi);  // as version 4, noted in the name index
       };
     }
 }

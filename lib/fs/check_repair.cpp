@@ -199,9 +199,10 @@ Result<void> reconnect(RepairCtx& c, uint64_t ino, uint32_t mode) {
 
 Result<void> patch_info(RepairCtx& c, const std::function<void(disk::FsInfo&)>& fn) {
   auto v = PLY_TRY(c.t.get(c.tree, ikey(0, ItemType::FsInfo)));
-  if (!v || v->size() != sizeof(disk::FsInfo)) return Error::io(ENOENT, "no info item");
-  fn(*view_as<disk::FsInfo>(std::span(*v)));
-  return c.t.put(c.tree, ikey(0, ItemType::FsInfo), *v);
+  disk::FsInfo fi;
+  if (!v || !decode_info(*v, fi)) return Error::io(ENOENT, "no info item");
+  fn(fi);
+  return write_info(c.t, c.tree, fi);  // as version 4, noted in the name index
 }
 
 // A directory inode for entries whose own inode is gone (mode 0700; the

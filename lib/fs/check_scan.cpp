@@ -86,20 +86,24 @@ void Checker::inode_fields(uint64_t ino, const disk::Inode& d) {
 
 void Checker::info(std::span<const std::byte> v) {
   info_seen_ = true;
-  if (v.size() != sizeof(disk::FsInfo)) return problem("F1-info", 0, "info item of wrong size");
+  disk::FsInfo fi;
+  if (!decode_info(v, fi)) return problem("F1-info", 0, "info item of wrong size");
   info_.assign(v.begin(), v.end());
-  const auto* d = view_as<disk::FsInfo>(v);
+  const auto* d = &fi;
   root_ = d->root_ino.get();
   if (d->magic.get() != disk::kFsMagic || d->version.get() < disk::kFsVersionMin ||
       d->version.get() > disk::kFsVersion)
     return problem("F1-info", 0, "bad magic or version in the info item");
   info_ok_ = true;
-  if (d->reserved.get() || (d->branch_flags.get() & ~(disk::kBranchReadOnly | disk::kBranchDoomed)))
+  bool reserved2 = false;
+  for (uint8_t b : d->reserved2) reserved2 |= b != 0;
+  if (d->reserved.get() || reserved2 || (d->branch_flags.get() & ~disk::kBranchFlagsKnown))
     problem("F1-info", 0, "reserved fields or unknown branch flags set in the info item", Repair::Safe, 4,
             "cleared reserved fields", [](RepairCtx& c) {
               return patch_info(c, [](disk::FsInfo& i) {
                 i.reserved.set(0);
-                i.branch_flags.set(i.branch_flags.get() & (disk::kBranchReadOnly | disk::kBranchDoomed));
+                std::memset(i.reserved2, 0, sizeof i.reserved2);
+                i.branch_flags.set(i.branch_flags.get() & disk::kBranchFlagsKnown);
               });
             });
   if (d->name[0] == 0)

@@ -31,9 +31,11 @@ inline constexpr uint64_t kOffMask = (1ull << 56) - 1;  // the offset part of a 
 inline constexpr uint32_t kFsMagic = 0x53464c50;  // "PLFS"
 // Version 2 adds whiteout entries, opaque directories and the branch fields
 // of FsInfo (format.md#fs-union); version 3 the DOOMED branch flag
-// (format.md#snapshots). Older trees are read as the current version (they
-// hold none of it) and rewritten so when opened read-write.
-inline constexpr uint32_t kFsVersion = 3;
+// (format.md#snapshots); version 4 the 128-byte FsInfo with the branch's
+// uuid and the SNAPSHOT flag (format.md#fs-info), under the superblock's
+// BRANCH_INFO_V4 incompat bit. Older trees are read as the current version
+// (they hold none of it) and rewritten so when their info is next written.
+inline constexpr uint32_t kFsVersion = 4;
 inline constexpr uint32_t kFsVersionMin = 1;
 
 // FsInfo.branch_flags
@@ -42,7 +44,12 @@ inline constexpr uint32_t kBranchReadOnly = 1;  // never changed, even in a rw v
 // copy of an unfinished merge or rollback, or a branch a finished one
 // replaced (format.md#snapshots).
 inline constexpr uint32_t kBranchDoomed = 2;
+// Version 4: a snapshot, an O(1) clone of the branch its root record's
+// cloned_from names, taken by `snapshot` (format.md#snapshots).
+inline constexpr uint32_t kBranchSnapshot = 4;
+inline constexpr uint32_t kBranchFlagsKnown = kBranchReadOnly | kBranchDoomed | kBranchSnapshot;
 
+// Versions 1-3 store the first 72 bytes only; version 4 all 128.
 struct FsInfo {
   le32 magic;
   le32 version;
@@ -50,10 +57,14 @@ struct FsInfo {
   le64 created_ns;   // creation time
   uint8_t name[32];  // branch name, NUL-padded
   le64 parent;       // tree id of the branch this one was created from or layered on; 0: none
-  le32 branch_flags; // kBranchReadOnly
+  le32 branch_flags; // kBranch*
   le32 reserved;
+  uint8_t uuid[16];           // version 4: the branch's identity (random); all zero: none
+  uint8_t received_uuid[16];  // version 4: the uuid of the branch a receive copied; zero otherwise
+  uint8_t reserved2[24];
 };
-static_assert(sizeof(FsInfo) == 72);
+static_assert(sizeof(FsInfo) == 128);
+inline constexpr size_t kFsInfoV3Size = 72;
 
 struct Timespec {
   le64 sec;   // seconds since the epoch (two's complement)

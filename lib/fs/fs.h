@@ -76,8 +76,15 @@ struct BranchMeta {
   TreeId parent;        // the branch it was created from or layered on; 0: none
   bool read_only = false;
   bool doomed = false;  // left by an unfinished merge or rollback: dropped at the next open
+  // Taken by `snapshot` of `origin` (format.md#snapshots): an O(1) clone.
+  bool snapshot = false;
   uint64_t root = 0, created_ns = 0;
   Generation created;   // generation of its root record
+  TreeId origin;        // the tree it was cloned from (its root record's cloned_from); 0: none
+  // The branch's identity, random, kept by renames (all zero for a tree
+  // written before version 4 until its info is next written); and for a
+  // received branch, the uuid of the branch it copies.
+  std::array<uint8_t, 16> uuid{}, received_uuid{};
 };
 
 struct DirEntry {
@@ -118,12 +125,36 @@ class Filesystem {
   // Every filesystem tree of the image with its branch fields, by tree id.
   static Result<std::vector<BranchMeta>> branches(Volume& v);
   static Result<BranchMeta> branch(Volume& v, TreeId tree);
-  // Rewrites a branch's name, parent or flags (one generation).
+  // Rewrites a branch's name, parent, flags or received uuid (one
+  // generation). Its uuid stays (a tree without one gets one).
   static Result<void> set_branch(Volume& v, const BranchMeta& m);
   // The same inside a larger transaction.
   static Result<void> set_branch(Volume::Txn& t, const BranchMeta& m);
   static Result<BranchMeta> branch(Volume::Txn& t, TreeId tree);
   static Result<std::vector<BranchMeta>> branches(Volume::Txn& t);
+  // The branch (not doomed) named `name`, or nullopt. An index of names
+  // kept per volume makes this O(1) in the number of branches
+  // (format.md#fs-info, "Finding a branch by name"), so that an image with
+  // thousands of snapshots names new ones as fast as with one.
+  static Result<std::optional<BranchMeta>> find(Volume& v, std::string_view name);
+  static Result<std::optional<BranchMeta>> find(Volume::Txn& t, std::string_view name);
+  // The branches whose parent is `parent` (layers on it, clones of it), and
+  // those cloned from `origin` (its clones and snapshots), by tree id; and
+  // how many branches are not doomed. From the same per-volume index.
+  static Result<std::vector<BranchMeta>> children(Volume::Txn& t, TreeId parent);
+  static Result<std::vector<BranchMeta>> clones_of(Volume::Txn& t, TreeId origin);
+  static Result<size_t> live_branches(Volume::Txn& t);
+  // A new branch sharing every block of `src` (Volume::Txn::clone_tree, O(1))
+  // with the fields of `m` (its tree, origin and created are set here, and
+  // a new uuid): a clone or a snapshot. kCloneBlocks reserved by the caller.
+  static constexpr uint64_t kCloneBlocks = 64 + kSetBranchBlocks;
+  static Result<BranchMeta> clone(Volume::Txn& t, TreeId src, BranchMeta m);
+  // Drops a branch's tree, freeing what no other tree shares.
+  static Result<void> drop(Volume::Txn& t, TreeId tree, const BTree::DropProgress& progress = {});
+  // Branch `dst` takes the content of branch `src` (Volume::Txn::reset_tree)
+  // and keeps its own tree id and branch fields: a rollback to a snapshot.
+  static Result<void> reset(Volume::Txn& t, TreeId dst, TreeId src,
+                            const BTree::DropProgress& progress = {});
 
   // What differs between two filesystem trees of one volume, item by item
   // (Volume::Txn::diff: subtrees the two share are skipped unread). For
@@ -269,6 +300,11 @@ class Filesystem {
   // Turns the filesystem read-only after an error (EIO for the caller).
   void fail(const Error& e);
   bool read_only() const;
+  // The branch's content was replaced under this object (a rollback or a
+  // merge, Filesystem::reset): from now on it changes nothing in the tree,
+  // not even the orphans its pins kept (another object serves the new
+  // content), and answers ESTALE to hold. Memory state is simply dropped.
+  void retire() { retired_ = true; }
 
  private:
   Filesystem(Volume& v, TreeId tree, uint64_t root);
@@ -309,6 +345,7 @@ class Filesystem {
   std::mutex pin_mu_;  // guards shared_pins_ (taken before a table's own mutex)
   std::vector<std::shared_ptr<const PinTable>> shared_pins_;
   std::atomic<bool> failed_{false};
+  std::atomic<bool> retired_{false};
   bool kernel_times_ = false;
 };
 

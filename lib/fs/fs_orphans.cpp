@@ -89,6 +89,7 @@ bool Filesystem::held(uint64_t ino) {
 }
 
 Result<void> Filesystem::hold(uint64_t ino, PinTable& t) {
+  if (retired_) return Error::io(ESTALE, "the branch's content was replaced");
   auto tx = PLY_TRY(vol_.begin());
   Ctx c{*this, std::move(tx)};
   // Shared: remove_name decides under the exclusive lock whether anything
@@ -169,6 +170,7 @@ Result<void> Filesystem::release(uint64_t ino) {
 // An inode whose last name just went: freed now unless something above
 // still holds it (then at its last unpin, or at the next mount).
 Result<void> Filesystem::free_if_unpinned(uint64_t ino) {
+  if (retired_) return ok();
   // Not held now, never again (hold refuses an orphan nothing holds): it
   // goes, and lives on as a ghost while the kernel still knows it.
   if (held(ino)) return ok();
@@ -182,6 +184,7 @@ Result<void> Filesystem::free_if_unpinned(uint64_t ino) {
 }
 
 Result<void> Filesystem::release_all() {
+  if (retired_) return ok();
   // The orphans pinned here go; one that nothing here pins (another
   // filesystem object of the same tree may) stays for the next mount.
   bool any = !pins_.empty();

@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -29,6 +30,25 @@ inline Key ikey(uint64_t obj, ItemType t, uint64_t off = 0) {
 }
 inline ItemType type_of(Key k) { return ItemType(k.lo >> 56); }
 inline uint64_t off_of(Key k) { return k.lo & kOffMask; }
+
+// An FsInfo value as read (format.md#fs-info): versions 1-3 hold its first
+// 72 bytes, version 4 all 128. Returns false for any other size, or a size
+// that does not match the version; `out` then holds what fits. The magic,
+// version range and fields are the caller's to check.
+inline bool decode_info(std::span<const std::byte> v, disk::FsInfo& out) {
+  out = disk::FsInfo{};
+  std::memcpy(&out, v.data(), std::min(v.size(), sizeof out));
+  if (v.size() == sizeof(disk::FsInfo)) return out.version.get() >= 4;
+  return v.size() == disk::kFsInfoV3Size && out.version.get() < 4;
+}
+
+// The branch table's info item (format.md#fs-info; branches.cpp): read and
+// checked; written as version 4 (setting BRANCH_INFO_V4); every write of
+// one goes through write_info or, for a writer of its own (fsck), is told
+// to note_info, so that the index of branch names stays true.
+Result<disk::FsInfo> read_info(Volume::Txn& t, TreeId tree);
+Result<void> write_info(Volume::Txn& t, TreeId tree, disk::FsInfo fi);
+void note_info(Volume::Txn& t, TreeId tree, const disk::FsInfo& fi);
 
 inline uint64_t name_hash(std::string_view n) {
   uint64_t h = xxh3(n.data(), n.size()) & kOffMask;

@@ -76,6 +76,15 @@ Json Branches::ref(TreeId t) const {
   return o;
 }
 
+// A uuid as text, or null for none (a tree written before FsInfo version 4).
+static Json uuid_text(const std::array<uint8_t, 16>& u) {
+  if (std::all_of(u.begin(), u.end(), [](uint8_t x) { return x == 0; })) return nullptr;
+  char b[37];
+  std::snprintf(b, sizeof b, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return std::string(b);
+}
+
 Json Branches::branch(const BranchMeta& b) const {
   Json o = Json::object();
   put_name(o, "name", b.name);
@@ -83,6 +92,11 @@ Json Branches::branch(const BranchMeta& b) const {
   o["parent"] = b.parent.v ? ref(b.parent) : Json(nullptr);
   o["layer"] = is_layer(b.tree);
   o["writable"] = !b.read_only;
+  o["snapshot"] = b.snapshot;
+  // A snapshot's or clone's origin: the branch it was taken of (null once
+  // that branch is gone, or for a branch made empty).
+  o["origin"] = b.origin.v ? ref(b.origin) : Json(nullptr);
+  o["uuid"] = uuid_text(b.uuid);
   o["created_generation"] = b.created.v;
   Json kids = Json::array();
   for (const BranchMeta* c : children(b.tree)) kids.push_back(ref(c->tree));
@@ -130,7 +144,14 @@ Json snapshot(const Branches& bs, const Snapshot& s) {
   const BranchMeta* live = bs.find(s.live.tree);
   o["snapshot"] = bs.branch(frozen ? *frozen : s.frozen);
   o["live"] = bs.branch(live ? *live : s.live);
-  o["stack"] = bs.stack(s.stack);
+  return o;
+}
+
+Json rollback(const Branches& bs, const Rollback& r) {
+  Json o = Json::object();
+  const BranchMeta* b = bs.find(r.branch.tree);
+  o["branch"] = bs.branch(b ? *b : r.branch);
+  o["to"] = r.to ? bs.ref(r.to->tree) : Json(nullptr);
   return o;
 }
 

@@ -59,6 +59,7 @@ class Branches {
 
 Json snapshot(const Branches& bs, const Snapshot& s);  // Snapshot
 Json merge(const Branches& bs, const Merge& m);        // Merge
+Json rollback(const Branches& bs, const Rollback& r);  // Rollback
 
 const char* change_name(Change c);  // "added", "removed", "modified", "renamed"
 const char* type_name(uint8_t dt);  // "file", "directory", "symlink"...

@@ -20,14 +20,13 @@ namespace plyfs {
 namespace {
 
 // The blocks a swap may need, reserved before it changes anything (A5): a
-// new tree, every branch's FsInfo and every view rewritten, and a new
+// few new trees, every view rewritten, a few branches' FsInfo, and a new
 // default view. The helpers it calls reserve nothing more, so that no swap
 // fails halfway for want of space.
 Result<uint64_t> swap_blocks(Volume& v) {
   auto t = PLY_TRY(v.begin());
-  const uint64_t branches = PLY_TRY(Filesystem::branches(t)).size();
   const uint64_t views = PLY_TRY(list_views(t)).size();
-  return Filesystem::kCreateBlocks + Filesystem::kSetBranchBlocks * (branches + 4) +
+  return 2 * Filesystem::kCreateBlocks + 4 * Filesystem::kCloneBlocks + Filesystem::kSetBranchBlocks * 8 +
          kViewBlocks * (views + 2) + 16;
 }
 
@@ -40,16 +39,13 @@ Result<BranchMeta> live_branch(Volume::Txn& t, TreeId id) {
 }
 
 // A layer is a branch created empty on its parent, as opposed to a clone
-// (view.h's is_layer, inside a transaction).
-Result<bool> layer(Volume::Txn& t, const BranchMeta& b) {
-  if (!b.parent.v) return false;
-  return PLY_TRY(t.tree_info(b.tree)).cloned_from != b.parent;
-}
+// (view.h's is_layer).
+bool layer(const BranchMeta& b) { return b.parent.v && b.origin != b.parent; }
 
 // Refuses while a live branch other than `except` is layered on `b`.
 Result<void> no_layers_on(Volume::Txn& t, const BranchMeta& b, TreeId except) {
-  for (const auto& x : PLY_TRY(Filesystem::branches(t)))
-    if (!x.doomed && x.parent == b.tree && x.tree != except && x.tree != b.tree && PLY_TRY(layer(t, x)))
+  for (const auto& x : PLY_TRY(Filesystem::children(t, b.tree)))
+    if (!x.doomed && x.tree != except && x.tree != b.tree && layer(x))
       return Error::io(EBUSY, "layer \"" + shown(x.name) + "\" is made on \"" + shown(b.name) +
                                   "\": merge or delete that layer first");
   return ok();
@@ -58,8 +54,8 @@ Result<void> no_layers_on(Volume::Txn& t, const BranchMeta& b, TreeId except) {
 // Clones of a branch that goes record no parent any more (their parent
 // field is provenance only; a layer on it was refused before).
 Result<void> forget_parent(Volume::Txn& t, TreeId gone) {
-  for (auto b : PLY_TRY(Filesystem::branches(t)))
-    if (!b.doomed && b.parent == gone && b.tree != gone && !PLY_TRY(layer(t, b))) {
+  for (auto b : PLY_TRY(Filesystem::children(t, gone)))
+    if (!b.doomed && b.tree != gone && !layer(b)) {
       b.parent = TreeId{0};
       PLY_CHECK(Filesystem::set_branch(t, b));
     }
@@ -76,9 +72,9 @@ Result<TreeId> implicit_default(Volume::Txn& t) {
   return TreeId{0};
 }
 
-// When an operation replaces the tree a plain mount shows by default, a
-// default view keeps plain mounts on what replaced it (its new id may not
-// be the lowest). Named "default", or "default-N" if that name is taken.
+// When an operation dooms the tree a plain mount shows by default, a
+// default view keeps plain mounts on what replaced it (its id may not be
+// the lowest). Named "default", or "default-N" if that name is taken.
 Result<void> keep_default(Volume::Txn& t, TreeId was, TreeId replaced, const std::vector<ViewLayer>& stack) {
   if (!was.v || was != replaced) return ok();
   auto views = PLY_TRY(list_views(t));
@@ -86,6 +82,20 @@ Result<void> keep_default(Volume::Txn& t, TreeId was, TreeId replaced, const std
   for (int i = 1; std::any_of(views.begin(), views.end(), [&](const View& w) { return w.name == name; }); i++)
     name = "default-" + std::to_string(i);
   return put_view(t, View{name, true, stack});
+}
+
+// Branch `b` takes the content of tree `src`, keeping its id and fields.
+// Its old content first becomes a doomed clone (O(1)), so that the reset
+// frees nothing now: the clone is dropped later (drop_doomed), outside the
+// command. Returns the doomed tree.
+Result<TreeId> replace_content(Volume::Txn& t, const BranchMeta& b, TreeId src) {
+  BranchMeta old = b;
+  old.doomed = true;
+  old.snapshot = false;
+  old.received_uuid = {};
+  const TreeId keep = PLY_TRY(Filesystem::clone(t, b.tree, old)).tree;
+  PLY_CHECK(Filesystem::reset(t, b.tree, src));
+  return keep;
 }
 
 // The root directory's attributes of a branch (a new layer's root starts as
@@ -111,7 +121,7 @@ Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress) {
   for (TreeId id : doomed) {
     auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = 64}));
     BTree::DropStats last;
-    PLY_CHECK(t.drop_tree(id, [&](const BTree::DropStats& st) {
+    PLY_CHECK(Filesystem::drop(t, id, [&](const BTree::DropStats& st) {
       last = st;
       if (progress) progress({done.nodes + st.nodes, done.extents + st.extents});
     }));
@@ -123,20 +133,20 @@ Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress) {
 
 Result<BranchMeta> clone_branch(Volume& v, TreeId src, std::string_view name, bool read_only) {
   PLY_CHECK(check_branch_name(name));
-  if (find_branch(v, name)) return Error::io(EEXIST, "a branch named \"" + std::string(name) + "\" exists");
-  auto t = PLY_TRY(v.begin({.reserve_blocks = 64 + Filesystem::kSetBranchBlocks}));
+  auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kCloneBlocks}));
+  if (PLY_TRY(Filesystem::find(t, name)))
+    return Error::io(EEXIST, "a branch named \"" + shown(name) + "\" exists");
   BranchMeta s = PLY_TRY(live_branch(t, src));
   BranchMeta m = s;
-  m.tree = PLY_TRY(t.clone_tree(src));
   m.name = std::string(name);
   // A clone of a layer holds only the layer's changes: it is a layer on the
   // same parent (showing the same view). A clone of anything else records
   // its source.
-  m.parent = PLY_TRY(layer(t, s)) ? s.parent : src;
+  m.parent = layer(s) ? s.parent : src;
   m.read_only = read_only;
-  PLY_CHECK(Filesystem::set_branch(t, m));
-  m.created = t.gen();
-  return m;
+  m.snapshot = false;
+  m.received_uuid = {};
+  return Filesystem::clone(t, src, m);
 }
 
 std::string snapshot_prefix(std::string_view base) {
@@ -153,53 +163,47 @@ Result<std::string> snapshot_name(Volume& v, std::string_view base) {
   std::string b = snapshot_prefix(base);
   b.pop_back();  // the '@' is the stamp's
   std::string name = b + stamp;
-  for (int i = 1; find_branch(v, name); i++) {
+  auto t = PLY_TRY(v.begin());
+  for (int i = 1; PLY_TRY(Filesystem::find(t, name)); i++) {
     if (i > 99) return Error::io(EEXIST, "too many snapshots named " + b + stamp);
     name = b + stamp + "." + std::to_string(i);
   }
   return name;
 }
 
-Result<Snapshot> snapshot(Volume& v, const std::vector<ViewLayer>& stack, std::string_view snap_name) {
+Result<TreeId> snapshot_target(const std::vector<ViewLayer>& stack) {
   auto top = std::find_if(stack.begin(), stack.end(), [](const ViewLayer& l) { return l.writable; });
   if (top == stack.end()) return Error::io(EROFS, "the stack has no writable branch to snapshot");
-  if (stack.size() >= kMaxViewLayers)
-    return Error::invalid("the stack holds " + std::to_string(kMaxViewLayers) + " branches already");
+  return top->tree;
+}
+
+Result<Snapshot> snapshot(Volume& v, TreeId tree, std::string_view snap_name) {
   PLY_CHECK(check_branch_name(snap_name, "snapshot"));
-  if (find_branch(v, snap_name)) return Error::io(EEXIST, "a branch named \"" + std::string(snap_name) + "\" exists");
-  // Everything is checked before the transaction, which cannot be undone.
-  for (const auto& view : PLY_TRY(list_views(v)))
-    for (const auto& l : view.layers)
-      if (l.tree == top->tree && l.writable && view.layers.size() >= kMaxViewLayers)
-        return Error::invalid("view \"" + view.name + "\" holds " + std::to_string(kMaxViewLayers) +
-                              " branches already");
-  FsCreateOptions o = PLY_TRY(root_like(v, top->tree));
-  auto t = PLY_TRY(v.begin({.reserve_blocks = PLY_TRY(swap_blocks(v))}));
+  auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kCloneBlocks}));
+  if (PLY_TRY(Filesystem::find(t, snap_name)))
+    return Error::io(EEXIST, "a branch named \"" + shown(snap_name) + "\" exists");
   Snapshot s;
-  s.frozen = PLY_TRY(live_branch(t, top->tree));
-  const TreeId was_default = PLY_TRY(implicit_default(t));
-  o.name = s.frozen.name;
-  o.parent = s.frozen.tree;
-  s.live = PLY_TRY(Filesystem::branch(t, PLY_TRY(Filesystem::create(t, o))));
-  s.frozen.name = std::string(snap_name);
-  s.frozen.read_only = true;
-  PLY_CHECK(Filesystem::set_branch(t, s.frozen));
-  auto swap = [&](std::vector<ViewLayer>& ls) {
-    for (size_t i = 0; i < ls.size(); i++)
-      if (ls[i].tree == s.frozen.tree && ls[i].writable) {
-        ls[i].writable = false;
-        ls.insert(ls.begin() + long(i), ViewLayer{s.live.tree, true});
-        return true;
-      }
-    return false;
-  };
-  PLY_CHECK(rewrite_views(t, [&](View& view) { return swap(view.layers); }));
-  s.stack = stack;
-  swap(s.stack);
-  // A plain mount showed T: it shows the new stack from now on (T, the
-  // lowest id, is the snapshot now).
-  PLY_CHECK(keep_default(t, was_default, s.frozen.tree, s.stack));
+  s.live = PLY_TRY(live_branch(t, tree));
+  BranchMeta m = s.live;
+  m.name = std::string(snap_name);
+  m.read_only = true;
+  m.snapshot = true;
+  m.received_uuid = {};
+  // As a clone: a snapshot of a layer is a layer on its parent.
+  m.parent = layer(s.live) ? s.live.parent : tree;
+  s.frozen = PLY_TRY(Filesystem::clone(t, tree, m));
   return s;
+}
+
+Result<std::vector<BranchMeta>> snapshots_of(Volume& v, TreeId tree) {
+  auto t = PLY_TRY(v.begin());
+  std::vector<BranchMeta> out;
+  for (auto& b : PLY_TRY(Filesystem::clones_of(t, tree)))
+    if (b.snapshot && !b.doomed) out.push_back(std::move(b));
+  std::sort(out.begin(), out.end(), [](const BranchMeta& a, const BranchMeta& b) {
+    return a.created != b.created ? a.created < b.created : a.tree.v < b.tree.v;
+  });
+  return out;
 }
 
 // --- merge --------------------------------------------------------------------------------
@@ -352,15 +356,20 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
                     const std::function<void(const MergeStats&)>& progress) {
   Merge out;
   BranchMeta up, low;
-  bool low_is_layer;
+  bool low_is_layer, low_stays;
   {
     auto t = PLY_TRY(v.begin());
     up = PLY_TRY(live_branch(t, upper));
-    if (!PLY_TRY(layer(t, up)))
+    if (!layer(up))
       return Error::invalid("branch \"" + up.name + "\" is not a layer (made on a parent): nothing to merge into");
+    if (up.read_only) return Error::io(EROFS, "branch \"" + up.name + "\" is read-only");
     low = PLY_TRY(live_branch(t, up.parent));
-    low_is_layer = PLY_TRY(layer(t, low));
-    PLY_CHECK(no_layers_on(t, low, up.tree));
+    low_is_layer = layer(low);
+    // Other layers on the lower branch (siblings, snapshots of the upper
+    // one) show their content over it: it stays for them.
+    auto alone = no_layers_on(t, low, up.tree);
+    if (!alone && alone.error().code != EBUSY) return alone.error();
+    low_stays = !alone;
     // Every view must show the two together (the result replaces the pair):
     // L alone would lose its own content, U alone would gain L's.
     for (const auto& view : PLY_TRY(list_views(t)))
@@ -381,10 +390,10 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
   // next open if the merge does not finish, and at once if it fails).
   BranchMeta res = low;
   {
-    auto t = PLY_TRY(v.begin({.reserve_blocks = 64 + Filesystem::kSetBranchBlocks}));
-    res.tree = PLY_TRY(t.clone_tree(low.tree));
+    auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kCloneBlocks}));
     res.doomed = true;
-    PLY_CHECK(Filesystem::set_branch(t, res));
+    res.snapshot = false;
+    res = PLY_TRY(Filesystem::clone(t, low.tree, res));
   }
   std::unique_ptr<Filesystem> own_up;
   auto work = [&]() -> Result<MergeStats> {
@@ -405,82 +414,79 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
   auto st = work();
   own_up.reset();
   if (!st) {
-    if (auto t = v.begin({.for_delete = true, .reserve_blocks = 64})) (void)t->drop_tree(res.tree);
+    if (auto t = v.begin({.for_delete = true, .reserve_blocks = 64})) (void)Filesystem::drop(*t, res.tree);
     return st.error();
   }
 
-  // The swap: one generation, every block reserved first; the old branches
-  // are doomed last.
+  // The swap: one generation, every block reserved first. The upper branch
+  // takes the scratch tree's content (its old content and the scratch tree
+  // are doomed), then its new parent; the lower branch leaves the views.
   auto t = PLY_TRY(v.begin({.reserve_blocks = swap}));
   const TreeId was_default = PLY_TRY(implicit_default(t));
-  res.name = up.name;
-  res.read_only = up.read_only;
-  res.parent = low_is_layer ? low.parent : TreeId{0};
-  res.doomed = false;
-  PLY_CHECK(Filesystem::set_branch(t, res));
-  // Layers on the upper branch are on the result now; clones of either
-  // forget their source.
-  for (auto b : PLY_TRY(Filesystem::branches(t)))
-    if (!b.doomed && b.parent == up.tree && b.tree != res.tree && PLY_TRY(layer(t, b))) {
-      b.parent = res.tree;
-      PLY_CHECK(Filesystem::set_branch(t, b));
-    }
-  PLY_CHECK(forget_parent(t, up.tree));
-  PLY_CHECK(forget_parent(t, low.tree));
-  PLY_CHECK(rewrite_views(t, [&](View& view) {
-    bool changed = false;
-    for (auto& l : view.layers)
-      if (l.tree == up.tree) l.tree = res.tree, changed = true;
-    changed |= std::erase_if(view.layers, [&](const ViewLayer& l) { return l.tree == low.tree; }) > 0;
-    return changed;
-  }));
-  PLY_CHECK(keep_default(t, was_default, low.tree, {{res.tree, !res.read_only}}));
-  up.doomed = low.doomed = true;
+  out.doomed.push_back(PLY_TRY(replace_content(t, up, res.tree)));
+  PLY_CHECK(Filesystem::drop(t, res.tree));  // O(1): the upper branch holds its root now
+  up.parent = low_is_layer ? low.parent : TreeId{0};
   PLY_CHECK(Filesystem::set_branch(t, up));
-  PLY_CHECK(Filesystem::set_branch(t, low));
-  out.merged = res;
-  out.merged.created = t.gen();
-  out.upper = up.tree;
+  PLY_CHECK(rewrite_views(t, [&](View& view) {
+    return std::erase_if(view.layers, [&](const ViewLayer& l) { return l.tree == low.tree; }) > 0;
+  }));
+  if (!low_stays) {
+    PLY_CHECK(forget_parent(t, low.tree));
+    PLY_CHECK(keep_default(t, was_default, low.tree, {{up.tree, !up.read_only}}));
+    low.doomed = true;
+    PLY_CHECK(Filesystem::set_branch(t, low));
+    out.doomed.push_back(low.tree);
+  }
+  out.merged = PLY_TRY(Filesystem::branch(t, up.tree));
   out.lower = low.tree;
+  out.lower_doomed = !low_stays;
   out.stats = *st;
   return out;
 }
 
-Result<BranchMeta> rollback(Volume& v, TreeId branch) {
-  BranchMeta old;
+Result<Rollback> rollback(Volume& v, TreeId branch, std::optional<TreeId> to) {
+  Rollback out;
+  BranchMeta b;
+  std::optional<FsCreateOptions> empty;  // a layer going back to empty
   {
     auto t = PLY_TRY(v.begin());
-    old = PLY_TRY(live_branch(t, branch));
-    if (!PLY_TRY(layer(t, old)))
-      return Error::invalid("branch \"" + old.name + "\" is not a layer: delete it instead");
-    PLY_CHECK(no_layers_on(t, old, TreeId{0}));
+    b = PLY_TRY(live_branch(t, branch));
+    if (b.read_only) return Error::io(EROFS, "branch \"" + b.name + "\" is read-only");
+    PLY_CHECK(no_layers_on(t, b, TreeId{0}));
+    if (to) {
+      BranchMeta s = PLY_TRY(live_branch(t, *to));
+      if (s.origin != b.tree)
+        return Error::invalid("\"" + s.name + "\" is not a snapshot or clone of \"" + b.name + "\"");
+      out.to = s;
+    }
   }
-  FsCreateOptions o = PLY_TRY(root_like(v, old.parent));
+  if (!to) {
+    auto snaps = PLY_TRY(snapshots_of(v, b.tree));
+    if (!snaps.empty()) out.to = snaps.back();
+    else if (layer(b)) empty = PLY_TRY(root_like(v, b.parent));
+    else
+      return Error::invalid("branch \"" + b.name + "\" has no snapshot to go back to and is not a layer");
+  }
   auto t = PLY_TRY(v.begin({.reserve_blocks = PLY_TRY(swap_blocks(v))}));
-  const TreeId was_default = PLY_TRY(implicit_default(t));
-  o.name = old.name;
-  o.parent = old.parent;
-  o.read_only = old.read_only;
-  BranchMeta fresh = PLY_TRY(Filesystem::branch(t, PLY_TRY(Filesystem::create(t, o))));
-  PLY_CHECK(forget_parent(t, old.tree));
-  PLY_CHECK(rewrite_views(t, [&](View& view) {
-    bool changed = false;
-    for (auto& l : view.layers)
-      if (l.tree == old.tree) l.tree = fresh.tree, changed = true;
-    return changed;
-  }));
-  PLY_CHECK(keep_default(t, was_default, old.tree, {{fresh.tree, !fresh.read_only}}));
-  old.doomed = true;
-  PLY_CHECK(Filesystem::set_branch(t, old));
-  return fresh;
+  TreeId src;
+  if (out.to) {
+    src = out.to->tree;
+  } else {
+    empty->name = b.name;
+    empty->doomed = true;  // a scratch tree: dropped below, or by the next open
+    src = PLY_TRY(Filesystem::create(t, *empty));
+  }
+  out.doomed = PLY_TRY(replace_content(t, b, src));
+  if (!out.to) PLY_CHECK(Filesystem::drop(t, src));  // the branch holds its root now
+  out.branch = PLY_TRY(Filesystem::branch(t, b.tree));
+  return out;
 }
 
 Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& progress) {
   auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = PLY_TRY(swap_blocks(v))}));
   BranchMeta b = PLY_TRY(live_branch(t, branch));
-  size_t live = 0;
-  for (const auto& x : PLY_TRY(Filesystem::branches(t))) live += !x.doomed;
-  if (live == 1) return Error::io(EBUSY, "\"" + shown(b.name) + "\" is the image's only branch: create another first");
+  if (PLY_TRY(Filesystem::live_branches(t)) <= 1)
+    return Error::io(EBUSY, "\"" + shown(b.name) + "\" is the image's only branch: create another first");
   PLY_CHECK(no_layers_on(t, b, TreeId{0}));
   for (const auto& view : PLY_TRY(list_views(t)))
     for (const auto& l : view.layers)
@@ -490,7 +496,7 @@ Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& 
                                     "delete|create)" +
                                     (view.is_default ? std::string("; it is the default view, the one a mount shows") : ""));
   PLY_CHECK(forget_parent(t, b.tree));
-  return t.drop_tree(b.tree, progress);
+  return Filesystem::drop(t, b.tree, progress);
 }
 
 }  // namespace plyfs
@@ -665,7 +671,7 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
     auto t = PLY_TRY(v.begin());
     a = PLY_TRY(live_branch(t, from));
     b = PLY_TRY(live_branch(t, to));
-    to_is_layer_on_from = b.parent == a.tree && PLY_TRY(layer(t, b));
+    to_is_layer_on_from = b.parent == a.tree && layer(b);
   }
   auto ffs = PLY_TRY(Filesystem::open(v, from, true));
   auto tfs = PLY_TRY(Filesystem::open(v, to, true));
@@ -677,6 +683,23 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
     PLY_CHECK(d.pair_renames(*below.u));
   } else if (from != to) {
     auto ch = PLY_TRY(Filesystem::compare(v, from, to));
+    // Two trees of one lineage whose root directories have different
+    // numbers (a merge gives a branch its lower branch's root, a rollback
+    // of a layer a fresh one): an entry of one root and the same entry of
+    // the other are the same name at "/", not a change.
+    if (ffs->root() != tfs->root()) {
+      auto at_root = [&](const Filesystem::NameChange& r, uint64_t root) { return r.dir == root; };
+      std::vector<Filesystem::NameChange> kept;
+      for (const auto& r : ch.removed) {
+        auto twin = std::find_if(ch.added.begin(), ch.added.end(), [&](const Filesystem::NameChange& x) {
+          return at_root(r, ffs->root()) && at_root(x, tfs->root()) && x.name == r.name && x.ino == r.ino &&
+                 x.type == r.type;
+        });
+        if (twin != ch.added.end()) ch.added.erase(twin);
+        else kept.push_back(r);
+      }
+      ch.removed = std::move(kept);
+    }
     // Paths of objects whose hint fails: one walk of the tree, on demand.
     std::map<uint64_t, std::string> walked;
     bool did_walk = false;

@@ -3,21 +3,26 @@
 // catalog of views; it changes branches only through Filesystem and the
 // view functions, and commits each operation atomically:
 //
-//  - snapshot, clone, rollback and delete are one transaction each, so one
-//    generation, whatever the size of the branch (O(1) but for delete and
-//    rollback, which free what only the old tree used);
+//  - snapshot and clone are one O(1) transaction each: a new tree sharing
+//    the branch's root (btrfs and ZFS's snapshot). The branch itself, its
+//    views and the mounts showing it do not change, so a mount never grows
+//    deeper however many snapshots it takes;
+//  - a branch keeps its tree id through a rollback and a merge: its content
+//    is replaced (Filesystem::reset) in one transaction, and the old content
+//    lives on as a doomed clone that the next read-write open, or a mount's
+//    cleaner, drops, so that what freeing it costs is not the command's;
 //  - a merge builds its result in a scratch tree flagged DOOMED (a clone of
 //    the lower branch, O(1)), applying the upper branch's entries over many
-//    generations, and then swaps it in with one transaction that renames it,
-//    clears its flag, dooms the two old branches and rewrites every view. A
-//    crash before the swap leaves the old branches and a doomed scratch tree;
-//    a crash after it, the merged branch and two doomed trees. Doomed trees
-//    are dropped by the next read-write open (drop_doomed), so the merge is
-//    there entirely or not at all, and its cost follows the size of the
-//    upper branch (the change), not of the lower one.
+//    generations, then swaps it in with one transaction. A crash before the
+//    swap leaves the branches as they were and a doomed scratch tree; after
+//    it, the merged branch and doomed trees. Doomed trees are dropped by the
+//    next read-write open (drop_doomed), so the merge is there entirely or
+//    not at all, and its cost follows the size of the upper branch (the
+//    change), not of the lower one.
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,17 +48,19 @@ Result<std::string> snapshot_name(Volume& v, std::string_view base);
 std::string snapshot_prefix(std::string_view base);
 
 struct Snapshot {
-  BranchMeta frozen;              // the old writable branch, now read-only
-  BranchMeta live;                // the new empty branch layered on it
-  std::vector<ViewLayer> stack;   // the stack afterwards
+  BranchMeta frozen;  // the snapshot: a new read-only branch, flagged SNAPSHOT
+  BranchMeta live;    // the branch it was taken of, unchanged
 };
-// Unionfs's snapshot of a stack: its leftmost writable branch T is renamed
-// `snap_name` and becomes read-only; a new empty branch layered on T takes
-// T's old name and T's place as the writable branch. Every view that
-// writes to T changes the same way. If a plain mount showed T (no default
-// view), a default view "default" now shows the new stack. One generation,
-// O(1).
-Result<Snapshot> snapshot(Volume& v, const std::vector<ViewLayer>& stack, std::string_view snap_name);
+// A snapshot of branch `tree`: an O(1) read-only clone named `snap_name`,
+// flagged SNAPSHOT, whose root record names `tree` as its origin. Nothing
+// else changes: the branch, its views, the mounts that show it. A snapshot
+// of a layer is a layer on the same parent (it shows the same view). One
+// generation, whatever the size of the branch or the number of snapshots.
+Result<Snapshot> snapshot(Volume& v, TreeId tree, std::string_view snap_name);
+// The branch a snapshot of a stack freezes: its leftmost writable one.
+Result<TreeId> snapshot_target(const std::vector<ViewLayer>& stack);
+// The snapshots of branch `tree`, oldest first.
+Result<std::vector<BranchMeta>> snapshots_of(Volume& v, TreeId tree);
 
 struct MergeStats {
   uint64_t entries = 0;    // entries of the upper branch applied
@@ -61,27 +68,38 @@ struct MergeStats {
   uint64_t removed = 0;    // names its whiteouts and replacements removed
 };
 struct Merge {
-  BranchMeta merged;       // the result: the upper branch's name and flags
-  TreeId upper, lower;     // the two branches it replaced (doomed now)
+  BranchMeta merged;           // the upper branch, with the merged content
+  TreeId lower;                // the branch merged into
+  bool lower_doomed = false;   // no other layer was on it: it went
+  std::vector<TreeId> doomed;  // trees left to drop (old content, the lower branch)
   MergeStats stats;
 };
 // Merges branch `upper`, a layer, into the branch it is layered on (Unionfs's
 // snapmerge): files replace theirs sharing extents, whiteouts delete, opaque
-// directories replace. The result shows exactly what `upper` over `lower`
-// showed; it takes the upper branch's name, read-only flag and place in
-// every view (the lower branch leaves them), and the lower branch's parent.
-// Refused (EBUSY) while another branch is layered on the lower one or a view
-// shows the lower one other than right below the upper one. `upper_fs`: the
-// caller's open Filesystem of the upper branch (a mount's, which holds its
-// open files), or null. `progress` is called every 1024 entries.
+// directories replace. The upper branch keeps its tree id, name and flags
+// and now holds what it showed over the lower one, on the lower branch's
+// parent; the lower branch leaves every view, and goes unless other layers
+// are made on it (they keep it). Refused (EBUSY) while a view shows the lower
+// branch other than right below the upper one. `upper_fs`: the caller's open
+// Filesystem of the upper branch (a mount's, which holds its open files), or
+// null; the caller must not use it for the branch's new content (reopen).
+// `progress` is called every 1024 entries.
 Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs = nullptr,
                     const std::function<void(const MergeStats&)>& progress = {});
 
-// Discards a layer's changes (OLFS): the branch is replaced by an empty
-// layer on the same parent, with its name and flags, in every view. One
-// generation. Refused (EBUSY) while another branch is layered on it; EINVAL
-// for a branch that is not a layer (a clone or a base: delete it instead).
-Result<BranchMeta> rollback(Volume& v, TreeId branch);
+struct Rollback {
+  BranchMeta branch;       // the branch, same tree id, with its old content
+  std::optional<BranchMeta> to;  // the snapshot it went back to; none: a layer emptied
+  TreeId doomed;           // its content before, left to drop
+};
+// Discards a branch's changes: it takes the content of `to`, a snapshot (or
+// clone) of it, or by default of its newest snapshot (ZFS's rollback); a
+// layer without snapshots goes back to empty (OLFS). The branch keeps its
+// tree id, name, flags and place in every view. One generation, O(1) (the
+// old content is doomed, dropped later). Refused (EBUSY) while another
+// branch is layered on it; EINVAL when it has nothing to go back to; EROFS
+// for a read-only branch.
+Result<Rollback> rollback(Volume& v, TreeId branch, std::optional<TreeId> to = std::nullopt);
 
 // Deletes a branch and frees every block no other tree references. Refused
 // (EBUSY) while a view shows it or a layer is made on it. One transaction,

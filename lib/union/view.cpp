@@ -202,16 +202,14 @@ Result<void> delete_view(Volume& v, std::string_view name) {
 }
 
 Result<BranchMeta> find_branch(Volume& v, std::string_view name) {
-  auto bs = PLY_TRY(Filesystem::branches(v));
-  std::erase_if(bs, [](const BranchMeta& b) { return b.doomed; });
-  for (const auto& b : bs)
-    if (b.name == name) return b;
+  // By name through the filesystem layer's index (O(1) with any number of
+  // snapshots), else a tree id written as a number.
+  if (auto b = PLY_TRY(Filesystem::find(v, name))) return *b;
   char* end = nullptr;
   std::string s(name);
   unsigned long long id = std::strtoull(s.c_str(), &end, 10);
-  if (!s.empty() && end && *end == '\0')
-    for (const auto& b : bs)
-      if (b.tree.v == id) return b;
+  if (!s.empty() && end && *end == '\0' && s[0] != '-')
+    if (auto b = Filesystem::branch(v, TreeId{id}); b && !b->doomed) return *b;
   return Error::io(ENOENT, "no branch named \"" + s + "\"");
 }
 

@@ -127,10 +127,8 @@ struct Mount {
       case FsOpKind::CopyUp:
         return u->open(PLY_TRY(resolve(p)), true, kRoot);
       case FsOpKind::Snapshot: {
-        PLY_CHECK(close());
-        auto s = snapshot(vol, stack, p);
-        PLY_CHECK(open());
-        if (!s) return s.error();
+        // An O(1) clone: the mount's stack does not change (snap.h).
+        (void)PLY_TRY(snapshot(vol, PLY_TRY(snapshot_target(stack)), p));
         return ok();
       }
       case FsOpKind::Clone: {
@@ -144,6 +142,7 @@ struct Mount {
         if (w < 0) return Error::io(EROFS, "no writable branch");
         u.reset();  // the union holds the branches' instances; the merge takes the upper one
         auto m = merge(vol, stack[w].tree, fs[w].get());
+        if (m) fs[w]->retire();  // its content was replaced: the next open serves it
         PLY_CHECK(close());
         if (m) PLY_CHECK(drop_doomed(vol));
         PLY_CHECK(open());
@@ -153,8 +152,10 @@ struct Mount {
       case FsOpKind::Rollback: {
         const int w = writable();
         if (w < 0) return Error::io(EROFS, "no writable branch");
-        PLY_CHECK(close());
+        u.reset();
         auto r = rollback(vol, stack[w].tree);
+        if (r) fs[w]->retire();
+        PLY_CHECK(close());
         if (r) PLY_CHECK(drop_doomed(vol));
         PLY_CHECK(open());
         if (!r) return r.error();
@@ -225,11 +226,11 @@ VolumeOptions rw_options(PlantedBug bug = PlantedBug::None) {
     }                                                                                \
   } while (0)
 
-// The starting images, built once. "base": branch "s" (read-only, the lower
-// branch) holds files a, big (three blocks), dir/x, dir/y, the empty
-// directory empty, and gone; branch "main", a layer on it (writable), holds
-// up, the whiteout of gone, and odir, an opaque directory over the lower
-// odir; the default view shows main over s. A third branch "spare" is in no
+// The starting images, built once. "base": branch "main" (read-only in the
+// view, the lower branch) holds files a, big (three blocks), dir/x, dir/y,
+// the empty directory empty, and gone; branch "top", a layer on it
+// (writable), holds up, the whiteout of gone, and odir, an opaque directory
+// over the lower odir; the default view shows top over main. A third branch "spare" is in no
 // view. "full": the same on a small device whose free space a file in main
 // took up to ENOSPC.
 std::unique_ptr<MemDevice> build_image(const std::string& name) {
@@ -285,7 +286,11 @@ std::unique_ptr<MemDevice> build_image(const std::string& name) {
   SETUP(Filesystem::create(v, spare));
   auto main_tree = Filesystem::default_tree(v);
   SETUP(main_tree);
-  SETUP(snapshot(v, {ViewLayer{*main_tree, true}}, "s"));
+  // A layer "top" on main, mounted over it by a default view: the union's
+  // whiteouts and copy-ups go there.
+  auto top = create_layer(v, "top", *main_tree, false);
+  SETUP(top);
+  SETUP(put_view(v, View{"default", true, {{top->tree, true}, {*main_tree, false}}}));
   {
     Mount m(v);
     SETUP(m.open());
@@ -689,15 +694,15 @@ std::vector<FsOp> fs_instances() {
       {K::Setxattr, "dir/x", "", 0, 100},      // 15 setxattr on a lower file (copy-up)
       {K::Fallocate, "up", "", 0, 20000},      // 16 fallocate
       {K::CopyUp, "big"},                      // 17 copy-up alone (open for writing)
-      {K::Snapshot, "snap1"},                  // 18 snapshot of the stack
+      {K::Snapshot, "snap1"},                  // 18 snapshot of the writable layer (a clone)
       {K::Clone, "c1"},                        // 19 clone of the writable branch
-      {K::Merge},                              // 20 merge main into s
-      {K::Rollback},                           // 21 rollback main
+      {K::Merge},                              // 20 merge top into main
+      {K::Rollback},                           // 21 rollback top (empty: no snapshot)
       {K::AddBranch, "b2"},                    // 22 a new branch
       {K::DelBranch, "spare"},                 // 23 delete a branch
       {K::Setxattr, "up", "", 0, 65536},       // 24 a 64 KiB xattr: out of line, its chunks and
                                                //    the LARGE_XATTR bit in one generation
-      {K::RenameBranch, "main", "live"},       // 25 rename the mounted writable branch
+      {K::RenameBranch, "top", "live"},        // 25 rename the mounted writable branch
       {K::CopyUp, "frag"},                     // 26 copy-up grafting whole leaves
       {K::Write, "frag", "", 200 * 4096 + 7, 9000},  // 27 copy-up, then a write that copies
                                                //    a shared leaf
@@ -810,7 +815,8 @@ FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
     else if (r < 91) w.ops.push_back({K::Merge});
     else if (r < 93) w.ops.push_back({K::Rollback});
     else if (r < 95) w.ops.push_back({K::AddBranch, numbered("rb", branches++)});
-    else if (r < 97 && branches) w.ops.push_back({K::DelBranch, numbered("rc", rng() % branches)});
+    else if (r < 97 && branches)
+      w.ops.push_back({K::DelBranch, numbered(rng() % 2 ? "rc" : "rs", rng() % branches)});
     else if (r < 99 && branches) {
       const std::string from = numbered("rb", rng() % branches);
       w.ops.push_back({K::RenameBranch, from, numbered("rn", branches++)});

@@ -1446,21 +1446,51 @@ struct Mounted {
       if (stack[i].tree == t) return int(i);
     return -1;
   }
-  // A snapshot as a mount takes it: inside the union's restack, which keeps
-  // what the union knows (fuse/lifecycle.cpp, lifecycle).
+  // A snapshot as a mount takes it: while nothing else runs
+  // (fuse/lifecycle.cpp, take_snapshot). Nothing the union shows changes.
   Snapshot snapshot_live(const std::string& name) {
     Snapshot sn;
+    must(u->hold_still([&]() -> Result<void> {
+      sn = PLY_TRY(snapshot(*im.vol, PLY_TRY(snapshot_target(stack)), name));
+      return ok();
+    }));
+    return sn;
+  }
+  // A new empty layer on the stack's writable branch, stacked over it
+  // read-write (OLFS's transactional use: work in a layer, then merge it
+  // down or roll it back). Returns the layer (live) and the branch below it
+  // (frozen: read-only in the stack now).
+  struct Layered {
+    BranchMeta live, frozen;
+  };
+  Layered layer_up(const std::string& name) {
+    const TreeId top = must(snapshot_target(stack));
+    BranchMeta base = must(Filesystem::branch(*im.vol, top));
+    BranchMeta l = must(create_layer(*im.vol, name, top, false));
+    auto next = stack;
+    const long at = index_of(top);
+    next[size_t(at)].writable = false;
+    next.insert(next.begin() + at, ViewLayer{l.tree, true});
+    remount(next);
+    return {l, base};
+  }
+  // The same made online: inserted at the top by the union's restack, which
+  // keeps what the union knows (the pins move in O(1)).
+  Layered layer_up_live(const std::string& name) {
+    const TreeId top = must(snapshot_target(stack));
+    BranchMeta base = must(Filesystem::branch(*im.vol, top));
+    BranchMeta l = must(create_layer(*im.vol, name, top, false));
     must(u->restack([&]() -> Result<std::vector<UnionBranch>> {
-      sn = PLY_TRY(snapshot(*im.vol, stack, name));
-      stack = sn.stack;
-      const auto at = long(index_of(sn.live.tree));
-      im.fs.insert(im.fs.begin() + at, PLY_TRY(Filesystem::open(*im.vol, sn.live.tree)));
-      im.trees.insert(im.trees.begin() + at, sn.live.tree);
+      const long at = index_of(top);
+      stack[size_t(at)].writable = false;
+      stack.insert(stack.begin() + at, ViewLayer{l.tree, true});
+      im.fs.insert(im.fs.begin() + at, PLY_TRY(Filesystem::open(*im.vol, l.tree)));
+      im.trees.insert(im.trees.begin() + at, l.tree);
       std::vector<UnionBranch> bs;
       for (size_t i = 0; i < stack.size(); i++) bs.push_back({im.fs[i].get(), stack[i].writable});
       return bs;
     }));
-    return sn;
+    return {l, base};
   }
 };
 
@@ -1552,16 +1582,31 @@ void check_diff(Volume& v, TreeId a, TreeId b, const std::map<std::pair<std::str
 }
 
 
-// Random union workloads interleaved with snapshot, merge, rollback, clone,
-// diff and delete. A snapshot and a merge leave the view as it was (and
-// every inode number); a rollback shows what the view was when the layer
-// was made; diff matches the branches' contents.
+// What a stack shows, read through a union over it (a snapshot's frozen view).
+Model view_of(Volume& v, const std::vector<ViewLayer>& stack) {
+  auto ou = must(open_union(v, stack, true, true));
+  Model m;
+  std::vector<std::pair<int, uint64_t>> roots;
+  for (size_t i = 0; i < ou.fs.size(); i++) {
+    roots.push_back({int(i), ou.fs[i]->root()});
+    if (must(ou.fs[i]->getattr(ou.fs[i]->root())).opaque) break;
+  }
+  merge(ou.fs, roots, "", m);
+  return m;
+}
+
+// Random union workloads interleaved with snapshots (O(1) clones that
+// change nothing the mount shows), layers made and merged down or rolled
+// back, rollbacks to snapshots, clones, diffs and deletions. A snapshot
+// keeps the view it was taken of for ever; a merge keeps the view and every
+// inode number; a rollback shows what the snapshot (or, for a layer without
+// one, the branch below) showed; a diff matches the branches' contents.
 TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the union model",
           "[snap][snapmodel]") {
   const uint64_t s = seed("snap-model");
   std::mt19937_64 rng(s);
   const int rounds = int(24 * scale());
-  int merges = 0, rollbacks = 0, snaps = 0, diffs = 0, layer_diffs = 0;
+  int merges = 0, rollbacks = 0, snap_rollbacks = 0, snaps = 0, diffs = 0, layer_diffs = 0, deletes = 0;
   for (int round = 0; round < rounds; round++) {
     INFO("seed " << s << " round " << round);
     Image im = make_image(1);
@@ -1571,71 +1616,132 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
     mt.open();
     Model m = read_view(im);
     compare(*mt.u, m);
-    std::map<uint64_t, Model> below;  // layer tree -> the view below it when it was made
-    for (int step = 0; step < 14; step++) {
+    std::map<uint64_t, Model> below;   // layer tree -> the view below it when it was made
+    std::map<uint64_t, Model> frozen;  // snapshot tree -> the view it was taken of
+    int names = 0;
+    for (int step = 0; step < 16; step++) {
       INFO("step " << step);
       for (int op = 0; op < 15; op++) {
         auto [want, got, what] = random_op(*mt.u, m, rng);
         INFO(what);
         REQUIRE(want == got);
       }
-      const int kind = int(rng() % 5);
+      const int kind = int(rng() % 7);
       INFO("lifecycle " << kind << " on " << format_stack(*im.vol, mt.stack));
-      if (kind <= 1 && mt.stack.size() < 8) {  // snapshot
-        const size_t was = mt.stack.size();
-        const std::string name = "s" + std::to_string(step);
+      const TreeId top = must(snapshot_target(mt.stack));
+      if (kind <= 1) {  // snapshot of the writable branch, offline or online
+        const std::string name = "s" + std::to_string(names++);
+        const auto was = mt.stack;
         Snapshot sn;
         if (rng() % 2) {
-          sn = must(snapshot(*im.vol, mt.stack, name));
-          mt.remount(sn.stack);
+          sn = must(snapshot(*im.vol, top, name));
         } else {
-          sn = mt.snapshot_live(name);  // the union keeps what it knows
+          sn = mt.snapshot_live(name);
         }
-        REQUIRE(sn.stack.size() == was + 1);
-        REQUIRE(sn.stack[0].tree == sn.live.tree);
-        below[sn.live.tree.v] = m;
+        REQUIRE(sn.live.tree == top);
+        REQUIRE(sn.frozen.snapshot);
+        REQUIRE(sn.frozen.read_only);
+        REQUIRE(sn.frozen.origin == top);
+        REQUIRE(mt.stack.size() == was.size());  // the mount never grows deeper
+        frozen[sn.frozen.tree.v] = m;
         snaps++;
-      } else if (kind == 2) {  // merge a random layer into the branch below it
+      } else if (kind == 2 && mt.stack.size() < 6) {  // a layer to work in
+        mt.layer_up("l" + std::to_string(names++));
+        below[mt.stack[0].tree.v] = m;
+      } else if (kind == 3) {  // merge a random layer into the branch below it
         std::vector<size_t> cand;
         for (size_t i = 0; i + 1 < mt.stack.size(); i++) {
           auto b = must(Filesystem::branch(*im.vol, mt.stack[i].tree));
-          if (b.parent == mt.stack[i + 1].tree && must(is_layer(*im.vol, b))) cand.push_back(i);
+          if (b.parent == mt.stack[i + 1].tree && must(is_layer(*im.vol, b)) && !b.read_only) cand.push_back(i);
         }
         if (cand.empty()) continue;
         const size_t i = cand[rng() % cand.size()];
-        const TreeId lower = mt.stack[i + 1].tree;
-        auto mg = must(merge(*im.vol, mt.stack[i].tree, im.fs[i].get()));
+        const TreeId upper = mt.stack[i].tree, lower = mt.stack[i + 1].tree;
+        auto r = merge(*im.vol, upper, im.fs[i].get());
+        // A view (the default one an earlier merge made for plain mounts)
+        // that shows the lower branch alone refuses it.
+        if (!r && r.error().code == EBUSY && r.error().message().find("view") != std::string::npos) continue;
+        auto mg = must(std::move(r));
+        im.fs[i]->retire();  // the branch's content was replaced (snap.h)
         REQUIRE(mg.lower == lower);
+        REQUIRE(mg.merged.tree == upper);  // the branch keeps its id
         auto next = mt.stack;
-        next[i].tree = mg.merged.tree;
         next.erase(next.begin() + long(i) + 1);
-        if (below.count(lower.v)) below[mg.merged.tree.v] = below[lower.v];
+        if (below.count(lower.v)) below[upper.v] = below[lower.v];
+        else below.erase(upper.v);
         mt.remount(next);
         merges++;
-      } else if (kind == 3) {  // rollback of the writable layer
-        auto b = must(Filesystem::branch(*im.vol, mt.stack[0].tree));
-        if (!below.count(b.tree.v) || !must(is_layer(*im.vol, b))) continue;
-        auto fresh = must(rollback(*im.vol, b.tree));
-        REQUIRE(fresh.name == b.name);
-        m = below[b.tree.v];
-        below[fresh.tree.v] = m;
-        auto next = mt.stack;
-        next[0].tree = fresh.tree;
-        mt.remount(next);
+      } else if (kind == 4) {  // rollback of the writable branch
+        auto b = must(Filesystem::branch(*im.vol, top));
+        auto snapshots = must(snapshots_of(*im.vol, top));
+        // Those taken while the branch sat where it sits now (a merge since
+        // moved it onto another parent: such a snapshot belongs elsewhere).
+        const TreeId here = must(is_layer(*im.vol, b)) ? b.parent : top;
+        std::erase_if(snapshots, [&](const BranchMeta& x) { return x.parent != here || !frozen.count(x.tree.v); });
+        if (!snapshots.empty()) {
+          const bool newest = rng() % 2;
+          const BranchMeta& to = newest ? snapshots.back() : snapshots[rng() % snapshots.size()];
+          auto rb = newest && must(snapshots_of(*im.vol, top)).back().tree == to.tree
+                        ? must(rollback(*im.vol, top))
+                        : must(rollback(*im.vol, top, to.tree));
+          REQUIRE(rb.to);
+          REQUIRE(rb.to->tree == to.tree);
+          REQUIRE(rb.branch.tree == top);
+          REQUIRE(rb.branch.name == b.name);
+          m = frozen[to.tree.v];
+          snap_rollbacks++;
+        } else if (below.count(top.v) && must(is_layer(*im.vol, b)) && must(snapshots_of(*im.vol, top)).empty()) {
+          auto rb = must(rollback(*im.vol, top));
+          REQUIRE(!rb.to);
+          REQUIRE(rb.branch.tree == top);
+          m = below[top.v];
+        } else {
+          continue;
+        }
+        im.fs[0]->retire();  // the branch's content was replaced (snap.h)
+        mt.remount(mt.stack);
         rollbacks++;
+      } else if (kind == 5 && !frozen.empty()) {  // a snapshot's content, and its deletion
+        auto it = frozen.begin();
+        std::advance(it, long(rng() % frozen.size()));
+        const TreeId sn{it->first};
+        auto b = must(Filesystem::branch(*im.vol, sn));
+        INFO("snapshot " << b.name);
+        // It shows what the view showed when it was taken (its lower
+        // branches are read-only, or kept by it when merged away).
+        Model now = view_of(*im.vol, must(layer_stack(*im.vol, b.name)));
+        REQUIRE(same_view(now, it->second));
+        // A diff against the branch it was taken of reads what changed.
+        if (mt.index_of(b.origin) >= 0) {
+          auto sfs = must(Filesystem::open(*im.vol, sn, true));
+          check_diff(*im.vol, sn, b.origin, raw(*sfs), raw(*im.fs[size_t(mt.index_of(b.origin))]));
+          diffs++;
+        }
+        if (rng() % 2) {
+          must(delete_branch(*im.vol, sn));
+          frozen.erase(it);
+          deletes++;
+        }
       } else {  // clone the writable branch, change it, diff, delete the clone
-        auto c = must(clone_branch(*im.vol, mt.stack[0].tree, "c" + std::to_string(step), true));
+        auto c = must(clone_branch(*im.vol, top, "c" + std::to_string(names++), true));
         auto before = raw(*im.fs[0]);
         for (int op = 0; op < 15; op++) {
           auto [want, got, what] = random_op(*mt.u, m, rng);
           INFO(what);
           REQUIRE(want == got);
         }
-        check_diff(*im.vol, c.tree, mt.stack[0].tree, before, raw(*im.fs[0]));
+        check_diff(*im.vol, c.tree, top, before, raw(*im.fs[0]));
         must(delete_branch(*im.vol, c.tree));
         diffs++;
       }
       compare(*mt.u, m);
+    }
+    // Every snapshot left still shows what it was taken of, after a remount.
+    mt.remount(mt.stack);
+    for (const auto& [tree, view] : frozen) {
+      auto b = must(Filesystem::branch(*im.vol, TreeId{tree}));
+      INFO("snapshot " << b.name << " at the end");
+      REQUIRE(same_view(view_of(*im.vol, must(layer_stack(*im.vol, b.name))), view));
     }
     // A layer's diff against the branch it is on is the change of the view
     // since the layer was made.
@@ -1721,14 +1827,18 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
     im.close();
     check_image(im);
   }
-  INFO(snaps << " snapshots, " << merges << " merges, " << rollbacks << " rollbacks, " << diffs << " diffs");
+  INFO(snaps << " snapshots, " << merges << " merges, " << rollbacks << " rollbacks (" << snap_rollbacks
+             << " to snapshots), " << diffs << " diffs, " << deletes << " snapshot deletions");
+  CHECK(snaps > 0);
   CHECK(merges > 0);
-  CHECK(rollbacks > 0);
+  CHECK(rollbacks > snap_rollbacks);
+  CHECK(snap_rollbacks > 0);
+  CHECK(deletes > 0);
   CHECK(layer_diffs > 0);
 }
 
 // Space: what a deleted snapshot or clone held comes back, to the block.
-TEST_CASE("snap: deleting a clone or merging a snapshot returns the space the old data held", "[snap]") {
+TEST_CASE("snap: deleting a clone or a snapshot, or merging a layer, returns the space the old data held", "[snap]") {
   Image im = make_image(1);
   im.close();
   Mounted mt{im, {{im.trees[0], true}}, nullptr};
@@ -1757,17 +1867,29 @@ TEST_CASE("snap: deleting a clone or merging a snapshot returns the space the ol
   must(im.vol->commit());  // what the deletion freed is reusable once durable
   CHECK(im.vol->space_stats().data_blocks == data0);
 
-  // Unionfs style: a snapshot, half overwritten through a copy-up, the
-  // live layer merged down (the snapshot goes).
-  auto sn = must(snapshot(*im.vol, mt.stack, "snap"));
-  mt.remount(sn.stack);
+  // A snapshot (an O(1) clone), half overwritten, the snapshot deleted.
+  auto sn = must(snapshot(*im.vol, mt.stack[0].tree, "snap"));
+  CHECK(im.vol->space_stats().data_blocks == data0);  // O(1): no data copied
+  fill(*mt.u, f, 0, mib / 2, 'b');
+  must(im.vol->commit());
+  CHECK(im.vol->space_stats().data_blocks == data0 + data0 / 2);
+  must(delete_branch(*im.vol, sn.frozen.tree));
+  must(im.vol->commit());
+  must(im.vol->commit());
+  CHECK(im.vol->space_stats().data_blocks == data0);
+
+  // OLFS style: a layer, half overwritten through a copy-up, merged down
+  // (the lower branch goes: nothing else is layered on it).
+  const BranchMeta layer = mt.layer_up("work").live;
   f = must(resolve(*mt.u, "big"));
   must(mt.u->open(f, true, kRoot));
   fill(*mt.u, f, mib / 2, mib / 2, 'c');
   must(im.vol->commit());
   CHECK(im.vol->space_stats().data_blocks == data0 + data0 / 2);
-  auto mg = must(merge(*im.vol, sn.live.tree, im.fs[0].get()));
-  CHECK(mg.merged.name == sn.live.name);
+  auto mg = must(merge(*im.vol, layer.tree, im.fs[0].get()));
+  im.fs[0]->retire();
+  CHECK(mg.merged.name == "work");
+  CHECK(mg.lower_doomed);
   mt.remount({{mg.merged.tree, true}});
   must(im.vol->commit());
   must(im.vol->commit());
@@ -1810,8 +1932,7 @@ TEST_CASE("snap: a layer diff reports a rename as R", "[snap]") {
   const uint64_t sub = must(u0.mkdir(d, "sub", 0755, kRoot)).ino;
   file(u0, sub, "y");
   must(u0.link(must(resolve(u0, "hl1")), u0.root(), "hl2", kRoot));
-  auto sn = must(snapshot(*im.vol, mt.stack, "s1"));
-  mt.remount(sn.stack);
+  auto sn = mt.layer_up("s1");
   Union& u = *mt.u;
   const uint64_t root = u.root();
   must(u.rename(root, "f", root, "f2", 0, kRoot));       // R only
@@ -1890,8 +2011,7 @@ TEST_CASE("snap: diffs and merges see large xattrs", "[snap][xattr]") {
     cfs.reset();
     must(delete_branch(*im.vol, c.tree));
   }
-  auto sn = must(snapshot(*im.vol, mt.stack, "s1"));
-  mt.remount(sn.stack);
+  auto sn = mt.layer_up("s1");
   Union& u = *mt.u;
   const uint64_t root = u.root();
   must(u.setxattr(must(resolve(u, "f")), "user.big", xpattern(65536, 2), 0, kRoot));
@@ -1907,6 +2027,7 @@ TEST_CASE("snap: diffs and merges see large xattrs", "[snap][xattr]") {
   CHECK(shown.find("M /g2\n") == std::string::npos);
   CHECK(shown.find("R /h -> /h2\nM /h2\n") != std::string::npos);
   auto mg = must(merge(*im.vol, sn.live.tree, im.fs[0].get()));
+  im.fs[0]->retire();
   mt.remount({{mg.merged.tree, true}});
   CHECK(must(mt.u->getxattr(must(resolve(*mt.u, "f")), "user.big")) == xpattern(65536, 2));
   CHECK(must(mt.u->getxattr(must(resolve(*mt.u, "g2")), "user.big")) == xpattern(65536, 1));
@@ -1972,33 +2093,83 @@ TEST_CASE("snap: refusals leave everything as it was", "[snap]") {
   Mounted mt{im, {{im.trees[0], true}}, nullptr};
   mt.open();
   const TreeId base = mt.stack[0].tree;
-  // A base branch is no layer: nothing to merge into, nothing to roll back.
+  // A base branch is no layer: nothing to merge into; without a snapshot
+  // nothing to roll back to.
   CHECK(merge(*im.vol, base).error().code == EINVAL);
   CHECK(rollback(*im.vol, base).error().code == EINVAL);
   CHECK(delete_branch(*im.vol, base).error().code == EBUSY);  // the only branch
-  auto sn = must(snapshot(*im.vol, mt.stack, "one"));
-  CHECK(snapshot(*im.vol, sn.stack, "one").error().code == EEXIST);
-  // A view shows the snapshot: it cannot go, and the branch below a merge
-  // must not be shown elsewhere.
+  auto sn = must(snapshot(*im.vol, base, "one"));
+  CHECK(snapshot(*im.vol, base, "one").error().code == EEXIST);
+  CHECK(snapshot(*im.vol, base, "a/b").error().code == EINVAL);
+  // A snapshot is read-only: it does not roll back, and is no rollback
+  // target for another branch.
+  CHECK(rollback(*im.vol, sn.frozen.tree).error().code == EROFS);
+  auto other = must(clone_branch(*im.vol, base, "other", false));
+  CHECK(rollback(*im.vol, other.tree, sn.frozen.tree).error().code == EINVAL);
+  must(delete_branch(*im.vol, other.tree));
+  // A view shows the snapshot: it cannot go.
   must(put_view(*im.vol, View{"old", false, {{sn.frozen.tree, false}}}));
-  CHECK(delete_branch(*im.vol, sn.frozen.tree).error().code == EBUSY);
-  CHECK(merge(*im.vol, sn.live.tree).error().code == EBUSY);
-  must(delete_view(*im.vol, "old"));
-  // Two layers on one branch: merging one would change the other's view.
+  auto refused = delete_branch(*im.vol, sn.frozen.tree);
+  CHECK(refused.error().code == EBUSY);
+  CHECK(refused.error().message().find("view \"old\" shows \"one\"") != std::string::npos);
+  // A layer U on main; a view must not show main other than right below U.
+  auto l = mt.layer_up("u");
+  must(put_view(*im.vol, View{"lower", false, {{base, false}}}));
+  CHECK(merge(*im.vol, l.live.tree).error().code == EBUSY);
+  must(delete_view(*im.vol, "lower"));
+  // A layer on U: U cannot roll back under it.
   FsCreateOptions o;
-  o.name = "other";
-  o.parent = sn.frozen.tree;
-  TreeId other = must(Filesystem::create(*im.vol, o));
-  CHECK(merge(*im.vol, sn.live.tree).error().code == EBUSY);
-  must(delete_branch(*im.vol, other));
-  auto mg = must(merge(*im.vol, sn.live.tree));
-  CHECK(mg.merged.name == "main");
+  o.name = "onu";
+  o.parent = l.live.tree;
+  TreeId onu = must(Filesystem::create(*im.vol, o));
+  CHECK(rollback(*im.vol, l.live.tree).error().code == EBUSY);
+  must(delete_branch(*im.vol, onu));
+  // The view "old" shows the snapshot, a clone of main, not a layer on it:
+  // main merges (and goes, nothing being layered on it).
+  auto mg = must(merge(*im.vol, l.live.tree, im.fs[0].get()));
+  im.fs[0]->retire();
+  CHECK(mg.merged.name == "u");
+  CHECK(mg.merged.tree == l.live.tree);
+  CHECK(mg.lower_doomed);
   must(drop_doomed(*im.vol));
-  CHECK(must(Filesystem::branches(*im.vol)).size() == 1);
-  CHECK(must(list_views(*im.vol)).at(0).layers.size() == 1);
+  CHECK(must(Filesystem::branches(*im.vol)).size() == 2);  // u, and the snapshot
+  CHECK(must(view_stack(*im.vol, "old")).size() == 1);
   mt.u.reset();
   mt.stack = {{mg.merged.tree, true}};
   im.trees = {mg.merged.tree};
+  im.fs.clear();
+  im.close();
+  check_image(im);
+}
+
+// A merge keeps the lower branch while other layers are made on it:
+// siblings, and the snapshots of the upper one.
+TEST_CASE("snap: a merge keeps the lower branch for the other layers on it", "[snap]") {
+  Image im = make_image(1);
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  must(mt.u->mknod(mt.u->root(), "base-file", S_IFREG | 0644, 0, kRoot));
+  auto l = mt.layer_up("work");
+  must(mt.u->mknod(mt.u->root(), "in-work", S_IFREG | 0644, 0, kRoot));
+  auto sn = mt.snapshot_live("work@1");
+  CHECK(sn.frozen.parent == l.frozen.tree);  // a snapshot of a layer is a layer on its parent
+  CHECK(must(is_layer(*im.vol, sn.frozen)));
+  Model frozen_view = read_view(im);
+  must(mt.u->unlink(mt.u->root(), "base-file"));
+  must(mt.u->mknod(mt.u->root(), "later", S_IFREG | 0644, 0, kRoot));
+  Model m = read_view(im);
+  auto mg = must(merge(*im.vol, l.live.tree, im.fs[0].get()));
+  im.fs[0]->retire();
+  CHECK(!mg.lower_doomed);  // the snapshot is layered on it
+  mt.remount({{mg.merged.tree, true}});
+  CHECK(same_view(read_view(im), m));
+  // The snapshot still shows what it was taken of, over the kept branch.
+  CHECK(same_view(view_of(*im.vol, must(layer_stack(*im.vol, "work@1"))), frozen_view));
+  // The merged branch is no layer any more: it is on main's parent (none).
+  CHECK(!must(is_layer(*im.vol, mg.merged)));
+  CHECK(must(Filesystem::branch(*im.vol, l.frozen.tree)).name == "main");
+  mt.u.reset();
   im.close();
   check_image(im);
 }
@@ -2041,6 +2212,7 @@ TEST_CASE("snap: merges keep what hides lower branches, the default mount and la
   // the merge it must show the result, whose id is higher than x's.
   CHECK(must(default_stack(*im.vol)).at(0).tree == mainb);
   auto mg = must(merge(*im.vol, u, im.fs[0].get()));
+  im.fs[0]->retire();
   mt.remount({{mg.merged.tree, true}, {x, false}});
   Model after = read_view(im);
   CHECK(same_view(before, after));  // whiteouts and opaque flags kept in a base
@@ -2060,10 +2232,11 @@ TEST_CASE("snap: merges keep what hides lower branches, the default mount and la
 }
 
 // The atomicity claim for the lifecycle operations: with every filesystem
-// operation its own generation, a power cut at any write of a snapshot,
-// merge, rollback, clone or delete recovers a view the model allows (the
-// same view for all but rollback, which may also show the layer's base),
-// no doomed tree survives the next open, and fsck finds nothing.
+// operation its own generation, a power cut at any write of a merge, a
+// rollback to a snapshot, a snapshot, a clone or a snapshot's deletion
+// recovers a view the model allows (the same view for all but rollback,
+// which may also show the snapshot's), no doomed tree survives the next
+// open, and fsck finds nothing.
 TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recovers before or after it",
           "[snap][snapcrash]") {
   const uint64_t s = seed("snap-crash");
@@ -2077,12 +2250,17 @@ TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recov
     Mounted mt{im, {{im.trees[0], true}}, nullptr};
     im.close();
     mt.open();
-    // A snapshot and some changes in the new layer, committed.
-    auto sn = must(snapshot(*im.vol, mt.stack, "s"));
-    Model base = read_view(im);
-    mt.remount(sn.stack);
-    Model m = base;
-    for (int op = 0; op < 40; op++) {
+    // A layer on main, changes, a snapshot of the layer, more changes, committed.
+    const TreeId layer = mt.layer_up("work").live.tree;
+    Model m = read_view(im);
+    for (int op = 0; op < 20; op++) {
+      auto [want, got, what] = random_op(*mt.u, m, rng);
+      INFO(what);
+      REQUIRE(want == got);
+    }
+    const Model at_snap = m;
+    const TreeId snap = must(snapshot(*im.vol, layer, "s")).frozen.tree;
+    for (int op = 0; op < 20; op++) {
       auto [want, got, what] = random_op(*mt.u, m, rng);
       INFO(what);
       REQUIRE(want == got);
@@ -2094,13 +2272,14 @@ TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recov
     im.via = &dev;
     im.commit_each_txn = true;
     mt.open();
-    const int kind = int(rng() % 4);
+    const int kind = int(rng() % 5);
     INFO("operation " << kind);
     auto op = [&](Volume& v, Filesystem* up) {
-      if (kind == 0) return merge(v, sn.live.tree, up).ok();
-      if (kind == 1) return rollback(v, sn.live.tree).ok();
-      if (kind == 2) return snapshot(v, mt.stack, "t").ok();
-      return clone_branch(v, sn.live.tree, "c", false).ok() && drop_doomed(v).ok();
+      if (kind == 0) return merge(v, layer, up).ok();
+      if (kind == 1) return rollback(v, layer).ok();
+      if (kind == 2) return snapshot(v, layer, "t").ok();
+      if (kind == 3) return clone_branch(v, layer, "c", false).ok() && drop_doomed(v).ok();
+      return delete_branch(v, snap).ok();
     };
     // How many changes the operation makes, on a copy of the device, so
     // that the cut lands inside it.
@@ -2127,30 +2306,32 @@ TEST_CASE("snap: a power cut at any write of a snapshot, merge or rollback recov
     if (dev.fired()) struck++;
     else REQUIRE(done);
     mt.u.reset();
+    for (auto& f : im.fs) f->retire();  // the volume is gone: nothing is released
     im.fs.clear();
     im.vol.reset();
     im.dev->crash(rng);
     im.via = nullptr;
     im.commit_each_txn = false;
     check_image(im);
-    // Recover: what a mount shows is the default view's stack.
+    // Recover: a mount of the layer shows it over main (the merge keeps its
+    // id and drops main from the stack).
     {
       VolumeOptions vo;
       vo.kinds = fs_kinds();
       im.vol = must(Volume::open(*im.dev, vo));
       must(drop_doomed(*im.vol));
       for (const auto& b : must(Filesystem::branches(*im.vol))) CHECK(!b.doomed);
-      mt.stack = must(default_stack(*im.vol));
+      mt.stack = must(layer_stack(*im.vol, "work"));
       must(im.vol->close());
       im.vol.reset();
     }
     mt.open();
     Model got = read_view(im);
     const bool same = same_view(got, m);
-    const bool rolled = kind == 1 && same_view(got, base);
+    const bool rolled = kind == 1 && same_view(got, at_snap);
     REQUIRE((same || rolled));
     if (!dev.fired() && kind == 1) REQUIRE(rolled);
-    Model expect = same ? m : base;
+    Model expect = same ? m : at_snap;
     compare(*mt.u, expect);
     mt.u.reset();
     im.close();
@@ -2184,8 +2365,8 @@ TEST_CASE("union: renaming both names of a lower hard link", "[union]") {
   REQUIRE(check_filesystems(*im.dev).empty());
 }
 
-TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there", "[union][snap]") {
-  // The snapshot's restack hands the kernel's references to the new branch
+TEST_CASE("union: a layer stacked online keeps a file unlinked while open there", "[union][snap]") {
+  // A restack that puts a new layer on top hands the kernel's references to the new branch
   // in O(1) (one table shared by the holders, fs/pins.h): a file the kernel
   // looked up before the snapshot, copied up into the new branch and
   // unlinked there, must live until the last forget, and go then.
@@ -2199,7 +2380,7 @@ TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there
   Attr a = must(u.lookup(u.root(), "f"));  // the kernel's references: two
   must(u.lookup(u.root(), "f"));
   must(u.hold(a.ino));  // and an open handle
-  mt.snapshot_live("s1");
+  mt.layer_up_live("s1");
   must(u.write(a.ino, 0, bytes("new"), kRoot));  // the copy-up into the new branch
   REQUIRE(u.branch_of(a.ino) == 0);
   must(u.unlink(u.root(), "f"));
@@ -2221,8 +2402,8 @@ TEST_CASE("union: a snapshot's new branch keeps a file unlinked while open there
   REQUIRE(check_filesystems(*im.dev).empty());
 }
 
-TEST_CASE("union: a snapshot under a read-only branch moves only what lies below it", "[union][snap]") {
-  // Stack: A (read-only) over B (writable). The snapshot puts the new
+TEST_CASE("union: a layer stacked online under a read-only branch moves only what lies below it", "[union][snap]") {
+  // Stack: A (read-only) over B (writable). The new layer goes between
   // branch between them, so a file the union knows in A keeps its place
   // and one in B moves one down (Union::shift_ covers only the top).
   Image im = make_image(2);
@@ -2235,9 +2416,9 @@ TEST_CASE("union: a snapshot under a read-only branch moves only what lies below
   mt.open();
   Union& u = *mt.u;
   Attr a = must(u.lookup(u.root(), "a")), b = must(u.lookup(u.root(), "b"));
-  const Snapshot sn = mt.snapshot_live("s1");
-  REQUIRE(sn.stack.size() == 3);
-  REQUIRE(sn.stack[1].tree == sn.live.tree);
+  const auto sn = mt.layer_up_live("s1");
+  REQUIRE(mt.stack.size() == 3);
+  REQUIRE(mt.stack[1].tree == sn.live.tree);
   CHECK(u.branch_of(a.ino) == 0);
   CHECK(u.branch_of(b.ino) == 2);
   std::vector<std::byte> buf(4);
@@ -2250,7 +2431,7 @@ TEST_CASE("union: a snapshot under a read-only branch moves only what lies below
   REQUIRE(must(im.fs[1]->read(b.ino, 0, buf)) == 4);
   CHECK(buf == bytes("IN B"));
   REQUIRE(must(im.fs[2]->read(b.ino, 0, buf)) == 4);
-  CHECK(buf == bytes("in B"));  // the snapshot holds the old bytes
+  CHECK(buf == bytes("in B"));  // the branch below holds the old bytes
   CHECK(u.write(a.ino, 0, bytes("x"), kRoot).error().code == EROFS);
   must(u.release_all());
   mt.u.reset();
