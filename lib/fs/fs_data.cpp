@@ -71,8 +71,16 @@ Result<size_t> Filesystem::read(uint64_t ino, uint64_t off, std::span<std::byte>
 }
 
 namespace {
+// Largest space extent a write allocates at once: 8 MiB at 4 KiB blocks.
+// One space extent, one device write and one space item for a large write;
+// its Extent items map it 64 blocks at a time (format.md#fs-extent: an item
+// may map part of a longer space extent, each holding a reference), as
+// btrfs's extents outgrow its items. The cap bounds what a later partial
+// overwrite keeps allocated (the extent goes with its last item).
+constexpr uint32_t kMaxWriteExtent = 2048;
+
 // Allocates blocks for `data` (whole blocks for file blocks from `fb`),
-// writes them and returns the extent items to map, in pieces of at most
+// writes them and returns the extent items to map, each at most
 // kMaxExtentBlocks. On error, frees what it allocated.
 Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
                                     std::span<const std::byte> data, uint32_t bs) {
@@ -83,9 +91,9 @@ Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
     for (const Ext& x : out) (void)t.dec_extent(BlockNo{x.disk_start});
     return e;
   };
-  uint32_t want = disk::kMaxExtentBlocks;
+  uint32_t want = kMaxWriteExtent;
   while (done < total) {
-    uint32_t n = uint32_t(std::min<uint64_t>(want, total - done));
+    const uint32_t n = uint32_t(std::min<uint64_t>(want, total - done));
     auto b = t.alloc_extent(n);
     if (!b) {
       if (b.error().code == ENOSPC && n > 1) {  // fragmented: try shorter pieces
@@ -94,18 +102,23 @@ Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
       }
       return undo(b.error());
     }
-    Ext e;
-    e.file_blk = fb + done;
-    e.disk_start = b->v;
-    e.disk_nblocks = n;
-    e.offset = 0;
-    e.nblocks = n;
-    out.push_back(e);
     auto piece = data.subspan(done * bs, uint64_t(n) * bs);
-    auto w = vol.write_data(*b, piece);
-    if (!w) return undo(w.error());
-    out.back().csums.resize(n);
-    for (uint32_t i = 0; i < n; i++) out.back().csums[i] = xxh3(piece.subspan(uint64_t(i) * bs, bs));
+    // Items first, so that undo drops every reference they hold.
+    for (uint32_t o = 0; o < n; o += disk::kMaxExtentBlocks) {
+      if (o) {  // the allocation holds the first item's reference
+        if (auto r = t.inc_extent(*b); !r) return undo(r.error());
+      }
+      Ext e;
+      e.file_blk = fb + done + o;
+      e.disk_start = b->v;
+      e.disk_nblocks = n;
+      e.offset = o;
+      e.nblocks = std::min<uint32_t>(disk::kMaxExtentBlocks, n - o);
+      e.csums.resize(e.nblocks);
+      for (uint32_t i = 0; i < e.nblocks; i++) e.csums[i] = xxh3(piece.subspan(uint64_t(o + i) * bs, bs));
+      out.push_back(std::move(e));
+    }
+    if (auto w = vol.write_data(*b, piece); !w) return undo(w.error());
     done += n;
   }
   return out;
@@ -171,17 +184,24 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
   if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino));
   a = PLY_TRY(getattr(ino));
   const uint64_t fb = off / bs_, lb = (end - 1) / bs_, nb = lb - fb + 1;
-  std::vector<std::byte> buf(nb * bs_);
-  // Partial first and last blocks keep their other bytes.
-  if (off % bs_ && fb * bs_ < a.size)
-    (void)PLY_TRY(read(ino, fb * bs_, std::span(buf).first(bs_)));
-  if (end % bs_ && lb * bs_ < a.size && (lb != fb || off % bs_ == 0))
-    (void)PLY_TRY(read(ino, lb * bs_, std::span(buf).last(bs_)));
-  std::memcpy(buf.data() + off % bs_, in.data(), in.size());
+  // Whole blocks go to the device straight from the caller's buffer; only a
+  // write with partial first or last blocks is staged, those blocks keeping
+  // their other bytes.
+  std::vector<std::byte> buf;
+  std::span<const std::byte> blocks = in;
+  if (off % bs_ || end % bs_) {
+    buf.resize(nb * bs_);
+    if (off % bs_ && fb * bs_ < a.size)
+      (void)PLY_TRY(read(ino, fb * bs_, std::span(buf).first(bs_)));
+    if (end % bs_ && lb * bs_ < a.size && (lb != fb || off % bs_ == 0))
+      (void)PLY_TRY(read(ino, lb * bs_, std::span(buf).last(bs_)));
+    std::memcpy(buf.data() + off % bs_, in.data(), in.size());
+    blocks = buf;
+  }
 
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = (nb / disk::kMaxExtentBlocks + 8) * 2 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
-  auto news = PLY_TRY(put_blocks(vol_, c.t, fb, buf, bs_));
+  auto news = PLY_TRY(put_blocks(vol_, c.t, fb, blocks, bs_));
   std::unique_lock lk(mu_);
   auto apply = [&]() -> Result<void> {
     Rec r = PLY_TRY(c.inode(ino));

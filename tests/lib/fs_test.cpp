@@ -548,6 +548,50 @@ TEST_CASE("fs: copy_range shares extents; overwriting one copy leaves the other 
   require_fs_clean(*dev);
 }
 
+// A large write takes one space extent (up to 8 MiB) mapped by items of at
+// most 64 blocks, each holding a reference on it (format.md#fs-extent): a
+// partial overwrite keeps the rest of the extent readable and allocated,
+// and the extent goes with its last item.
+TEST_CASE("fs: a large write is one space extent that its items share", "[fs]") {
+  auto dev = fs_device();
+  auto m = mount(*dev);
+  Filesystem& fs = *m.fs;
+  const uint32_t bs = m.vol->block_size();
+  Attr a = must(fs.mknod(fs.root(), "a", S_IFREG | 0644, 0, 0, 0));
+  auto data = pattern(3 << 20, 21);
+  must(fs.sync());
+  const SpaceStats s0 = m.vol->space_stats();
+  must(fs.write(a.ino, 0, data));  // aligned: straight from the buffer
+  must(fs.sync());
+  const SpaceStats s1 = m.vol->space_stats();
+  CHECK(s1.data_blocks - s0.data_blocks == data.size() / bs);
+  CHECK(read_all(fs, a.ino) == data);
+  // The middle MiB rewritten: the old extent stays (its other items use
+  // it), and a new one holds the new bytes.
+  auto mid = pattern(1 << 20, 22);
+  must(fs.write(a.ino, 1 << 20, mid));
+  must(fs.sync());
+  CHECK(m.vol->space_stats().data_blocks - s0.data_blocks == (data.size() + mid.size()) / bs);
+  std::copy(mid.begin(), mid.end(), data.begin() + (1 << 20));
+  CHECK(read_all(fs, a.ino) == data);
+  // Unaligned writes across the items' seams read back too.
+  auto odd = pattern(300000, 23);
+  must(fs.write(a.ino, (1 << 20) - 77, odd));
+  std::copy(odd.begin(), odd.end(), data.begin() + (1 << 20) - 77);
+  CHECK(read_all(fs, a.ino) == data);
+  unmount(m);
+  require_fs_clean(*dev);
+  m = mount(*dev);
+  CHECK(read_all(*m.fs, a.ino) == data);
+  // Every item gone: every extent goes.
+  must(m.fs->unlink(m.fs->root(), "a"));
+  must(m.fs->sync());
+  must(m.fs->sync());
+  CHECK(m.vol->space_stats().data_blocks == s0.data_blocks);
+  unmount(m);
+  require_fs_clean(*dev);
+}
+
 TEST_CASE("fs: fallocate, holes and SEEK_DATA/SEEK_HOLE", "[fs]") {
   auto dev = fs_device();
   auto m = mount(*dev);
