@@ -47,7 +47,7 @@ void print_text(const std::string& cmd, const Json& r, const std::string& arg) {
   } else if (cmd == "rollback") {
     const Json to = member(r, "to");
     std::printf("rolled back %s %s\n", in_quotes(name_of(member(r, "branch"))).c_str(),
-                to.is_object() ? ("to " + in_quotes(name_of(to))).c_str() : "to empty (a layer without snapshots)");
+                to.is_object() ? ("to " + in_quotes(name_of(to, "branch"))).c_str() : "to empty (a layer without snapshots)");
   } else if (cmd == "delete") {
     std::printf("deleted branch %s (id %llu)\n", in_quotes(name_of(r)).c_str(), (unsigned long long)r.value("id", uint64_t(0)));
   }
@@ -70,7 +70,7 @@ int print_diff(const std::vector<DiffEntry>& d, bool json, bool nul) {
 int mounted(const std::string& cmd, const Parsed& p, bool json, bool nul) {
   const auto& pos = p.pos;
   if (p.opt.count("--view") || p.opt.count("--branch"))
-    return usage_error("--view and --branch are for an image: a mount snapshots its writable branch");
+    return usage_error("--view is for an image, and so is --branch: a mount snapshots its writable branch");
   Json req = {{"command", cmd}};
   if (cmd == "snapshot" && p.opt.count("--name")) model::put_name(req, "name", p.opt.at("--name"));
   if (cmd == "rollback" && p.opt.count("--to")) model::put_name(req, "to", p.opt.at("--to"));

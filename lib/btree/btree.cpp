@@ -93,7 +93,11 @@ Result<Ref> BTree::cow(MutCtx& m, Ref node) {
   const Generation g = v.gen();
   if (g > m.gen) return Error::corrupt(node->blockno.v, "node generation is in the future");
   uint32_t refs = 1;
-  if (cfg_.shareable && g <= cfg_.last_shared) refs = PLY_TRY(m.space.refcount(node->blockno));
+  std::unique_lock<std::mutex> shared_lk;  // to the end: the count and its change
+  if (cfg_.shareable && g <= cfg_.last_shared) {
+    if (std::mutex* mu = m.space.shared_nodes_mutex()) shared_lk = std::unique_lock(*mu);
+    refs = PLY_TRY(m.space.refcount(node->blockno));
+  }
   if (refs == 0) return Error::corrupt(node->blockno.v, "reachable node has refcount zero");
   if (g == m.gen && refs == 1) return node;
 
@@ -704,6 +708,8 @@ Result<uint64_t> BTree::graft(MutCtx& m, const GraftPlan& p) {
 // ------------------------------------------------------------ clone, drop
 
 Result<void> BTree::clone_root(NodeSpace& space, const RootPtr& root) {
+  std::unique_lock<std::mutex> lk;
+  if (std::mutex* mu = space.shared_nodes_mutex()) lk = std::unique_lock(*mu);
   return space.inc_ref(root.block);
 }
 
@@ -731,7 +737,13 @@ struct Dropper {
     NodeView v = view(node);
     if (v.gen() != g || v.level() != level)
       return Error::corrupt(b.v, "node does not match its parent during drop");
-    auto f = PLY_TRY(m.space.dec_ref(b));
+    NodeSpace::Freed f;
+    {
+      // Against a writer of another tree copying this node (BTree::cow).
+      std::unique_lock<std::mutex> lk;
+      if (std::mutex* mu = m.space.shared_nodes_mutex()) lk = std::unique_lock(*mu);
+      f = PLY_TRY(m.space.dec_ref(b));
+    }
     if (f == NodeSpace::Freed::No) return ok();  // still shared: its subtree stays
     if (!v.leaf()) {
       for (uint32_t i = 0; i < v.n(); i++) PLY_CHECK(this->node(v.child(i), v.child_gen(i), level - 1));

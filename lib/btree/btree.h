@@ -29,6 +29,7 @@
 #include <compare>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -71,6 +72,12 @@ class NodeSpace {
   // generation that freed it is durable. Now: the block was never written,
   // its number may be handed out again at once.
   virtual Result<Freed> dec_ref(BlockNo b) = 0;
+  // A node two trees share may be copied by a writer of one while the other
+  // is written, dropped or cloned: the look at its count and the change of
+  // it must not interleave (two writers reading 2, both copying, both
+  // decrementing, would free a node that one still reaches). Held around
+  // them, for a node that may be shared; null where nothing is shared.
+  virtual std::mutex* shared_nodes_mutex() { return nullptr; }
 };
 
 // An extent a leaf value references: its first block (the key of its space

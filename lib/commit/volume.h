@@ -262,6 +262,7 @@ class Volume {
   std::atomic<uint64_t> next_tree_id_{0}, next_inode_{0};
   std::atomic<uint64_t> incompat_added_{0};  // Txn::add_incompat, folded in at each freeze
   std::atomic<uint64_t> tree_epoch_{1};      // tree_epoch()
+  std::mutex shared_nodes_mu_;               // NodeSpace::shared_nodes_mutex
   std::mutex ext_mu_;
   std::map<std::type_index, std::shared_ptr<void>> ext_;
 
@@ -355,6 +356,7 @@ class Volume::Txn {
     Result<uint32_t> refcount(BlockNo b) override;
     Result<void> inc_ref(BlockNo b) override;
     Result<Freed> dec_ref(BlockNo b) override;
+    std::mutex* shared_nodes_mutex() override { return &v->shared_nodes_mu_; }
   };
   Txn(Volume* v, Generation gen, bool for_delete, bool grouped);
   Result<void> top_up(uint64_t nblocks);

@@ -166,8 +166,9 @@ TEST_CASE("plyctl: every command's --json output, offline and online, matches th
   validated("branch list MOUNTPOINT", ctl(fx.tmp, {"branch", "list", fx.root(), "--json"}));
   auto s = validated("snapshot", ctl(fx.tmp, {"snapshot", fx.root(), "--name", "s1", "--json"}));
   CHECK(s["snapshot"]["name"] == "s1");
+  CHECK(s["snapshot"]["snapshot"] == true);
+  CHECK(s["snapshot"]["origin"]["branch"] == "main");
   CHECK(s["live"]["name"] == "main");
-  CHECK(s["stack"].size() == 2);
   for (const auto& n : kOddNames) write_file(fx / n, n);
   ::mkdir((fx / "dir \xe2\x82\xac").c_str(), 0755);
   REQUIRE(::rename((fx / "plain").c_str(), (fx / "renamed\xff").c_str()) == 0);
@@ -188,71 +189,80 @@ TEST_CASE("plyctl: every command's --json output, offline and online, matches th
   auto c = validated("clone", ctl(fx.tmp, {"clone", fx.root(), "s1", "my clone \xc3\xa9", "--ro", "--json"}));
   CHECK(c["name"] == "my clone \xc3\xa9");
   CHECK(c["writable"] == false);
-  auto st = validated("branch add", ctl(fx.tmp, {"branch", "add", fx.root(), other, "--at", "2", "--ro", "--json"}));
-  CHECK(st[2]["branch"] == other);
-  validated("branch set MOUNTPOINT", ctl(fx.tmp, {"branch", "set", fx.root(), other, "--rw", "--json"}));
-  st = validated("branch move", ctl(fx.tmp, {"branch", "move", fx.root(), other, "1", "--json"}));
+  auto st = validated("branch add", ctl(fx.tmp, {"branch", "add", fx.root(), other, "--at", "1", "--ro", "--json"}));
   CHECK(st[1]["branch"] == other);
-  CHECK(st[1]["writable"] == true);
+  validated("branch set MOUNTPOINT", ctl(fx.tmp, {"branch", "set", fx.root(), other, "--rw", "--json"}));
+  st = validated("branch move", ctl(fx.tmp, {"branch", "move", fx.root(), other, "0", "--json"}));
+  CHECK(st[0]["branch"] == other);
+  CHECK(st[0]["writable"] == true);
   auto info = info_json(fx / (".plyfs/layers/" + other + "/info.json"));
   CHECK(info["name"] == other);
   CHECK(info["mounted"] == true);
   info_json(fx / ".plyfs/layers/main/info.json");
   validated("branch remove MOUNTPOINT", ctl(fx.tmp, {"branch", "remove", fx.root(), other, "--json"}));
-  auto m = validated("merge", ctl(fx.tmp, {"merge", fx.root(), "main", "--json"}));
-  CHECK(m["merged"]["name"] == "main");
+  // A layer on main, stacked over it online, merged down.
+  REQUIRE(::mkdir((fx / ".plyfs/layers/work").c_str(), 0755) == 0);
+  plyctl(fx, {"branch", "add", fx.root(), "work"});
+  plyctl(fx, {"branch", "set", fx.root(), "main", "--ro"});
+  write_file(fx / "in-work", "w");
+  auto m = validated("merge", ctl(fx.tmp, {"merge", fx.root(), "work", "--json"}));
+  CHECK(m["merged"]["name"] == "work");
   CHECK(m["entries"].get<uint64_t>() > 0);
   validated("snapshot", ctl(fx.tmp, {"snapshot", fx.root(), "--name", "s2", "--json"}));
   write_file(fx / "scratch", "x");
-  auto r = validated("rollback", ctl(fx.tmp, {"rollback", fx.root(), "main", "--json"}));
-  CHECK(r["name"] == "main");
-  CHECK(r["parent"]["branch"] == "s2");
+  auto r = validated("rollback", ctl(fx.tmp, {"rollback", fx.root(), "work", "--json"}));
+  CHECK(r["branch"]["name"] == "work");
+  CHECK(r["to"]["branch"] == "s2");
   auto del = validated("delete", ctl(fx.tmp, {"delete", fx.root(), "my clone \xc3\xa9", "--json"}));
   CHECK(del["name"] == "my clone \xc3\xa9");
   // A diff of the same trees online and offline: the same bytes in all forms.
   for (const auto& n : kOddNames) write_file(fx / ("again-" + n), n);
-  const std::string on_json = ctl(fx.tmp, {"diff", fx.root(), "s2", "main", "--json"}).out;
-  const std::string on_text = ctl(fx.tmp, {"diff", fx.root(), "s2", "main"}).out;
-  const std::string on_z = ctl(fx.tmp, {"diff", fx.root(), "s2", "main", "-z"}).out;
+  const std::string on_json = ctl(fx.tmp, {"diff", fx.root(), "s2", "work", "--json"}).out;
+  const std::string on_text = ctl(fx.tmp, {"diff", fx.root(), "s2", "work"}).out;
+  const std::string on_z = ctl(fx.tmp, {"diff", fx.root(), "s2", "work", "-z"}).out;
   fx.unmount();
-  auto off = validated("diff", ctl(fx.tmp, {"diff", fx.img, "s2", "main", "--json"}));
-  CHECK(off.size() == kOddNames.size());
-  REQUIRE_SAME(on_json, ctl(fx.tmp, {"diff", fx.img, "s2", "main", "--json"}).out);
-  REQUIRE_SAME(on_text, ctl(fx.tmp, {"diff", fx.img, "s2", "main"}).out);
-  REQUIRE_SAME(on_z, ctl(fx.tmp, {"diff", fx.img, "s2", "main", "-z"}).out);
+  auto off = validated("diff", ctl(fx.tmp, {"diff", fx.img, "s2", "work", "--json"}));
+  CHECK(off.size() == kOddNames.size() + 1);  // and the root directory, modified
+  CHECK(off[0]["change"] == "modified");
+  CHECK(off[0]["path"] == "/");
+  REQUIRE_SAME(on_json, ctl(fx.tmp, {"diff", fx.img, "s2", "work", "--json"}).out);
+  REQUIRE_SAME(on_text, ctl(fx.tmp, {"diff", fx.img, "s2", "work"}).out);
+  REQUIRE_SAME(on_z, ctl(fx.tmp, {"diff", fx.img, "s2", "work", "-z"}).out);
 
   // --- offline: every command on the image.
   auto img = validated("show", ctl(fx.tmp, {"show", fx.img, "--json"}));
   CHECK(img["slots"][0] == "valid");
   auto bl = validated("branch list IMAGE", ctl(fx.tmp, {"branch", "list", fx.img, "--json"}));
-  CHECK(bl.size() == 3);  // s2, main, other
+  CHECK(bl.size() == 4);  // work (main merged into it), other, s1, s2
   validated("branch create", ctl(fx.tmp, {"branch", "create", fx.img, "new one", "--json"}));
   auto set = validated("branch set IMAGE", ctl(fx.tmp, {"branch", "set", fx.img, "new one", "--name", "renamed \xc3\xa5", "--ro", "--json"}));
   CHECK(set["name"] == "renamed \xc3\xa5");
   CHECK(set["writable"] == false);
-  auto lc = validated("layer create", ctl(fx.tmp, {"layer", "create", fx.img, "lay", "--on", "main", "--json"}));
+  auto lc = validated("layer create", ctl(fx.tmp, {"layer", "create", fx.img, "lay", "--on", "work", "--json"}));
   CHECK(lc["layer"] == true);
-  CHECK(lc["parent"]["branch"] == "main");
+  CHECK(lc["parent"]["branch"] == "work");
   auto ll = validated("layer list", ctl(fx.tmp, {"layer", "list", fx.img, "--json"}));
-  bool main_has_child = false;
+  bool work_has_child = false;
   for (const auto& b : ll)
-    if (b["name"] == "main") main_has_child = b["children"].size() == 1 && b["children"][0]["branch"] == "lay";
-  CHECK(main_has_child);
+    if (b["name"] == "work") work_has_child = b["children"].size() == 1 && b["children"][0]["branch"] == "lay";
+  CHECK(work_has_child);
   validated("layer delete", ctl(fx.tmp, {"layer", "delete", fx.img, "lay", "--json"}));
-  auto v = validated("view create", ctl(fx.tmp, {"view", "create", fx.img, "my view", "main=rw:" + other + "=ro", "--json"}));
+  auto v = validated("view create", ctl(fx.tmp, {"view", "create", fx.img, "my view", "work=rw:" + other + "=ro", "--json"}));
   CHECK(v["stack"][1]["branch"] == other);
   validated("view list", ctl(fx.tmp, {"view", "list", fx.img, "--json"}));
   CHECK(validated("view default", ctl(fx.tmp, {"view", "default", fx.img, "my view", "--json"}))["default"] == true);
-  plyctl(fx, {"view", "default", fx.img, "default"});  // the one the online snapshot made, again
+  plyctl(fx, {"view", "default", fx.img, "default"});  // the one the online merge made, again
   validated("view delete", ctl(fx.tmp, {"view", "delete", fx.img, "my view", "--json"}));
   validated("snapshot", ctl(fx.tmp, {"snapshot", fx.img, "--name", "s3", "--json"}));
   validated("clone", ctl(fx.tmp, {"clone", fx.img, "s3", "c \xc3\xbc", "--json"}));
-  validated("merge", ctl(fx.tmp, {"merge", fx.img, "main", "--json"}));
-  validated("snapshot", ctl(fx.tmp, {"snapshot", fx.img, "--name", "s4", "--json"}));
-  validated("rollback", ctl(fx.tmp, {"rollback", fx.img, "main", "--json"}));
+  plyctl(fx, {"layer", "create", fx.img, "lay2", "--on", "work"});
+  plyctl(fx, {"view", "create", fx.img, "default", "lay2=rw:work=ro", "--default"});
+  validated("merge", ctl(fx.tmp, {"merge", fx.img, "lay2", "--json"}));
+  validated("snapshot", ctl(fx.tmp, {"snapshot", fx.img, "--branch", "lay2", "--name", "s4", "--json"}));
+  validated("rollback", ctl(fx.tmp, {"rollback", fx.img, "lay2", "--json"}));
   validated("delete", ctl(fx.tmp, {"delete", fx.img, "c \xc3\xbc", "--json"}));
   validated("branch remove IMAGE", ctl(fx.tmp, {"branch", "remove", fx.img, "renamed \xc3\xa5", "--json"}));
-  validated("diff", ctl(fx.tmp, {"diff", fx.img, "s4", "main", "--json"}));
+  validated("diff", ctl(fx.tmp, {"diff", fx.img, "s4", "lay2", "--json"}));
   validated("debug tree", ctl(fx.tmp, {"debug", "tree", fx.img, "root", "--json"}));
   validated("debug fields", ctl(fx.tmp, {"debug", "fields", "node", "--json"}));
   require_fsck_clean(fx.img, fx.tmp / "fsck.log");
@@ -268,7 +278,7 @@ TEST_CASE("plyctl: diff -z gives names raw; text escapes them as ls --quoting-st
   // NUL-terminated records "+<TAB>/NAME", sorted by path, names as they are.
   std::vector<std::string> names = kOddNames;
   std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) { return "/" + a < "/" + b; });
-  std::string want;
+  std::string want = "M\t/" + std::string(1, '\0');  // the root directory, whose entries changed
   for (const auto& n : names) want += "+\t/" + n + std::string(1, '\0');
   REQUIRE_SAME(z.out, want);
 
@@ -297,7 +307,7 @@ TEST_CASE("plyctl: diff -z gives names raw; text escapes them as ls --quoting-st
       CHECK(ls_of.count(n));
     }
   }
-  std::string want_text;
+  std::string want_text = "M\t/\n";
   for (const auto& n : names) want_text += "+\t/" + (plyfs::needs_escape(n) ? ls_of[n] : n) + "\n";
   REQUIRE_SAME(text.out, want_text);
   CHECK(text.out.find("+\t/sp ace \xc3\xbc\n") != std::string::npos);  // nothing to escape: as it is
@@ -456,26 +466,34 @@ TEST_CASE("plyctl: a command given an image for a mount point (or the reverse) s
   usage({"snapshot", fx.root(), "--view", "v"}, "--view is for an image");
   fx.unmount();
 
-  // An offline snapshot of an image without views makes a default view; a
-  // delete that it blocks says which view and what to do.
+  // An offline snapshot changes no view (it is a clone); a delete that a
+  // view blocks says which view and what to do; one a layer blocks, which
+  // layer.
   plyctl(fx, {"snapshot", fx.img, "--name", "s1"});
+  CHECK(ctl(fx.tmp, {"view", "list", fx.img}).out.rfind("no views", 0) == 0);
+  plyctl(fx, {"view", "create", fx.img, "default", "main", "--default"});
   Out o = ctl(fx.tmp, {"delete", fx.img, "main"});
   CHECK(o.rc == 1);
   CHECK(o.err.find("view \"default\" shows \"main\"") != std::string::npos);
   CHECK(o.err.find("plyctl view delete") != std::string::npos);
   CHECK(o.err.find("the default view") != std::string::npos);
+  plyctl(fx, {"layer", "create", fx.img, "on-s1", "--on", "s1"});
   o = ctl(fx.tmp, {"delete", fx.img, "s1"});
   CHECK(o.rc == 1);
-  CHECK(o.err.find("layer \"main\" is made on \"s1\": merge or delete that layer first") != std::string::npos);
+  CHECK(o.err.find("layer \"on-s1\" is made on \"s1\": merge or delete that layer first") != std::string::npos);
+  plyctl(fx, {"delete", fx.img, "on-s1"});
   fx.mount();
-  plyctl(fx, {"branch", "remove", fx.root(), "s1"});
   o = ctl(fx.tmp, {"branch", "remove", fx.root(), "main"});
   CHECK(o.rc == 1);
   CHECK(o.err.find("add another first, or unmount") != std::string::npos);
+  // A branch the mount shows is refused online; one it does not, deleted.
+  plyctl(fx, {"branch", "add", fx.root(), "s1", "--at", "1", "--ro"});
   o = ctl(fx.tmp, {"delete", fx.root(), "s1"});
   CHECK(o.rc == 1);
-  CHECK(o.err.find("this mount has shown \"s1\"") != std::string::npos);
-  CHECK(o.err.find("unmount, then delete it on the image") != std::string::npos);
+  CHECK(o.err.find("the mount shows \"s1\"") != std::string::npos);
+  CHECK(o.err.find("plyctl branch remove") != std::string::npos);
+  plyctl(fx, {"branch", "remove", fx.root(), "s1"});
+  plyctl(fx, {"delete", fx.root(), "s1"});
 }
 
 TEST_CASE("plyctl: the control channel refuses another protocol version with a clear message", "[plyctl]") {

@@ -71,7 +71,7 @@ TEST_CASE("names: every library function that gives a name checks it", "[names]"
     CHECK(!create_layer(v, n, im.main, false));
     CHECK(!clone_branch(v, im.main, n, false));
     CHECK(!rename_branch(v, im.main, n));
-    CHECK(!snapshot(v, must(default_stack(v)), n));
+    CHECK(!snapshot(v, im.main, n));
     CHECK(!put_view(v, View{n, false, {{im.main, true}}}));
   }
   CHECK(must(Filesystem::branches(v)).size() == branches);
