@@ -49,10 +49,15 @@ Result<model::Json> take_snapshot(const std::string& name) {
   std::string snap = name;
   if (snap.empty()) snap = PLY_TRY(snapshot_name(*g->vol, PLY_TRY(Filesystem::branch(*g->vol, top)).name));
   Snapshot s;
-  PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
-    s = PLY_TRY(snapshot(*g->vol, top, snap));
-    return ok();
-  }));
+  {
+    // The control folder's views write to the branch too: none of their
+    // operations may be half done in the clone (ctl_folder.h C2).
+    auto views_held = g->ctl->hold();
+    PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
+      s = PLY_TRY(snapshot(*g->vol, top, snap));
+      return ok();
+    }));
+  }
   PLY_CHECK(g->vol->commit());
   return model::snapshot(PLY_TRY(model::Branches::read(*g->vol)), s);
 }
