@@ -188,6 +188,11 @@ SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_
     return fail(SlotState::BadFields, "space counters are inconsistent");
   if (s.next_tree_id < 256 || s.next_inode < 256)
     return fail(SlotState::BadFields, "next_tree_id or next_inode below 256");
+  // Both counters only grow by one per tree or object made: at 2^63 one is
+  // damage, and a counter let near 2^64 would wrap to 0 and hand out numbers
+  // again. Bit 63 of a FUSE node id is the control folder's (format.md#fs-keys).
+  if (s.next_tree_id >= kCounterLimit || s.next_inode >= kCounterLimit)
+    return fail(SlotState::BadFields, "next_tree_id or next_inode at or past 2^63");
   if (s.used_blocks > s.total_blocks - s.first_block ||
       s.reserve_blocks > s.total_blocks - s.first_block)
     return fail(SlotState::BadFields, "space counters exceed the usable blocks");

@@ -25,6 +25,8 @@ inline constexpr uint64_t kIncompatBranchInfoV4 = 1ull << 1;
 inline constexpr uint64_t kCompatKnown = 0;
 inline constexpr uint64_t kRoCompatKnown = 0;
 inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr | kIncompatBranchInfoV4;
+// next_tree_id and next_inode stay below this (format.md#superblock).
+inline constexpr uint64_t kCounterLimit = 1ull << 63;
 inline constexpr uint32_t kVersionMajor = 1;
 inline constexpr uint32_t kVersionMinor = 0;
 

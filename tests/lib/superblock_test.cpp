@@ -106,6 +106,19 @@ TEST_CASE("superblock: encode and decode round trip every field", "[superblock]"
   }
   // The wrong slot for the generation is refused.
   REQUIRE(decode_superblock(bytes, 0, 1000 * 8192).state == SlotState::BadFields);
+  // Counters at 2^63 are damage: near 2^64 they would wrap to 0 (found by
+  // the structure-aware fuzzer: a repair then handed out inode 0).
+  for (uint64_t bad : {uint64_t{1} << 63, ~uint64_t{0}}) {
+    SuperInfo t = s;
+    t.next_inode = bad;
+    REQUIRE(decode_superblock(encode_superblock(t), 1, 1000 * 8192).state == SlotState::BadFields);
+    t = s;
+    t.next_tree_id = bad;
+    REQUIRE(decode_superblock(encode_superblock(t), 1, 1000 * 8192).state == SlotState::BadFields);
+  }
+  SuperInfo t = s;
+  t.next_inode = (uint64_t{1} << 63) - 1;
+  REQUIRE(decode_superblock(encode_superblock(t), 1, 1000 * 8192).state == SlotState::Valid);
 }
 
 TEST_CASE("superblock: damage to any one sector of the newer copy falls back to the older",
