@@ -58,6 +58,8 @@ int cmd_view(const std::string& sub, const std::vector<std::string>& args);
 int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args);
 // Deletes branch `name` of `image` (branch remove, layer delete, delete).
 int remove_branch(const std::string& image, const std::string& name, bool json);
+int cmd_import(const std::vector<std::string>& args);
+int cmd_export(const std::vector<std::string>& args);
 int cmd_tree(std::vector<std::string> args);
 int cmd_fields(std::vector<std::string> args);
 int cmd_corrupt(std::vector<std::string> args);

@@ -6,6 +6,8 @@
 //   plyctl view list|create|delete|default IMAGE ...
 //   plyctl layer list|create|delete IMAGE ...
 //   plyctl snapshot|clone|merge|rollback|delete|diff IMAGE|MOUNTPOINT ...
+//   plyctl import IMAGE BRANCH SOURCE [--parent P] [--format F]
+//   plyctl export IMAGE|MOUNTPOINT BRANCH [-o FILE] [--format tar|oci-layer] [--compress zstd|gzip]
 //   plyctl debug tree IMAGE TREE
 //   plyctl debug fields STRUCT
 //   plyctl debug corrupt IMAGE STRUCT [LOCATOR] FIELD (--set V|--flip BIT|--zero|--add N) [--keep-checksum]
@@ -45,6 +47,8 @@ int real_main(int argc, char** argv) {
   if (cmd == "snapshot" || cmd == "clone" || cmd == "merge" || cmd == "rollback" || cmd == "delete" ||
       cmd == "diff")
     return cmd_lifecycle(cmd, args);
+  if (cmd == "import") return cmd_import(args);
+  if (cmd == "export") return cmd_export(args);
   if (cmd == "debug") {
     if (args.empty()) return usage_error("debug needs a subcommand: tree, fields or corrupt");
     const std::string sub = args[0];

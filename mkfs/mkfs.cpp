@@ -31,6 +31,7 @@
 #include "commit/superblock.h"
 #include "commit/volume.h"
 #include "fs/fs.h"
+#include "io/io.h"
 #include "util/parse.h"
 #include "util/progress.h"
 
@@ -46,7 +47,7 @@ constexpr const char* kProg = "mkfs.plyfs";
 // The command line as typed; values are checked in resolve().
 struct Args {
   bool force = false, dry_run = false, quiet = false, help = false, version = false, nodiscard = false;
-  std::string label, path;
+  std::string label, path, root_dir;
   std::optional<std::string> uuid, block_size, size;  // empty when not given
 };
 
@@ -54,6 +55,7 @@ struct Options {
   bool force = false, dry_run = false, quiet = false, discard = true;
   FormatOptions format;  // size_bytes 0: the whole device or existing file
   std::string path;
+  std::string root_dir;  // -d: the first branch holds this directory's tree
 };
 
 void usage(FILE* out) {
@@ -67,6 +69,7 @@ void usage(FILE* out) {
                "  -b SIZE       block size, a power of two from 4096 to 65536 (default 4096)\n"
                "  -s SIZE       filesystem size; creates or extends an image file\n"
                "  -K            do not discard the device's blocks first\n"
+               "  -d DIR        the first branch holds DIR's tree (as mke2fs -d)\n"
                "  -n            show what would be done; write nothing\n"
                "  -q            quiet: print nothing on success\n"
                "  -V            print the version and exit\n"
@@ -81,7 +84,7 @@ Result<Args> parse_args(int argc, char** argv) {
   opterr = 0;  // our own messages, so that each starts with "mkfs.plyfs: "
   static const option kLong[] = {
       {"help", no_argument, nullptr, 'h'}, {"version", no_argument, nullptr, 'V'}, {}};
-  for (int c; (c = getopt_long(argc, argv, ":fL:U:b:s:KnqVh", kLong, nullptr)) != -1;) {
+  for (int c; (c = getopt_long(argc, argv, ":fL:U:b:s:d:KnqVh", kLong, nullptr)) != -1;) {
     switch (c) {
       case 'f': a.force = true; break;
       case 'L': a.label = optarg; break;
@@ -89,6 +92,7 @@ Result<Args> parse_args(int argc, char** argv) {
       case 'b': a.block_size = optarg; break;
       case 's': a.size = optarg; break;
       case 'K': a.nodiscard = true; break;
+      case 'd': a.root_dir = optarg; break;
       case 'n': a.dry_run = true; break;
       case 'q': a.quiet = true; break;
       case 'V': a.version = true; break;
@@ -124,6 +128,10 @@ Result<Options> resolve(const Args& a) {
   o.discard = !a.nodiscard;
   o.path = a.path;
   o.format.label = a.label;
+  o.root_dir = a.root_dir;
+  struct stat st {};
+  if (!o.root_dir.empty() && (::stat(o.root_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)))
+    return Error::invalid("-d " + o.root_dir + ": not a directory");
   if (a.uuid) o.format.uuid = PLY_TRY(parse_uuid(*a.uuid));
   // One size rule for every tool (util/parse.h, util-linux's units).
   if (a.size) {
@@ -301,7 +309,30 @@ Result<void> discard_all(FileDevice& dev, const Options& o, const SuperInfo& pla
 Result<SuperInfo> write_filesystem(FileDevice& dev, const Options& o, const SuperInfo& plan) {
   FormatOptions f = o.format;
   f.uuid = plan.uuid;  // the plan drew the random uuid; write exactly what was checked
-  return format_filesystem(dev, f, FsCreateOptions{});
+  SuperInfo s = PLY_TRY(format_filesystem(dev, f, FsCreateOptions{}));
+  if (o.root_dir.empty()) return s;
+  // -d: the tree imported as a new branch that replaces the empty "main" in
+  // one generation (lib/io, io.h I1).
+  VolumeOptions vo;
+  vo.kinds = fs_kinds();
+  vo.cache_bytes = 64ull << 20;
+  vo.dirty_limit_bytes = vo.cache_bytes / 4;
+  auto v = PLY_TRY(Volume::open(dev, vo));
+  io::ImportOptions imp;
+  imp.name = "main";
+  imp.format = io::Format::Dir;
+  imp.replace = true;
+  Progress prog("copying " + o.root_dir, 0, Progress::Unit::Bytes, "", stderr, false);
+  if (!o.quiet)
+    imp.progress = [&](const io::ImportStats& st) {
+      prog.set_total(st.total_bytes);
+      prog.update(st.read_bytes);
+    };
+  imp.note = [&](const std::string& n) { std::fprintf(stderr, "%s: %s\n", kProg, n.c_str()); };
+  (void)PLY_TRY(io::import(*v, o.root_dir, imp));
+  if (prog.shown()) prog.finish();
+  PLY_CHECK(v->close());
+  return v->super();
 }
 
 // The directory entry of a new image must be durable too, not only its blocks.
