@@ -84,7 +84,10 @@ int cmd_import(const std::vector<std::string>& args) {
     if (r && prog.shown()) prog.finish();
   }
   for (const auto& n : notes) std::fprintf(stderr, "%s: %s\n", kProg, n.c_str());
-  if (!r) return fail_on(image, r.error());
+  if (!r) {
+    (void)v.close();  // the failed import's trees are dropped: their space back now
+    return fail_on(image, r.error());
+  }
   auto bs = model::Branches::read(v);
   if (!bs) return fail_on(image, bs.error());
   const Json out = import_json(*bs, *r, source);

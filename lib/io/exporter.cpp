@@ -108,7 +108,7 @@ class Exporter {
   archive_entry* ae_ = nullptr;
   ExportStats st_;
   std::map<uint64_t, std::string> linked_;  // inode -> the first path written for it
-  std::vector<std::byte> buf_;
+  std::vector<std::byte> buf_, zeros_;
   std::chrono::steady_clock::time_point last_{};
 };
 
@@ -223,7 +223,20 @@ Result<void> Exporter::put(const std::string& path, const Attr& a, const std::st
     while (archive_entry_sparse_next(ae_, &off, &len) == ARCHIVE_OK)
       if (len > 0) rs.push_back({uint64_t(off), uint64_t(len)});
   }
+  // libarchive takes the whole file, holes included, and skips the holes
+  // of a sparse member itself: they go as one zeroed buffer, never read.
+  uint64_t pos = 0;
+  auto skip_to = [&](uint64_t to) -> Result<void> {
+    while (pos < to) {
+      const size_t n = size_t(std::min<uint64_t>(to - pos, zeros_.size()));
+      if (archive_write_data(a_, zeros_.data(), n) < 0) return failure(shown_name);
+      pos += n;
+    }
+    return ok();
+  };
   for (auto [off, len] : rs) {
+    PLY_CHECK(skip_to(off));
+    pos = off + len;
     for (uint64_t done = 0; done < len;) {
       const size_t want = size_t(std::min<uint64_t>(len - done, buf_.size()));
       const size_t got = PLY_TRY(t_.read(a.ino, off + done, std::span(buf_).first(want)));
@@ -234,7 +247,7 @@ Result<void> Exporter::put(const std::string& path, const Attr& a, const std::st
       report();
     }
   }
-  return ok();
+  return skip_to(a.size);
 }
 
 // An OCI marker: an empty file ".wh.NAME" or ".wh..wh..opq".
@@ -285,6 +298,7 @@ Result<ExportStats> Exporter::run() {
   ae_ = archive_entry_new();
   if (!a_ || !ae_) return Error::io(ENOMEM, "out of memory");
   buf_.resize(kChunkBytes);
+  zeros_.resize(kChunkBytes);
   if (archive_write_set_format_pax(a_) != ARCHIVE_OK) return failure("pax");
   // SCHILY.xattr only: GNU tar reads it, and would warn about each
   // LIBARCHIVE.xattr record.

@@ -76,6 +76,7 @@ class Builder {
   Result<void> finish_dirs();
   Result<std::optional<Attr>> parent_dir_attr(const std::string& path);
   void forget_under(const std::string& path);
+  bool under_non_dir(const std::string& path) const;  // a prefix of it is no directory here
   void report(bool force = false);
   static SetAttr attr_of(const SourceEntry& e, bool with_mode);
 
@@ -210,6 +211,16 @@ Result<uint64_t> Builder::dir_for(const std::string& path, const std::string& ra
   return a.ino;
 }
 
+bool Builder::under_non_dir(const std::string& path) const {
+  if (path.empty()) return false;
+  for (size_t cut = 0;; cut++) {
+    cut = path.find('/', cut);
+    const std::string p = path.substr(0, cut);
+    if (others_.count(p) || symlinks_.count(p)) return true;
+    if (cut == std::string::npos) return false;
+  }
+}
+
 void Builder::forget_under(const std::string& path) {
   const std::string pre = path + "/";
   for (auto* m : {&dirs_, &others_}) {
@@ -261,6 +272,8 @@ Result<void> Builder::set_xattrs(uint64_t ino, const std::vector<Xattr>& xs, con
                 ") not kept: plyfs stores user., trusted. and security. xattrs and POSIX ACLs");
       continue;
     }
+    if ((x.name == kAclAccess || x.name == kAclDefault) && !decode_acl(x.value))
+      return Error::invalid(entry_name(raw) + ": xattr " + x.name + " is not a POSIX ACL in the kernel's encoding");
     auto r = fs_->setxattr(ino, x.name, x.value, 0);
     if (!r) return entry_error(raw, r.error());
     st_.xattrs++;
@@ -316,7 +329,19 @@ Result<void> Builder::make_object(const SourceEntry& e, const std::string& path,
   // A hard link: to an earlier entry's object.
   std::optional<uint64_t> target;
   if (e.link_path) {
-    const std::string tp = PLY_TRY(normalize(*e.link_path));
+    auto norm = normalize(*e.link_path);
+    if (!norm) {  // the message names the link's own entry
+      Error err = norm.error();
+      const std::string own = entry_name(*e.link_path) + ": ";
+      std::string why = entry_name(e.path);
+      why += ": a hard link to \"";
+      why += shown(*e.link_path);
+      why += "\": ";
+      why += err.reason.rfind(own, 0) == 0 ? err.reason.substr(own.size()) : err.reason;
+      err.reason = why;
+      return err;
+    }
+    const std::string tp = *norm;
     if (dirs_.count(tp)) return Error::invalid(entry_name(e.path) + ": a hard link to a directory");
     auto it = others_.find(tp);
     if (it == others_.end())
@@ -389,6 +414,8 @@ Result<void> Builder::take(const SourceEntry& e) {
   const size_t cut = path.rfind('/');
   const std::string up = cut == std::string::npos ? "" : path.substr(0, cut);
   const std::string name = cut == std::string::npos ? path : path.substr(cut + 1);
+  // An OCI marker below a file of this layer: the file hides it all anyway.
+  if ((e.whiteout || e.opaque) && under_non_dir(up)) return ok();
   const uint64_t dir = PLY_TRY(dir_for(up, e.path));
   if (e.opaque) {  // `path` is the opaque directory
     const uint64_t d = PLY_TRY(dir_for(path, e.path));

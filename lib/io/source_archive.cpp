@@ -167,6 +167,12 @@ Result<std::optional<SourceEntry>> ArchiveSource::next() {
     if (!xs.count("system.posix_acl_default"))
       if (auto acl = acl_xattr(ae, ARCHIVE_ENTRY_ACL_TYPE_DEFAULT); !acl.empty())
         xs["system.posix_acl_default"] = acl;
+    // With an extended access ACL the group bits of the mode are its mask
+    // (POSIX.1e); libarchive's mode has the owning group's instead.
+    if (auto it = xs.find("system.posix_acl_access"); it != xs.end())
+      if (auto acl = decode_acl(it->second))
+        for (const auto& x : *acl)
+          if (x.tag == 0x10) e.mode = (e.mode & ~uint32_t(070)) | (uint32_t(x.perm & 7) << 3);
     for (auto& [n, v] : xs) e.xattrs.push_back({n, std::move(v)});
     if (oci_) {
       std::string_view path = e.path;

@@ -20,6 +20,15 @@ namespace {
 
 constexpr size_t kReadBytes = 8u << 20;
 
+// O_NOATIME: reading a file or listing a directory must not change the
+// source's atimes, which the import keeps (root may use it on any file,
+// others on their own files only).
+int open_noatime(int dirfd, const char* name, int flags) {
+  int fd = ::openat(dirfd, name, flags | O_CLOEXEC | O_NOATIME);
+  if (fd < 0 && errno == EPERM) fd = ::openat(dirfd, name, flags | O_CLOEXEC);
+  return fd;
+}
+
 struct Frame {
   int fd = -1;
   std::string rel;                 // "" for the root
@@ -127,7 +136,7 @@ Result<void> DirSource::count(int fd, const std::string& rel) {
     if (::fstatat(fd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (S_ISREG(st.st_mode)) total_ += uint64_t(st.st_size);
     if (!S_ISDIR(st.st_mode)) continue;
-    int sub = ::openat(fd, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int sub = open_noatime(fd, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (sub < 0) continue;
     auto r = count(sub, rel.empty() ? n : rel + "/" + n);
     ::close(sub);
@@ -137,7 +146,7 @@ Result<void> DirSource::count(int fd, const std::string& rel) {
 }
 
 Result<void> DirSource::open_root(bool want_total) {
-  int fd = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = open_noatime(AT_FDCWD, root_.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) return Error::sys(errno, "cannot open directory " + root_);
   if (want_total) {
     auto r = count(fd, "");
@@ -200,14 +209,11 @@ Result<std::optional<SourceEntry>> DirSource::next() {
     const int dirfd = f.fd;
     SourceEntry e = PLY_TRY(describe(dirfd, name, rel, st));
     if (S_ISDIR(st.st_mode)) {
-      int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      int fd = open_noatime(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
       if (fd < 0) return Error::sys(errno, "cannot open directory " + full(rel));
       PLY_CHECK(push(fd, rel));
     } else if (S_ISREG(st.st_mode)) {
-      // O_NOATIME: reading must not change the source's atimes, which
-      // the import keeps (root may use it on any file; others on their own).
-      file_fd_ = ::openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOATIME);
-      if (file_fd_ < 0 && errno == EPERM) file_fd_ = ::openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      file_fd_ = open_noatime(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW);
       if (file_fd_ < 0) return Error::sys(errno, "cannot open " + full(rel));
       (void)::posix_fadvise(file_fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
       file_pos_ = 0;

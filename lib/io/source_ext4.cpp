@@ -165,16 +165,26 @@ Result<std::vector<Xattr>> Ext4Source::xattrs(ext2_ino_t ino, const std::string&
   ext2_xattr_handle* h = nullptr;
   if (errcode_t e = ext2fs_xattrs_open(fs_, ino, &h)) return err(e, "cannot read the xattrs of \"" + shown(path) + "\"");
   errcode_t e = ext2fs_xattrs_read(h);
+  std::vector<std::string> names;
   if (!e) {
-    auto cb = [](char* name, char* value, size_t len, void* p) -> int {
+    auto cb = [](char* name, char*, size_t, void* p) -> int {
       std::string_view n = name;
-      if (n != "system.data") {  // ext4's inline data, not an xattr of the file
-        auto* b = reinterpret_cast<const std::byte*>(value);
-        static_cast<std::vector<Xattr>*>(p)->push_back({std::string(n), std::vector<std::byte>(b, b + len)});
-      }
+      if (n != "system.data")  // ext4's inline data, not an xattr of the file
+        static_cast<std::vector<std::string>*>(p)->push_back(std::string(n));
       return 0;
     };
-    e = ext2fs_xattrs_iterate(h, cb, &out);
+    e = ext2fs_xattrs_iterate(h, cb, &names);
+  }
+  // Each value through ext2fs_xattr_get, which turns an ACL from ext4's
+  // on-disk form into the kernel's (iterate hands over the stored bytes).
+  for (size_t i = 0; !e && i < names.size(); i++) {
+    void* v = nullptr;
+    size_t len = 0;
+    e = ext2fs_xattr_get(h, names[i].c_str(), &v, &len);
+    if (e) break;
+    auto* b = static_cast<const std::byte*>(v);
+    out.push_back({names[i], std::vector<std::byte>(b, b + len)});
+    ext2fs_free_mem(&v);
   }
   ext2fs_xattrs_close(&h);
   if (e) return err(e, "cannot read the xattrs of \"" + shown(path) + "\"");
