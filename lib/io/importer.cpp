@@ -74,7 +74,11 @@ class Builder {
   Result<void> remove(uint64_t dir, std::string_view name, const Entry& what, const std::string& path);
   Result<void> remove_dir_contents(uint64_t dir);
   Result<void> finish_dirs();
-  Result<std::optional<Attr>> parent_dir_attr(const std::string& path);
+  struct Like {
+    Attr attr;
+    std::vector<Xattr> xattrs;
+  };
+  Result<std::optional<Like>> parent_dir(const std::string& path);
   void forget_under(const std::string& path);
   bool under_non_dir(const std::string& path) const;  // a prefix of it is no directory here
   void report(bool force = false);
@@ -147,10 +151,11 @@ Result<std::string> Builder::normalize(const std::string& raw) {
 }
 
 // The parent view's directory at `path`, for a directory that a layer's
-// source implies without giving it (an OCI layer whose tar lacks a parent):
-// it takes the attributes the view shows there.
-Result<std::optional<Attr>> Builder::parent_dir_attr(const std::string& path) {
-  if (!parent_.v) return std::optional<Attr>{};
+// source implies without giving it (an OCI layer holding a changed file but
+// not its directory, as umoci writes them): the layer's directory takes the
+// attributes and xattrs the view shows there, as a copy-up would.
+Result<std::optional<Builder::Like>> Builder::parent_dir(const std::string& path) {
+  if (!parent_.v) return std::optional<Like>{};
   if (!parent_open_) {
     auto stack = PLY_TRY(export_stack(v_, parent_));
     parent_view_ = PLY_TRY(open_union(v_, stack, true, true));
@@ -159,27 +164,29 @@ Result<std::optional<Attr>> Builder::parent_dir_attr(const std::string& path) {
   Union& u = *parent_view_.u;
   uint64_t ino = u.root();
   std::vector<uint64_t> pinned;
-  std::optional<Attr> found;
+  std::optional<Like> found;
   std::string_view p = path;
-  bool ok_path = true;
   while (!p.empty()) {
     const size_t cut = p.find('/');
     auto a = u.lookup(ino, p.substr(0, cut));
     if (!a) {
-      ok_path = false;
+      found.reset();
       break;
     }
     pinned.push_back(a->ino);
     if (!S_ISDIR(a->mode)) {
-      ok_path = false;
+      found.reset();
       break;
     }
     ino = a->ino;
-    found = *a;
+    found = Like{*a, {}};
     p = cut == std::string_view::npos ? std::string_view{} : p.substr(cut + 1);
   }
+  if (found)
+    if (auto names = u.listxattr(ino))
+      for (const auto& n : *names)
+        if (auto v = u.getxattr(ino, n)) found->xattrs.push_back({n, std::move(*v)});
   for (uint64_t i : pinned) (void)u.unpin(i);
-  if (!ok_path) return std::optional<Attr>{};
   return found;
 }
 
@@ -196,14 +203,18 @@ Result<uint64_t> Builder::dir_for(const std::string& path, const std::string& ra
   const std::string up = cut == std::string::npos ? "" : path.substr(0, cut);
   const std::string name = cut == std::string::npos ? path : path.substr(cut + 1);
   const uint64_t pdir = PLY_TRY(dir_for(up, raw));
-  auto like = PLY_TRY(parent_dir_attr(path));
-  const uint32_t mode = like ? like->mode & 07777 : 0755;
-  Attr a = PLY_TRY(fs_->mkdir(pdir, name, mode, like ? like->uid : 0, like ? like->gid : 0));
+  auto like = PLY_TRY(parent_dir(path));
+  const uint32_t mode = like ? like->attr.mode & 07777 : 0755;
+  Attr a = PLY_TRY(fs_->mkdir(pdir, name, mode, like ? like->attr.uid : 0, like ? like->attr.gid : 0));
   if (like) {
     Deferred d;
     d.attr.mode = mode;
-    d.attr.atime = like->atime;
-    d.attr.mtime = like->mtime;
+    // Set again at the end: mkdir in a setgid directory takes its group.
+    d.attr.uid = like->attr.uid;
+    d.attr.gid = like->attr.gid;
+    d.attr.atime = like->attr.atime;
+    d.attr.mtime = like->attr.mtime;
+    d.xattrs = std::move(like->xattrs);
     deferred_[a.ino] = d;
   }
   st_.dirs++;
