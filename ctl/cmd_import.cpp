@@ -76,10 +76,12 @@ int cmd_import(const std::vector<std::string>& args) {
   Result<io::Imported> r = Error::invalid("");
   {  // the progress line goes before anything else is printed
     Progress prog("importing " + shown(source), 0, Progress::Unit::Bytes);
-    o.progress = [&](const io::ImportStats& s) {
-      prog.set_total(s.total_bytes);
-      prog.update(s.read_bytes);
-    };
+    // Only on a terminal: a directory source walks itself once more to know its size.
+    if (prog.shown())
+      o.progress = [&](const io::ImportStats& s) {
+        prog.set_total(s.total_bytes);
+        prog.update(s.read_bytes);
+      };
     r = io::import(v, source, o);
     if (r && prog.shown()) prog.finish();
   }

@@ -323,7 +323,7 @@ Result<SuperInfo> write_filesystem(FileDevice& dev, const Options& o, const Supe
   imp.format = io::Format::Dir;
   imp.replace = true;
   Progress prog("copying " + o.root_dir, 0, Progress::Unit::Bytes, "", stderr, false);
-  if (!o.quiet)
+  if (!o.quiet && prog.shown())
     imp.progress = [&](const io::ImportStats& st) {
       prog.set_total(st.total_bytes);
       prog.update(st.read_bytes);
