@@ -34,7 +34,7 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nimport\nexport\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).
@@ -57,7 +57,7 @@ _plyctl() {
         w=${COMP_WORDS[i]}
         if ((skip)); then skip=0; continue; fi
         case $w in
-            --at | --name | --clone | --parent | --on | --view | --set | --flip | --add) skip=1 ;;
+            --at | --name | --clone | --parent | --on | --view | --set | --flip | --add | --format | --compress | -o) skip=1 ;;
             -*) ;;
             *) args+=("$w") ;;
         esac
@@ -71,6 +71,12 @@ _plyctl() {
         --view)
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" view "$target")"; return ;;
         --at | --name | --set | --flip | --add) return ;;
+        --format)
+            [[ $cmd == import ]] && COMPREPLY=($(compgen -W $'dir\ntar\noci-layer\noci\next4' -- "$cur"))
+            [[ $cmd == export ]] && COMPREPLY=($(compgen -W $'tar\noci-layer' -- "$cur"))
+            return ;;
+        --compress) COMPREPLY=($(compgen -W $'zstd\ngzip\nnone' -- "$cur")); return ;;
+        -o) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     esac
 
     local opts="--json"
@@ -86,6 +92,8 @@ _plyctl() {
         snapshot) opts+=$'\n--view\n--name' ;;
         clone) opts+=$'\n--ro' ;;
         diff) opts+=$'\n-z' ;;
+        import) opts+=$'\n--parent\n--format\n--ro\n--force' ;;
+        export) opts+=$'\n-o\n--format\n--compress' ;;
     esac
     if [[ $cur == -* ]]; then
         COMPREPLY=($(compgen -W "$opts" -- "$cur"))
@@ -120,6 +128,8 @@ _plyctl() {
         merge | rollback | delete) ((n == 1)) && names=branch ;;
         clone) ((n == 1)) && names=branch ;;
         diff) ((n == 1 || n == 2)) && names=branch ;;
+        export) ((n == 1)) && names=branch ;;
+        import) ((n == 2)) && COMPREPLY=($(compgen -f -- "$cur")) ;;
     esac
     [[ -n $names ]] && _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" "$names" "$target")"
     return 0
