@@ -50,6 +50,7 @@ bool has_ext_magic(const std::string& path) {
 }  // namespace
 
 Result<Format> detect_format(const std::string& source, bool has_parent) {
+  if (source == "-") return has_parent ? Format::OciLayer : Format::Tar;  // standard input
   const OciRef ref = split_oci_ref(source);
   struct stat st;
   if (::stat(ref.dir.c_str(), &st) != 0) return Error::sys(errno, "cannot open " + source);

@@ -73,7 +73,8 @@ struct Imported {
   ImportStats stats;
 };
 
-// Imports `source` (a path; an OCI layout may be "DIR:TAG") as a new branch
+// Imports `source` (a path; an OCI layout may be "DIR:TAG"; "-" is a
+// tarball on standard input) as a new branch
 // of `v`, committed durably (I1). The caller opened `v` read-write and
 // dropped doomed trees first.
 Result<Imported> import(Volume& v, const std::string& source, const ImportOptions& o);

@@ -111,7 +111,8 @@ Error ArchiveSource::failure(const char* what) const {
 }
 
 Result<void> ArchiveSource::open() {
-  fd_ = ::open(file_.c_str(), O_RDONLY | O_CLOEXEC);
+  // "-": standard input (tar's convention), read through a duplicate.
+  fd_ = file_ == "-" ? ::fcntl(0, F_DUPFD_CLOEXEC, 3) : ::open(file_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) return Error::sys(errno, "cannot open " + file_);
   struct stat st;
   if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode)) total_ = uint64_t(st.st_size);

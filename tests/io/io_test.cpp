@@ -82,6 +82,15 @@ TEST_CASE("import: GNU tar archives of a random tree, plain and compressed, equa
     INFO(suffix << ": " << d);
     CHECK(d.empty());
   }
+  // From standard input.
+  REQUIRE(sh(plyctl_bin() + " import '" + img + "' piped - < '" + tmp / "t.tar.zst" + "'", tmp / "sh.log") == 0);
+  {
+    Mount m(img, tmp / "mnt", {"branches=piped=ro"});
+    m.start();
+    const std::string d = compare_trees(src, m.path(), {.sockets = false});
+    INFO("standard input: " << d);
+    CHECK(d.empty());
+  }
   require_fsck_clean(img, tmp / "fsck.log");
 }
 
