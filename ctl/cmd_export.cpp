@@ -173,9 +173,21 @@ Result<std::vector<ViewLayer>> find_clones(Volume& v, const std::vector<std::str
   return s;
 }
 
+// An fsync of the mount's root: the daemon commits.
+Result<void> commit_mount(const std::string& mnt) {
+  int root = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) return Error::sys(errno, "cannot open " + mnt);
+  const int synced = ::fsync(root);
+  const int e = errno;
+  ::close(root);
+  if (synced != 0) return Error::sys(e, "cannot commit " + mnt);
+  return ok();
+}
+
 Result<io::ExportStats> export_mounted(const std::string& mnt, const std::string& branch, int fd,
                                        const io::ExportOptions& o, TreeId& id) {
   sync_mount(mnt);
+  PLY_CHECK(commit_mount(mnt));  // a branch made online is in the image the next lines read
   const auto candidates = image_candidates(mnt);
   if (candidates.empty())
     return Error::io(ENOENT, "cannot find the image of " + mnt + ": export it unmounted, from the image");
@@ -219,12 +231,7 @@ Result<io::ExportStats> export_mounted(const std::string& mnt, const std::string
       (void)PLY_TRY(request(mnt, req));
       clones.push_back(c);
     }
-    int root = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (root < 0) return Error::sys(errno, "cannot open " + mnt);
-    const int synced = ::fsync(root);  // the daemon commits: the clones are durable
-    const int e = errno;
-    ::close(root);
-    if (synced != 0) return Error::sys(e, "cannot commit " + mnt);
+    PLY_CHECK(commit_mount(mnt));  // the clones are durable
     // The image that holds the clones (their names are this export's).
     for (int attempt = 0; attempt < 5; attempt++) {
       std::vector<std::string> order = {image};

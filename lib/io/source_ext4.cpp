@@ -274,6 +274,8 @@ Result<SourceEntry> Ext4Source::describe(ext2_ino_t ino, const std::string& path
   e.atime = xtime(in.i_atime, in.i_atime_extra, has(offsetof(ext2_inode_large, i_atime_extra) + 4));
   e.mtime = xtime(in.i_mtime, in.i_mtime_extra, has(offsetof(ext2_inode_large, i_mtime_extra) + 4));
   const uint64_t size = EXT2_I_SIZE(inode);
+  if (in.i_flags & EXT4_ENCRYPT_FL)
+    return Error::io(EOPNOTSUPP, shown(path_) + ": \"" + shown(path) + "\" is encrypted (fscrypt): its data cannot be read without its key");
   e.link_key = S_ISDIR(in.i_mode) ? 0 : ino;
   runs_.clear();
   run_ = 0;
