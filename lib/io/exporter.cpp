@@ -97,7 +97,8 @@ class Exporter {
   Result<void> walk(uint64_t dir, const std::string& path, int depth);
   Result<void> put(const std::string& path, const Attr& a, const std::string& name_for_notes);
   Result<void> put_marker(const std::string& path);
-  Result<void> data(const Attr& a);
+  Result<void> sparse_map(const Attr& a);
+  Result<void> body(const Attr& a, const std::string& shown_name);
   Result<void> xattrs(uint64_t ino);
   void report(bool force = false);
 
@@ -143,7 +144,7 @@ Result<void> Exporter::xattrs(uint64_t ino) {
 
 // The data regions SEEK_DATA and SEEK_HOLE find: a file with holes is a
 // sparse member, its regions written back to back.
-Result<void> Exporter::data(const Attr& a) {
+Result<void> Exporter::sparse_map(const Attr& a) {
   std::vector<std::pair<uint64_t, uint64_t>> regions;
   for (uint64_t off = 0; off < a.size;) {
     auto d = t_.lseek(a.ino, off, SEEK_DATA);
@@ -190,7 +191,7 @@ Result<void> Exporter::put(const std::string& path, const Attr& a, const std::st
   switch (type) {
     case S_IFREG:
       archive_entry_set_size(ae_, la_int64_t(a.size));
-      PLY_CHECK(data(a));
+      PLY_CHECK(sparse_map(a));
       st_.files++;
       break;
     case S_IFDIR: st_.dirs++; break;
@@ -213,7 +214,12 @@ Result<void> Exporter::put(const std::string& path, const Attr& a, const std::st
   if (archive_write_header(a_, ae_) < ARCHIVE_WARN) return failure(shown_name);
   st_.entries++;
   if (type != S_IFREG || a.size == 0) return ok();
-  // The data: every region, in pieces of up to 8 MiB.
+  return body(a, shown_name);
+}
+
+// A file's data: every region of the entry's sparse map (or all of it), in
+// pieces of up to 8 MiB.
+Result<void> Exporter::body(const Attr& a, const std::string& shown_name) {
   const int n = archive_entry_sparse_reset(ae_);
   std::vector<std::pair<uint64_t, uint64_t>> rs;
   if (n == 0) {

@@ -71,6 +71,8 @@ class ArchiveSource final : public EntrySource {
 
  private:
   static la_ssize_t on_read(archive*, void* self, const void** buf);
+  static std::vector<Xattr> xattrs_of(archive_entry* ae, uint32_t& mode);
+  static bool oci_marker(SourceEntry& e);
   Error failure(const char* what) const;
 
   std::string file_;
@@ -154,45 +156,59 @@ Result<std::optional<SourceEntry>> ArchiveSource::next() {
     e.size = archive_entry_size_is_set(ae) && archive_entry_size(ae) > 0 ? uint64_t(archive_entry_size(ae)) : 0;
     if (const char* h = archive_entry_hardlink(ae)) e.link_path = std::string(h);
     if (const char* t = archive_entry_symlink(ae)) e.target = t;
-    std::map<std::string, std::vector<std::byte>> xs;  // later ones win
-    archive_entry_xattr_reset(ae);
-    const char* name;
-    const void* val;
-    size_t len;
-    while (archive_entry_xattr_next(ae, &name, &val, &len) == ARCHIVE_OK) {
-      auto* b = static_cast<const std::byte*>(val);
-      xs[name] = std::vector<std::byte>(b, b + len);
-    }
-    if (!xs.count("system.posix_acl_access"))
-      if (auto acl = acl_xattr(ae, ARCHIVE_ENTRY_ACL_TYPE_ACCESS); !acl.empty()) xs["system.posix_acl_access"] = acl;
-    if (!xs.count("system.posix_acl_default"))
-      if (auto acl = acl_xattr(ae, ARCHIVE_ENTRY_ACL_TYPE_DEFAULT); !acl.empty())
-        xs["system.posix_acl_default"] = acl;
-    // With an extended access ACL the group bits of the mode are its mask
-    // (POSIX.1e); libarchive's mode has the owning group's instead.
-    if (auto it = xs.find("system.posix_acl_access"); it != xs.end())
-      if (auto acl = decode_acl(it->second))
-        for (const auto& x : *acl)
-          if (x.tag == 0x10) e.mode = (e.mode & ~uint32_t(070)) | (uint32_t(x.perm & 7) << 3);
-    for (auto& [n, v] : xs) e.xattrs.push_back({n, std::move(v)});
-    if (oci_) {
-      std::string_view path = e.path;
-      while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
-      const size_t cut = path.rfind('/');
-      const std::string_view base = cut == std::string_view::npos ? path : path.substr(cut + 1);
-      const std::string dir(cut == std::string_view::npos ? std::string_view{} : path.substr(0, cut + 1));
-      if (base == kOpaque) {
-        e.opaque = true;
-        e.path = dir.empty() ? "." : dir;
-      } else if (base.substr(0, kWhiteout.size()) == kWhiteout) {
-        if (base.substr(kWhiteout.size(), kWhiteout.size()) == kWhiteout)
-          continue;  // ".wh..wh.*": aufs's own bookkeeping, no file
-        e.whiteout = true;
-        e.path = dir + std::string(base.substr(kWhiteout.size()));
-      }
-    }
+    e.xattrs = xattrs_of(ae, e.mode);
+    if (oci_ && !oci_marker(e)) continue;  // aufs's own bookkeeping, no file
     return std::optional<SourceEntry>(std::move(e));
   }
+}
+
+// The entry's xattrs, later ones of a name winning; POSIX ACLs from the
+// xattrs GNU tar records or from libarchive's ACL entries (SCHILY.acl
+// text). `mode` takes the ACL's mask as its group bits.
+std::vector<Xattr> ArchiveSource::xattrs_of(archive_entry* ae, uint32_t& mode) {
+  std::map<std::string, std::vector<std::byte>> xs;
+  archive_entry_xattr_reset(ae);
+  const char* name;
+  const void* val;
+  size_t len;
+  while (archive_entry_xattr_next(ae, &name, &val, &len) == ARCHIVE_OK) {
+    auto* b = static_cast<const std::byte*>(val);
+    xs[name] = std::vector<std::byte>(b, b + len);
+  }
+  if (!xs.count("system.posix_acl_access"))
+    if (auto acl = acl_xattr(ae, ARCHIVE_ENTRY_ACL_TYPE_ACCESS); !acl.empty()) xs["system.posix_acl_access"] = acl;
+  if (!xs.count("system.posix_acl_default"))
+    if (auto acl = acl_xattr(ae, ARCHIVE_ENTRY_ACL_TYPE_DEFAULT); !acl.empty())
+      xs["system.posix_acl_default"] = acl;
+  // With an extended access ACL the group bits of the mode are its mask
+  // (POSIX.1e); libarchive's mode has the owning group's instead.
+  if (auto it = xs.find("system.posix_acl_access"); it != xs.end())
+    if (auto acl = decode_acl(it->second))
+      for (const auto& x : *acl)
+        if (x.tag == 0x10) mode = (mode & ~uint32_t(070)) | (uint32_t(x.perm & 7) << 3);
+  std::vector<Xattr> out;
+  for (auto& [n, v] : xs) out.push_back({n, std::move(v)});
+  return out;
+}
+
+// An OCI layer's markers (the OCI image spec, "Whiteouts"): ".wh.NAME" is a
+// whiteout of NAME, ".wh..wh..opq" makes its directory opaque. False for
+// the other ".wh..wh." names, which are no files.
+bool ArchiveSource::oci_marker(SourceEntry& e) {
+  std::string_view path = e.path;
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  const size_t cut = path.rfind('/');
+  const std::string_view base = cut == std::string_view::npos ? path : path.substr(cut + 1);
+  const std::string dir(cut == std::string_view::npos ? std::string_view{} : path.substr(0, cut + 1));
+  if (base == kOpaque) {
+    e.opaque = true;
+    e.path = dir.empty() ? "." : dir;
+  } else if (base.substr(0, kWhiteout.size()) == kWhiteout) {
+    if (base.substr(kWhiteout.size(), kWhiteout.size()) == kWhiteout) return false;
+    e.whiteout = true;
+    e.path = dir + std::string(base.substr(kWhiteout.size()));
+  }
+  return true;
 }
 
 Result<std::optional<DataPiece>> ArchiveSource::data() {
