@@ -2,7 +2,8 @@
 // an OCI layer (lib/io, io.h), from an image or from a mount.
 //
 // On a mount the archive must come from one consistent generation, never
-// through FUSE: plyctl flushes the kernel's dirty pages (syncfs), has the
+// through FUSE (a read-only mount writes nothing: its image is read as it
+// is). Otherwise plyctl flushes the kernel's dirty pages (syncfs), has the
 // daemon clone, read-only, the branch and the ancestors its view shows (one
 // O(1) clone each, plyctl clone's request), fsyncs the mount's root (the
 // daemon commits), opens the image read-only beside the daemon and exports
@@ -228,7 +229,13 @@ Result<io::ExportStats> export_mounted(const std::string& mnt, const std::string
       Json req = {{"command", "clone"}, {"writable", false}};
       model::put_name(req, "source", names[i]);
       model::put_name(req, "name", c);
-      (void)PLY_TRY(request(mnt, req));
+      auto made = request(mnt, req);
+      if (!made && made.error().code == EROFS && i == 0) {
+        // A read-only mount never writes the image: it is read as it is.
+        auto op = PLY_TRY(open_beside(image));
+        return io::export_branch(*op.vol, PLY_TRY(find_branch(*op.vol, branch)).tree, fd, o);
+      }
+      if (!made) return made.error();
       clones.push_back(c);
     }
     PLY_CHECK(commit_mount(mnt));  // the clones are durable

@@ -83,6 +83,17 @@ void add_acl(archive_entry* ae, int type, std::span<const std::byte> x) {
   }
 }
 
+// Whether a path fits a ustar header (name 100 bytes, prefix 155, split at
+// a '/'). libarchive 3.6 writes a sparse member whose path does not with a
+// GNU.sparse.name cut to its ustar name, which GNU tar then extracts under
+// the wrong name: such a file goes whole, holes as zeros (format.md#import-export).
+bool fits_ustar(std::string_view p) {
+  if (p.size() <= 100) return true;
+  for (size_t cut = p.find('/'); cut != std::string_view::npos; cut = p.find('/', cut + 1))
+    if (cut <= 155 && p.size() - cut - 1 <= 100 && cut > 0) return true;
+  return false;
+}
+
 class Exporter {
  public:
   Exporter(Tree& t, int fd, const ExportOptions& o) : t_(t), fd_(fd), o_(o) {}
@@ -157,7 +168,8 @@ Result<void> Exporter::sparse_map(const Attr& a) {
     regions.push_back({*d, h - *d});
     off = h;
   }
-  const bool sparse = !(regions.size() == 1 && regions[0].first == 0 && regions[0].second == a.size);
+  const bool sparse = !(regions.size() == 1 && regions[0].first == 0 && regions[0].second == a.size) &&
+                      fits_ustar(archive_entry_pathname(ae_));
   if (sparse) {
     for (auto [off, len] : regions) archive_entry_sparse_add_entry(ae_, la_int64_t(off), la_int64_t(len));
     if (regions.empty() || regions.back().first + regions.back().second < a.size)
