@@ -57,7 +57,7 @@ _plyctl() {
         w=${COMP_WORDS[i]}
         if ((skip)); then skip=0; continue; fi
         case $w in
-            --at | --name | --clone | --parent | --on | --view | --set | --flip | --add | --format | --compress | -o) skip=1 ;;
+            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | -o) skip=1 ;;
             -*) ;;
             *) args+=("$w") ;;
         esac
@@ -66,7 +66,7 @@ _plyctl() {
 
     # The value of an option.
     case $prev in
-        --clone | --parent | --on)
+        --clone | --parent | --on | --branch | --to)
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" branch "$target")"; return ;;
         --view)
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" view "$target")"; return ;;
@@ -89,7 +89,8 @@ _plyctl() {
         "debug corrupt"*) opts+=$'\n--set\n--flip\n--zero\n--add\n--keep-checksum' ;;
     esac
     case $cmd in
-        snapshot) opts+=$'\n--view\n--name' ;;
+        snapshot) opts+=$'\n--view\n--branch\n--name' ;;
+        rollback) opts+=$'\n--to' ;;
         clone) opts+=$'\n--ro' ;;
         diff) opts+=$'\n-z' ;;
         import) opts+=$'\n--parent\n--format\n--ro\n--force' ;;
