@@ -68,7 +68,7 @@ struct Daemon {
   bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
   bool no_opendir = false; // the kernel can do without opendir
   bool writeback = true;    // ask for the kernel's writeback cache
-  double timeout = 60.0;  // every change goes through this daemon
+  double timeout = 60.0;  // -o timeout: every change goes through this daemon
 };
 extern Daemon* g;
 

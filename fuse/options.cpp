@@ -43,6 +43,7 @@ const struct fuse_opt kOpts[] = {
     {"max_threads=%s", offsetof(Config, max_threads_s), 0},
     {"max_idle_threads=%s", offsetof(Config, max_idle_threads_s), 0},
     {"spin=%s", offsetof(Config, spin_s), 0},
+    {"timeout=%s", offsetof(Config, timeout_s), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -59,7 +60,7 @@ const struct fuse_opt kOpts[] = {
 Config::~Config() {
   for (const char* s : {image, mountpoint, commit_s, cache_s, view, branches, layer, copyup_s, del_s,
                         crashlog, snapshot_interval_s, snapshot_keep_s, max_threads_s,
-                        max_idle_threads_s, spin_s})
+                        max_idle_threads_s, spin_s, timeout_s})
     std::free(const_cast<char*>(s));
 }
 
@@ -151,6 +152,7 @@ Result<void> check_options(Config& c) {
   c.max_idle_threads =
       PLY_TRY(number(c.max_idle_threads_s, "max_idle_threads", 0, kMaxThreads, c.max_idle_threads));
   c.spin = PLY_TRY(number(c.spin_s, "spin", 0, kMaxSpin, c.spin));
+  c.timeout = PLY_TRY(number(c.timeout_s, "timeout", 0, kMaxTimeout, c.timeout));
   if (c.copyup_s) c.copyup = PLY_TRY(copyup_mode(c.copyup_s));
   if (c.del_s) {
     if (std::strcmp(c.del_s, "all") == 0) c.del = DeleteMode::All;
@@ -218,6 +220,8 @@ void usage() {
       "                     number of CPUs, at least 2)\n"
       "  -o spin=MICROSECONDS  before sleeping, one thread polls for the next\n"
       "                     request this long (0 to 100000, default 100; 0: never)\n"
+      "  -o timeout=SECONDS how long the kernel keeps names and attributes without\n"
+      "                     asking (0 to 86400, default 60)\n"
       "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
       "FUSE options: allow_other (turns default_permissions on: the kernel checks\n"
       "  permissions), default_permissions (also enables POSIX ACLs), and the other\n"

@@ -36,6 +36,7 @@ struct Config {
   const char* max_threads_s = nullptr;
   const char* max_idle_threads_s = nullptr;
   const char* spin_s = nullptr;
+  const char* timeout_s = nullptr;
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
   int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it
@@ -52,6 +53,7 @@ struct Config {
   // max_idle_threads of them waiting for requests (0: the default, idle_threads).
   unsigned max_threads = 16, max_idle_threads = 0;
   unsigned spin = 100;  // -o spin=MICROSECONDS (kernel_io.h)
+  unsigned timeout = 60;  // -o timeout=SECONDS: the kernel's entry and attribute caches
   CopyUpMode copyup;
   DeleteMode del = DeleteMode::Whiteout;
 
@@ -67,6 +69,7 @@ inline constexpr unsigned kMaxSnapshotInterval = 31536000;  // a year
 inline constexpr unsigned kMaxSnapshotKeep = 1000000;
 inline constexpr unsigned kMaxThreads = 1024;
 inline constexpr unsigned kMaxSpin = 100000;                // 0.1 s
+inline constexpr unsigned kMaxTimeout = 86400;             // a day
 inline constexpr uint64_t kMinCache = 1ull << 20;
 inline constexpr uint64_t kMaxCache = 1ull << 44;           // 16 TiB
 

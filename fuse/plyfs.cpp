@@ -191,6 +191,7 @@ int serve(Daemon& d, const Config& cfg, fuse_session* se) {
   d.writeback = !cfg.nowriteback;
   d.snap_interval = cfg.snapshot_interval;
   d.snap_keep = cfg.snapshot_keep;
+  d.timeout = cfg.timeout;
   if (d.snap_interval && !cfg.ro) d.snapper = std::thread(snapper_loop);
   if (!cfg.ro) d.cleaner = std::thread(cleaner_loop);
   fuse_loop_config* lc = fuse_loop_cfg_create();

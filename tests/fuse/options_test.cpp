@@ -54,7 +54,8 @@ TEST_CASE("options: bad values give one line, exit 1, and mount nothing", "[opti
       "snapshot_interval=31536001", "snapshot_keep=abc", "snapshot_keep=-1",
       "copyup=const:-1:0:644", "copyup=const:0:0:999", "copyup=const:0:0", "copyup=const:0:0:",
       "copyup=const:x:0:644", "copyup=const:4294967295:0:644", "copyup=const:0:0:17777",
-      "copyup=bogus", "delete=some", "view=a,branches=b"};
+      "copyup=bogus", "delete=some", "view=a,branches=b", "timeout=-1", "timeout=86401",
+      "timeout=1.5", "timeout="};
   if (std::string(std::getenv("PLYFS_HAVE_URING") ? std::getenv("PLYFS_HAVE_URING") : "1") == "0")
     bad.push_back("uring");
   for (const auto& b : bad) {
@@ -96,7 +97,8 @@ TEST_CASE("options: sizes as mkfs.plyfs takes them, and the ends of every range"
   for (const char* o : {"cache=1g", "cache=1GiB", "cache=512M", "cache=1.5G", "cache=1M", "cache=16T",
                         "cache=4000000KB", "commit=0", "commit=86400,snapshot_interval=31536000",
                         "max_threads=1024,max_idle_threads=0,spin=0", "max_threads=1,spin=100000",
-                        "copyup=const:4294967294:0:7777", "copyup=const:1:2:0", "snapshot_keep=1000000"}) {
+                        "copyup=const:4294967294:0:7777", "copyup=const:1:2:0", "snapshot_keep=1000000",
+                        "timeout=0", "timeout=86400"}) {
     INFO("-o " << o);
     Mount m(img, tmp / "mnt", {o});
     m.start();
