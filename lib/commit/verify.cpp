@@ -59,7 +59,7 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
     if (kind == 2) {
       auto [lit, first] = expected_len.try_emplace(b, len);
       if (!first && lit->second != len)
-        problem("A-length", b, "values reference this extent with different lengths");
+        problem("A-double-length", b, "values reference this extent with different lengths");
     }
   };
   // A node's owner is the tree that wrote it: the root and space trees are

@@ -37,7 +37,7 @@ inline uint64_t off_of(Key k) { return k.lo & kOffMask; }
 // version range and fields are the caller's to check.
 inline bool decode_info(std::span<const std::byte> v, disk::FsInfo& out) {
   out = disk::FsInfo{};
-  std::memcpy(&out, v.data(), std::min(v.size(), sizeof out));
+  if (!v.empty()) std::memcpy(&out, v.data(), std::min(v.size(), sizeof out));  // an empty span's data() may be null
   if (v.size() == sizeof(disk::FsInfo)) return out.version.get() >= 4;
   return v.size() == disk::kFsInfoV3Size && out.version.get() < 4;
 }

@@ -61,7 +61,10 @@ FsckProblem classify(const Problem& p) {
 
   // An unreadable node loses what is under it; a wrong owner loses nothing.
   const bool lossy = starts(c, "B-node") || starts(c, "T5") || starts(c, "T1") || starts(c, "T3");
-  if (c == "A-double-use" || c == "R-kind") f.fix = FixClass::None;
+  // Two claims on one block that disagree (a node and data, or two
+  // lengths of one extent): a rebuild of the space tree cannot tell which
+  // is right, and no repair picks one for the user.
+  if (c == "A-double-use" || c == "A-double-length" || c == "R-kind") f.fix = FixClass::None;
   else if (c == "A3-ref-range") f.fix = FixClass::Yes;  // the value goes with its tree's rebuild
   else if (starts(c, "A")) f.fix = FixClass::Preen;
   else if (c == "R-id") f.fix = FixClass::Preen;
