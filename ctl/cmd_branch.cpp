@@ -159,7 +159,7 @@ int remove_branch_cmd(const std::string& image, const std::string& name, bool js
   Result<void> r = ok();
   {  // the progress line goes before an error is printed
     Progress prog("deleting " + shown(b->name), 0, Progress::Unit::Count, "nodes");
-    r = delete_branch(v, b->tree, [&](const BTree::DropStats& st) { prog.update(st.nodes); });
+    r = delete_branch(v, b->tree, [&](const BTree::DropStats& st) { prog.update(st.nodes, st.fraction); });
     if (r && prog.shown()) prog.finish();
   }
   if (!r) return fail(r.error().message());

@@ -128,11 +128,11 @@ Result<Json> offline_merge(Volume& v, const std::string& name) {
   Merge m;
   {
     Progress prog("merging " + shown(b.name), 0, Progress::Unit::Count, "entries");
-    m = PLY_TRY(merge(v, b.tree, nullptr, [&](const MergeStats& st) { prog.update(st.entries); }));
+    m = PLY_TRY(merge(v, b.tree, nullptr, [&](const MergeStats& st) { prog.update(st.entries, st.fraction); }));
     if (prog.shown()) prog.finish();
   }
   Progress prog("freeing the replaced branches", 0, Progress::Unit::Count, "nodes");
-  (void)PLY_TRY(drop_doomed(v, [&](const BTree::DropStats& st) { prog.update(st.nodes); }));
+  (void)PLY_TRY(drop_doomed(v, [&](const BTree::DropStats& st) { prog.update(st.nodes, st.fraction); }));
   if (prog.shown()) prog.finish();
   Json out = model::merge(PLY_TRY(model::Branches::read(v)), m);
   PLY_CHECK(v.close());
@@ -145,7 +145,7 @@ Result<Json> offline_rollback(Volume& v, const std::string& name, const std::opt
   if (to) target = PLY_TRY(find_branch(v, *to)).tree;
   Rollback rb = PLY_TRY(rollback(v, b.tree, target));
   Progress prog("freeing what the rollback discarded", 0, Progress::Unit::Count, "nodes");
-  (void)PLY_TRY(drop_doomed(v, [&](const BTree::DropStats& st) { prog.update(st.nodes); }));
+  (void)PLY_TRY(drop_doomed(v, [&](const BTree::DropStats& st) { prog.update(st.nodes, st.fraction); }));
   if (prog.shown()) prog.finish();
   Json out = model::rollback(PLY_TRY(model::Branches::read(v)), rb);
   PLY_CHECK(v.close());

@@ -730,7 +730,8 @@ struct Dropper {
       progress(st);
     }
   }
-  Result<void> node(BlockNo b, Generation g, int level) {
+  // `share`: this subtree's part of the whole tree (DropStats::fraction).
+  Result<void> node(BlockNo b, Generation g, int level, double share) {
     ReadCtx ctx{fs_id, g, level};
     // Read before releasing: a block freed "Now" may be handed out again at once.
     Ref node = PLY_TRY(cache.get(b, BlockCache::Verifier{verify_cb, &ctx}));
@@ -744,14 +745,21 @@ struct Dropper {
       if (std::mutex* mu = m.space.shared_nodes_mutex()) lk = std::unique_lock(*mu);
       f = PLY_TRY(m.space.dec_ref(b));
     }
-    if (f == NodeSpace::Freed::No) return ok();  // still shared: its subtree stays
+    if (f == NodeSpace::Freed::No) {  // still shared: its subtree stays
+      st.fraction += share;
+      return ok();
+    }
     if (!v.leaf()) {
-      for (uint32_t i = 0; i < v.n(); i++) PLY_CHECK(this->node(v.child(i), v.child_gen(i), level - 1));
-    } else if (cfg.value_refs) {
-      std::vector<ExtentRef> ext;
-      for (uint32_t i = 0; i < v.n(); i++) cfg.value_refs(v.key(i), v.value(i), ext);
-      for (const ExtentRef& e : ext)
-        if (PLY_TRY(m.space.dec_ref(e.start)) != NodeSpace::Freed::No) freed(st.extents);
+      for (uint32_t i = 0; i < v.n(); i++)
+        PLY_CHECK(this->node(v.child(i), v.child_gen(i), level - 1, share / v.n()));
+    } else {
+      st.fraction += share;
+      if (cfg.value_refs) {
+        std::vector<ExtentRef> ext;
+        for (uint32_t i = 0; i < v.n(); i++) cfg.value_refs(v.key(i), v.value(i), ext);
+        for (const ExtentRef& e : ext)
+          if (PLY_TRY(m.space.dec_ref(e.start)) != NodeSpace::Freed::No) freed(st.extents);
+      }
     }
     if (f == NodeSpace::Freed::Now) cache.discard(b);
     else cache.drop_clean(b);
@@ -764,7 +772,8 @@ struct Dropper {
 Result<void> BTree::drop(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
                          const RootPtr& root, MutCtx& m, const DropProgress& progress) {
   Dropper d{cache, fs_id, cfg, m, progress};
-  PLY_CHECK(d.node(root.block, root.gen, root.level));
+  PLY_CHECK(d.node(root.block, root.gen, root.level, 1.0));
+  d.st.fraction = 1;
   if (progress) progress(d.st);
   return ok();
 }

@@ -222,6 +222,10 @@ class BTree {
   struct DropStats {
     uint64_t nodes = 0;    // nodes freed (their refcount reached 0)
     uint64_t extents = 0;  // extents freed
+    // The share of the tree walked, 0 to 1: each child of a node weighs
+    // its parent's share over the parent's child count, so that a progress
+    // line has a percentage and an ETA without a count of the nodes first.
+    double fraction = 0;
   };
   using DropProgress = std::function<void(const DropStats&)>;
   static constexpr uint64_t kDropProgressEvery = 1024;

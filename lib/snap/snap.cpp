@@ -118,12 +118,14 @@ Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress) {
   for (const auto& b : PLY_TRY(Filesystem::branches(v)))
     if (b.doomed) doomed.push_back(b.tree);
   BTree::DropStats done;  // the trees dropped before
-  for (TreeId id : doomed) {
+  for (size_t i = 0; i < doomed.size(); i++) {
     auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = 64}));
     BTree::DropStats last;
-    PLY_CHECK(Filesystem::drop(t, id, [&](const BTree::DropStats& st) {
+    PLY_CHECK(Filesystem::drop(t, doomed[i], [&](const BTree::DropStats& st) {
       last = st;
-      if (progress) progress({done.nodes + st.nodes, done.extents + st.extents});
+      // Each tree weighs the same: their sizes are not known beforehand.
+      if (progress)
+        progress({done.nodes + st.nodes, done.extents + st.extents, (double(i) + st.fraction) / double(doomed.size())});
     }));
     done.nodes += last.nodes;
     done.extents += last.extents;
@@ -298,53 +300,64 @@ struct Merger {
     return ok();
   }
 
-  // Pass 2: everything the upper branch holds comes over.
-  Result<void> graft(uint64_t udir, uint64_t ldir) {
-    for (const auto& e : PLY_TRY(list(up, udir))) {
+  // Pass 2: everything the upper branch holds comes over. `share`: this
+  // directory's part of the whole walk (MergeStats::fraction), split evenly
+  // among its entries.
+  Result<void> graft(uint64_t udir, uint64_t ldir, double share) {
+    const auto es = PLY_TRY(list(up, udir));
+    const double base = st.fraction, each = es.empty() ? 0 : share / double(es.size());
+    for (size_t k = 0; k < es.size(); k++) {
       tick();
-      auto le = PLY_TRY(low.entry(ldir, e.name));
-      if (e.type == disk::kDtWhiteout) {
-        // Pass 1 did those in directories the lower branch had; a
-        // directory new to it may still hide names further down.
-        if (!le && keep_whiteouts) PLY_CHECK(low.whiteout(ldir, e.name));
-        continue;
+      PLY_CHECK(graft_entry(es[k], ldir, each));
+      st.fraction = base + double(k + 1) * each;
+    }
+    if (es.empty()) st.fraction = base + share;
+    return ok();
+  }
+
+  Result<void> graft_entry(const Item& e, uint64_t ldir, double share) {
+    auto le = PLY_TRY(low.entry(ldir, e.name));
+    if (e.type == disk::kDtWhiteout) {
+      // Pass 1 did those in directories the lower branch had; a
+      // directory new to it may still hide names further down.
+      if (!le && keep_whiteouts) PLY_CHECK(low.whiteout(ldir, e.name));
+      return ok();
+    }
+    const bool here = le && le->type != disk::kDtWhiteout;
+    if (e.type == DT_DIR) {
+      if (here) {  // a directory that merged: pass 1 kept it
+        PLY_CHECK(graft(e.ino, le->ino, share));
+        PLY_CHECK(take_attrs(e.ino, le->ino));
+        return ok();
       }
-      const bool here = le && le->type != disk::kDtWhiteout;
-      if (e.type == DT_DIR) {
-        if (here) {  // a directory that merged: pass 1 kept it
-          PLY_CHECK(graft(e.ino, le->ino));
-          PLY_CHECK(take_attrs(e.ino, le->ino));
-          continue;
-        }
-        Attr ua = PLY_TRY(up.getattr(e.ino));
-        (void)PLY_TRY(low.copy_in(up, e.ino, ldir, e.name));
-        st.objects++;
-        // What the union showed was this directory alone: it hides the
-        // branches below the result too, if anything was there.
-        if (keep_whiteouts && (ua.opaque || occupied.count({ldir, e.name}))) {
-          SetAttr s;
-          s.opaque = true;
-          (void)PLY_TRY(low.setattr(e.ino, s));
-        }
-        PLY_CHECK(graft(e.ino, e.ino));
-        PLY_CHECK(take_attrs(e.ino, e.ino));
-        continue;
+      Attr ua = PLY_TRY(up.getattr(e.ino));
+      (void)PLY_TRY(low.copy_in(up, e.ino, ldir, e.name));
+      st.objects++;
+      // What the union showed was this directory alone: it hides the
+      // branches below the result too, if anything was there.
+      if (keep_whiteouts && (ua.opaque || occupied.count({ldir, e.name}))) {
+        SetAttr s;
+        s.opaque = true;
+        (void)PLY_TRY(low.setattr(e.ino, s));
       }
-      // A file: pass 1 left only the same object at the name, if any.
-      auto mine = low.getattr(e.ino);
-      const bool held = mine && mine->nlink > 0;
-      if (held && !replaced.count(e.ino)) {
-        (void)PLY_TRY(low.replace_from(up, e.ino));
-        replaced.insert(e.ino);
-        st.objects++;
-      }
-      if (here) continue;  // the same object, replaced in place
-      if (held) (void)PLY_TRY(low.link(e.ino, ldir, e.name));
-      else {
-        (void)PLY_TRY(low.copy_in(up, e.ino, ldir, e.name));
-        replaced.insert(e.ino);
-        st.objects++;
-      }
+      PLY_CHECK(graft(e.ino, e.ino, share));
+      PLY_CHECK(take_attrs(e.ino, e.ino));
+      return ok();
+    }
+    // A file: pass 1 left only the same object at the name, if any.
+    auto mine = low.getattr(e.ino);
+    const bool held = mine && mine->nlink > 0;
+    if (held && !replaced.count(e.ino)) {
+      (void)PLY_TRY(low.replace_from(up, e.ino));
+      replaced.insert(e.ino);
+      st.objects++;
+    }
+    if (here) return ok();  // the same object, replaced in place
+    if (held) (void)PLY_TRY(low.link(e.ino, ldir, e.name));
+    else {
+      (void)PLY_TRY(low.copy_in(up, e.ino, ldir, e.name));
+      replaced.insert(e.ino);
+      st.objects++;
     }
     return ok();
   }
@@ -406,7 +419,7 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
     // hide nothing: a view may stack more branches below it.
     Merger m{*upper_fs, *lowfs, true, progress, {}, {}, {}};
     PLY_CHECK(m.prune(upper_fs->root(), lowfs->root()));
-    PLY_CHECK(m.graft(upper_fs->root(), lowfs->root()));
+    PLY_CHECK(m.graft(upper_fs->root(), lowfs->root(), 1.0));
     PLY_CHECK(m.take_attrs(upper_fs->root(), lowfs->root()));
     if (progress) progress(m.st);
     return m.st;

@@ -66,6 +66,10 @@ struct MergeStats {
   uint64_t entries = 0;    // entries of the upper branch applied
   uint64_t objects = 0;    // files and directories copied or replaced
   uint64_t removed = 0;    // names its whiteouts and replacements removed
+  // The share of the upper branch's tree of names walked so far, 0 to 1
+  // (each entry of a directory weighs the directory's share over its entry
+  // count): for a progress line's percentage and ETA.
+  double fraction = 0;
 };
 struct Merge {
   BranchMeta merged;           // the upper branch, with the merged content

@@ -69,6 +69,10 @@ std::string Progress::line(bool final) const {
     s += " (";
     s += std::to_string(std::min<uint64_t>(100, done_ * 100 / total_));
     s += "%)";
+  } else if (fraction_ >= 0) {
+    s += " (";
+    s += std::to_string(static_cast<int>(std::min(fraction_, 1.0) * 100));
+    s += "%)";
   }
   if (secs >= 0.5) {
     const double rate = static_cast<double>(done_) / secs;
@@ -79,6 +83,9 @@ std::string Progress::line(bool final) const {
     if (total_ && done_ && done_ < total_) {
       s += ", ETA ";
       s += eta(static_cast<double>(total_ - done_) / rate);
+    } else if (!total_ && fraction_ > 0 && fraction_ < 1) {
+      s += ", ETA ";
+      s += eta(secs * (1 - fraction_) / fraction_);
     }
   }
   return s;
@@ -99,6 +106,11 @@ void Progress::update(uint64_t done) {
   if (last_len_ && now - last_draw_ < std::chrono::milliseconds(200)) return;
   last_draw_ = now;
   draw(false);
+}
+
+void Progress::update(uint64_t done, double fraction) {
+  fraction_ = fraction;
+  update(done);
 }
 
 void Progress::finish() {

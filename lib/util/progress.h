@@ -4,7 +4,11 @@
 //
 //   merging work: 12,345 / 40,000 entries (30%), 2,100/s, ETA 0:00:13
 //   writing: 1.20 GiB / 4.00 GiB (30%), 310 MiB/s, ETA 0:00:09
+//   deleting old: 52,000 nodes (30%), 9,100/s, ETA 0:00:13
 //
+// A task that cannot count its total beforehand says what share of it is
+// done instead (the second update()), and the percentage and ETA follow
+// from that.
 // Without a known total it shows what was done and the rate. Nothing is
 // printed unless the stream is a terminal (or `force`), so that scripts and
 // logs see only the result; --json output never carries it. Updates are
@@ -30,6 +34,9 @@ class Progress {
 
   void set_total(uint64_t total) { total_ = total; }
   void update(uint64_t done);
+  // Without a total: `fraction` (0 to 1) of the work is done, as far as the
+  // task can tell (the share of a tree walked), for the percentage and ETA.
+  void update(uint64_t done, double fraction);
   void add(uint64_t n) { update(done_ + n); }
   // Prints the final line ("what: 40,000 entries in 0:00:19") and a newline.
   void finish();
@@ -45,6 +52,7 @@ class Progress {
 
   std::string what_, noun_;
   uint64_t total_, done_ = 0;
+  double fraction_ = -1;  // < 0: not known
   Unit unit_;
   FILE* out_;
   bool on_, finished_ = false;

@@ -2080,6 +2080,16 @@ TEST_CASE("snap: deleting a branch reports what it frees as it goes", "[snap]") 
     CHECK(seen[i].extents >= seen[i - 1].extents);
     CHECK(seen[i].nodes + seen[i].extents > seen[i - 1].nodes + seen[i - 1].extents);
   }
+  // The share of the tree walked grows to 1 and follows the nodes freed
+  // (nothing shares them, and the tree is balanced): a progress line's
+  // percentage and ETA come from it.
+  for (size_t i = 1; i < seen.size(); i++) {
+    INFO("call " << i << ": " << seen[i].nodes << " of " << nodes << " nodes, fraction " << seen[i].fraction);
+    CHECK(seen[i].fraction >= seen[i - 1].fraction);
+    CHECK(seen[i].fraction <= 1.0);
+    CHECK(std::abs(seen[i].fraction - double(seen[i].nodes) / double(nodes)) < 0.2);
+  }
+  CHECK(seen.back().fraction == 1.0);
   // The last call holds the totals: every node of the tree, every file's extent.
   CHECK(seen.back().nodes == nodes);
   CHECK(nodes > 100);
@@ -2140,6 +2150,44 @@ TEST_CASE("snap: refusals leave everything as it was", "[snap]") {
   mt.stack = {{mg.merged.tree, true}};
   im.trees = {mg.merged.tree};
   im.fs.clear();
+  im.close();
+  check_image(im);
+}
+
+// A merge's progress says what share of the layer's names it has walked:
+// it only grows, ends at 1, and follows the entries applied.
+TEST_CASE("snap: a merge reports the share of the layer it has walked", "[snap]") {
+  Image im = make_image(1);
+  im.close();
+  Mounted mt{im, {{im.trees[0], true}}, nullptr};
+  mt.open();
+  auto l = mt.layer_up("work");
+  // 4,000 names in uneven directories: 3,000 in one, 10 dirs of 90, the rest at the root.
+  const uint64_t big = must(mt.u->mkdir(mt.u->root(), "big", 0755, kRoot)).ino;
+  for (int i = 0; i < 3000; i++) must(mt.u->mknod(big, "f" + std::to_string(i), S_IFREG | 0644, 0, kRoot));
+  for (int d = 0; d < 10; d++) {
+    const uint64_t dir = must(mt.u->mkdir(mt.u->root(), "d" + std::to_string(d), 0755, kRoot)).ino;
+    for (int i = 0; i < 90; i++) must(mt.u->mknod(dir, "g" + std::to_string(i), S_IFREG | 0644, 0, kRoot));
+  }
+  for (int i = 0; i < 89; i++) must(mt.u->mknod(mt.u->root(), "r" + std::to_string(i), S_IFREG | 0644, 0, kRoot));
+  must(im.vol->commit());
+  std::vector<MergeStats> seen;
+  auto mg = must(merge(*im.vol, l.live.tree, im.fs[0].get(), [&](const MergeStats& st) { seen.push_back(st); }));
+  im.fs[0]->retire();
+  REQUIRE(seen.size() >= 4);
+  const double total = double(seen.back().entries);
+  CHECK(seen.back().entries == 4000);
+  for (size_t i = 1; i < seen.size(); i++) {
+    INFO("call " << i << ": " << seen[i].entries << " entries, fraction " << seen[i].fraction);
+    CHECK(seen[i].fraction >= seen[i - 1].fraction);
+    CHECK(seen[i].fraction <= 1.0 + 1e-9);
+    // Directories weigh alike whatever they hold: the estimate is rough,
+    // but never stuck or past the end.
+    CHECK(std::abs(seen[i].fraction - double(seen[i].entries) / total) < 0.8);
+  }
+  CHECK(std::abs(seen.back().fraction - 1.0) < 1e-9);
+  mt.remount({{mg.merged.tree, true}});
+  mt.u.reset();
   im.close();
   check_image(im);
 }

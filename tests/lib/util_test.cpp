@@ -87,6 +87,16 @@ TEST_CASE("a progress line shows totals, percentage and the final summary", "[ut
   std::free(buf);
   CHECK(out.find("merging: 100 / 400 entries (25%)") != std::string::npos);
   CHECK(out.find("\rmerging: 100 entries in 0:00:00\033[K\n") != std::string::npos);
+  // Without a total, the share done gives the percentage.
+  buf = nullptr;
+  f = open_memstream(&buf, &len);
+  {
+    Progress p("deleting old", 0, Progress::Unit::Count, "nodes", f, true);
+    p.update(300, 0.25);
+  }
+  std::fclose(f);
+  CHECK(std::string(buf, len).find("deleting old: 300 nodes (25%)") != std::string::npos);
+  std::free(buf);
   // Not a terminal and not forced: nothing at all.
   buf = nullptr;
   f = open_memstream(&buf, &len);
