@@ -556,16 +556,69 @@ struct Differ {
            a.mtime.tv_sec != b.mtime.tv_sec || a.mtime.tv_nsec != b.mtime.tv_nsec ||
            a.ctime.tv_sec != b.ctime.tv_sec || a.ctime.tv_nsec != b.ctime.tv_nsec;
   }
-  // Everything below directory `dir` of the view under a layer.
-  Result<void> all_view(Union& u, uint64_t dir, const std::string& path) {
-    std::vector<std::pair<std::string, Attr>> es;
+  // Everything below directory `dir` of a view, as removed (the view under
+  // a layer) or added.
+  static Result<std::map<std::string, Attr>> view_dir(Union& u, uint64_t dir) {
+    std::map<std::string, Attr> es;
     PLY_CHECK(u.readdirplus(dir, 2, [&](const DirEntry& e, const Attr* a) {
-      if (a) es.emplace_back(std::string(e.name), *a);
+      if (a) es.emplace(std::string(e.name), *a);
       return true;
     }));
-    for (const auto& [name, a] : es) {
-      add(Change::Removed, join(path, name), a);
-      if (S_ISDIR(a.mode)) PLY_CHECK(all_view(u, a.ino, join(path, name)));
+    return es;
+  }
+  Result<void> all_view(Union& u, uint64_t dir, const std::string& path, Change c = Change::Removed) {
+    for (const auto& [name, a] : PLY_TRY(view_dir(u, dir))) {
+      add(c, join(path, name), a);
+      if (S_ISDIR(a.mode)) PLY_CHECK(all_view(u, a.ino, join(path, name), c));
+    }
+    return ok();
+  }
+  // `from` and `to` are layers on one parent (a layer and its snapshot, two
+  // snapshots of it): each tree holds only what its layer changed over the
+  // same view below, so the trees alone do not say what the views show (a
+  // copy-up is no addition, a whiteout removes what is below it). The two
+  // views are compared, walking only where either layer holds a directory
+  // (fl, tl: its number in each layer's own tree, 0 for none): elsewhere
+  // both show the parent's. A rename shows as - and +.
+  Result<void> views(Filesystem& ffs, Union& fv, Union& tv, uint64_t fdir, uint64_t tdir, uint64_t fl,
+                     uint64_t tl, const std::string& path) {
+    if (!fl && !tl) return ok();
+    const auto fa = PLY_TRY(view_dir(fv, fdir)), ta = PLY_TRY(view_dir(tv, tdir));
+    auto layer_dir = [](Filesystem& fs, uint64_t dir, const std::string& name) -> Result<uint64_t> {
+      if (!dir) return uint64_t{0};
+      auto e = PLY_TRY(fs.entry(dir, name));
+      return e && e->type == DT_DIR ? e->ino : 0;
+    };
+    std::set<std::string> names;
+    for (const auto& [n, a] : fa) names.insert(n);
+    for (const auto& [n, a] : ta) names.insert(n);
+    for (const auto& n : names) {
+      const std::string p = join(path, n);
+      auto f = fa.find(n), t = ta.find(n);
+      const bool in_f = f != fa.end(), in_t = t != ta.end();
+      // Another object under the name is a removal and an addition, as in
+      // the clone diff.
+      const bool same = in_f && in_t && f->second.ino == t->second.ino &&
+                        (f->second.mode & S_IFMT) == (t->second.mode & S_IFMT);
+      if (in_f && !same) {
+        if (S_ISDIR(f->second.mode)) PLY_CHECK(all_view(fv, f->second.ino, p));
+        add(Change::Removed, p, f->second);
+      }
+      if (in_t && !same) {
+        add(Change::Added, p, t->second);
+        if (S_ISDIR(t->second.mode)) PLY_CHECK(all_view(tv, t->second.ino, p, Change::Added));
+      }
+      if (!same) continue;
+      bool changed = attrs_differ(f->second, t->second);
+      if (!changed && !S_ISDIR(t->second.mode)) {  // written within one tick of the clock
+        const int bf = fv.branch_of(f->second.ino), bt = tv.branch_of(t->second.ino);
+        if (bf < 0 || bt < 0) return Error::corrupt(0, "an object of a view is in no branch of it");
+        changed = !PLY_TRY(tv.stack()[size_t(bt)].fs->same_content(*fv.stack()[size_t(bf)].fs, t->second.ino));
+      }
+      if (changed) add(Change::Modified, p, t->second);
+      if (S_ISDIR(t->second.mode))
+        PLY_CHECK(views(ffs, fv, tv, f->second.ino, t->second.ino, PLY_TRY(layer_dir(ffs, fl, n)),
+                        PLY_TRY(layer_dir(to, tl, n)), p));
     }
     return ok();
   }
@@ -679,12 +732,13 @@ struct Differ {
 Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
                                     const std::function<void(uint64_t)>& progress) {
   BranchMeta a, b;
-  bool to_is_layer_on_from;
+  bool to_is_layer_on_from, layers_on_one_parent;
   {
     auto t = PLY_TRY(v.begin());
     a = PLY_TRY(live_branch(t, from));
     b = PLY_TRY(live_branch(t, to));
     to_is_layer_on_from = b.parent == a.tree && layer(b);
+    layers_on_one_parent = from != to && layer(a) && layer(b) && a.parent == b.parent;
   }
   auto ffs = PLY_TRY(Filesystem::open(v, from, true));
   auto tfs = PLY_TRY(Filesystem::open(v, to, true));
@@ -694,6 +748,12 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
     auto below = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, a.name)), true, true));
     PLY_CHECK(d.layer(*below.u, tfs->root(), below.u->root(), "/"));
     PLY_CHECK(d.pair_renames(*below.u));
+  } else if (layers_on_one_parent) {
+    auto fv = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, a.name)), true, true));
+    auto tv = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, b.name)), true, true));
+    if (Differ::attrs_differ(PLY_TRY(fv.u->getattr(fv.u->root())), PLY_TRY(tv.u->getattr(tv.u->root()))))
+      d.add(Change::Modified, "/", PLY_TRY(tv.u->getattr(tv.u->root())));
+    PLY_CHECK(d.views(*ffs, *fv.u, *tv.u, fv.u->root(), tv.u->root(), ffs->root(), tfs->root(), "/"));
   } else if (from != to) {
     auto ch = PLY_TRY(Filesystem::compare(v, from, to));
     // Two trees of one lineage whose root directories have different
