@@ -153,7 +153,7 @@ void BlockCache::erase_locked(uint64_t b) {
   }
   CachedBlock* blk = table_[i].blk();
   if (blk->in_lru_) lru_unlink_locked(blk);
-  if (blk->dirty_gen.v) dirty_count_--;
+  if (blk->dirty_gen.v) dirty_unlink_locked(blk);
   // Backward-shift deletion keeps every probe sequence unbroken.
   for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
     if (table_[j].key == 0) break;
@@ -183,6 +183,21 @@ void BlockCache::lru_unlink_locked(CachedBlock* blk) {
   (blk->next_ ? blk->next_->prev_ : lru_tail_) = blk->prev_;
   blk->prev_ = blk->next_ = nullptr;
   blk->in_lru_ = false;
+}
+
+void BlockCache::dirty_push_locked(CachedBlock* blk) {
+  blk->prev_ = nullptr;
+  blk->next_ = dirty_head_;
+  if (dirty_head_) dirty_head_->prev_ = blk;
+  dirty_head_ = blk;
+  dirty_count_++;
+}
+
+void BlockCache::dirty_unlink_locked(CachedBlock* blk) {
+  (blk->prev_ ? blk->prev_->next_ : dirty_head_) = blk->next_;
+  if (blk->next_) blk->next_->prev_ = blk->prev_;
+  blk->prev_ = blk->next_ = nullptr;
+  dirty_count_--;
 }
 
 const CachedBlock* BlockCache::Pin::find(BlockNo b) const {
@@ -222,7 +237,7 @@ BlockCache::Ref BlockCache::create(BlockNo b, Generation g) {
   std::lock_guard lk(mu_);
   erase_locked(b.v);  // K3: a stale clean copy of a reused block number
   insert_locked(ref.get());
-  dirty_count_++;
+  dirty_push_locked(ref.get());
   evict_locked();
   return ref;
 }
@@ -262,8 +277,7 @@ std::vector<BlockCache::Ref> BlockCache::dirty_blocks() const {
   std::shared_lock lk(mu_);
   std::vector<Ref> out;
   out.reserve(dirty_count_);
-  for (const Slot& s : table_)
-    if (s.key && s.blk()->dirty_gen.v) out.emplace_back(s.blk());
+  for (CachedBlock* blk = dirty_head_; blk; blk = blk->next_) out.emplace_back(blk);
   std::sort(out.begin(), out.end(),
             [](const Ref& a, const Ref& b) { return a->blockno < b->blockno; });
   return out;
@@ -300,11 +314,12 @@ void BlockCache::mark_clean(const std::vector<Ref>& blocks) {
   std::lock_guard lk(mu_);
   for (const Ref& ref : blocks) {
     if (!ref->dirty_gen.v) continue;
+    // The block may have been discarded (and left the dirty list) and its
+    // number reused since.
+    const bool cached = find_locked(ref->blockno.v) == ref.get();
+    if (cached) dirty_unlink_locked(ref.get());
     ref->dirty_gen = Generation{0};
-    // The block may have been discarded and its number reused since.
-    if (find_locked(ref->blockno.v) != ref.get()) continue;
-    dirty_count_--;
-    if (!ref->in_lru_) lru_push_front_locked(ref.get());
+    if (cached && !ref->in_lru_) lru_push_front_locked(ref.get());
   }
   evict_locked();
 }

@@ -46,7 +46,9 @@ struct alignas(64) CachedBlock {
   std::atomic<uint32_t> refs_{0};
   bool in_lru_ = false;
   BlockArena* arena_ = nullptr;  // where the block goes back when the last reference drops
-  CachedBlock* prev_ = nullptr;  // second-chance list of clean blocks
+  // The list the block is on: a clean block on the second-chance list, a
+  // dirty one on the dirty list (never both: K1), so one pair of links.
+  CachedBlock* prev_ = nullptr;
   CachedBlock* next_ = nullptr;
 };
 
@@ -168,6 +170,8 @@ class BlockCache {
   void grow_locked();
   void lru_push_front_locked(CachedBlock* blk);
   void lru_unlink_locked(CachedBlock* blk);
+  void dirty_push_locked(CachedBlock* blk);
+  void dirty_unlink_locked(CachedBlock* blk);
   void evict_locked();
 
   BlockDevice& dev_;
@@ -184,6 +188,9 @@ class BlockCache {
   // one more round at the head.
   CachedBlock* lru_head_ = nullptr;
   CachedBlock* lru_tail_ = nullptr;
+  // Every dirty block of the table, so that a commit finds them in time
+  // proportional to their number, not to the cache's size.
+  CachedBlock* dirty_head_ = nullptr;
   size_t dirty_count_ = 0;
   mutable std::atomic<uint64_t> hits_{0};
   CacheStats stats_;

@@ -352,6 +352,7 @@ Result<Volume::Slot*> Volume::slot(TreeId id) {
   if (!v) return Error::io(ENOENT, "no tree " + std::to_string(id.v));
   TreeInfo info = PLY_TRY(decode_root_record(id, *v, info_, open_generation()));
   auto s = std::make_unique<Slot>();
+  s->id = id.v;
   s->info = info;
   s->tree = std::make_unique<BTree>(*cache_, info_.fs_id, config_for(info), info.root);
   Slot* p = s.get();
@@ -365,12 +366,21 @@ Result<void> Volume::freeze(Generation g, std::vector<BlockCache::Ref>& dirty, S
   MutCtx m{g, space_->unshared(g)};
   {
     std::lock_guard lk(trees_mu_);
-    for (auto it = trees_.begin(); it != trees_.end();) {
+    std::vector<uint64_t> ids;
+    {
+      std::lock_guard tl(touched_mu_);
+      ids.swap(touched_);
+    }
+    std::sort(ids.begin(), ids.end());  // the root tree changes in key order
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (uint64_t id : ids) {
+      auto it = trees_.find(id);
+      if (it == trees_.end()) continue;
       Slot& s = *it->second;
-      const Key k{it->first, 0};
+      const Key k{id, 0};
       if (s.dropped) {
         (void)PLY_TRY(root_tree_->erase(m, k));
-        it = trees_.erase(it);
+        trees_.erase(it);
         continue;
       }
       if (s.dirty) {
@@ -378,7 +388,6 @@ Result<void> Volume::freeze(Generation g, std::vector<BlockCache::Ref>& dirty, S
         PLY_CHECK(root_tree_->put(m, k, encode_root_record(s.info)));
         s.dirty = false;
       }
-      ++it;
     }
   }
   PLY_CHECK(space_->fold(g));
@@ -576,6 +585,12 @@ Result<void> Volume::Txn::top_up(uint64_t nblocks) {
   return ok();
 }
 
+void Volume::touch(Slot& s) {
+  s.dirty = true;
+  std::lock_guard lk(touched_mu_);
+  touched_.push_back(s.id);
+}
+
 // A change that failed after it started may have left a tree half changed in
 // memory: the volume must never commit that (C5). Everything that can refuse
 // a change without side effects (reservations, value sizes, kinds) is
@@ -585,7 +600,7 @@ Result<void> Volume::Txn::mutated(const Result<void>& r, Slot* s) {
     s_.v->fail(r.error());
     return r.error();
   }
-  if (s) s->dirty = true;
+  if (s && !s->dirty) s_.v->touch(*s);  // s->mu is held exclusively
   s_.v->changed_ = true;
   return ok();
 }
@@ -619,9 +634,10 @@ Result<TreeId> Volume::Txn::create_tree(uint8_t kind) {
   auto root = BTree::create(*v->cache_, v->info_.fs_id, id, m);
   if (!root) return mutated(root.error(), nullptr).error();
   auto s = std::make_unique<Slot>();
+  s->id = id.v;
   s->info = TreeInfo{id, kind, *root, s_.gen, Generation{0}, TreeId{0}};
   s->tree = std::make_unique<BTree>(*v->cache_, v->info_.fs_id, v->config_for(s->info), *root);
-  s->dirty = true;
+  v->touch(*s);
   {
     std::lock_guard lk(v->trees_mu_);
     v->trees_[id.v] = std::move(s);
@@ -650,9 +666,10 @@ Result<TreeId> Volume::Txn::clone_tree(TreeId src) {
   info.created = s_.gen;
   info.cloned_from = src;
   auto c = std::make_unique<Slot>();
+  c->id = info.id.v;
   c->info = info;
   c->tree = std::make_unique<BTree>(*v->cache_, v->info_.fs_id, v->config_for(info), info.root);
-  c->dirty = true;
+  v->touch(*c);
   std::lock_guard lk(v->trees_mu_);
   v->trees_[info.id.v] = std::move(c);
   s_.epoch = ++v->tree_epoch_;

@@ -212,6 +212,7 @@ class Volume {
 
  private:
   struct Slot {
+    uint64_t id = 0;
     std::shared_mutex mu;
     std::unique_ptr<BTree> tree;
     TreeInfo info;
@@ -268,6 +269,12 @@ class Volume {
 
   std::shared_mutex trees_mu_;  // shared to find a slot, exclusive to add or remove one
   std::map<uint64_t, std::unique_ptr<Slot>> trees_;
+  // The trees whose slot turned dirty in the open generation: a freeze visits
+  // these, not every tree the volume has opened (10,000 snapshots are 10,000
+  // slots, and the freeze runs with the gate closed).
+  std::mutex touched_mu_;
+  std::vector<uint64_t> touched_;
+  void touch(Slot& s);
 
   std::thread committer_;
   std::mutex cmt_mu_;
