@@ -35,6 +35,7 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -268,7 +269,9 @@ class Volume {
   std::map<std::type_index, std::shared_ptr<void>> ext_;
 
   std::shared_mutex trees_mu_;  // shared to find a slot, exclusive to add or remove one
-  std::map<uint64_t, std::unique_ptr<Slot>> trees_;
+  // Hashed: every tree operation finds its slot here, and a volume with
+  // thousands of snapshots holds thousands of slots. Nothing walks it in order.
+  std::unordered_map<uint64_t, std::unique_ptr<Slot>> trees_;
   // The trees whose slot turned dirty in the open generation: a freeze visits
   // these, not every tree the volume has opened (10,000 snapshots are 10,000
   // slots, and the freeze runs with the gate closed).
