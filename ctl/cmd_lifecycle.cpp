@@ -172,7 +172,7 @@ int offline_diff(const std::string& image, const std::string& from, const std::s
   Result<std::vector<DiffEntry>> d = Error::invalid("");
   {  // the progress line goes before an error is printed
     Progress prog("comparing " + shown(a->name) + " and " + shown(b->name), 0, Progress::Unit::Count, "changes");
-    d = diff(v, a->tree, b->tree, [&](uint64_t n) { prog.update(n); });
+    d = diff(v, a->tree, b->tree, [&](const DiffStats& st) { prog.update(st.entries, st.fraction); });
     if (d && prog.shown()) prog.finish();
   }
   if (!d) return fail_on(image, d.error());
