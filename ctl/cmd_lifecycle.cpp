@@ -86,10 +86,25 @@ int mounted(const std::string& cmd, const Parsed& p, bool json, bool nul) {
   }
   sync_mount(pos[0]);
   Result<Json> r = Error::invalid("");
-  {  // the progress line goes before an error is printed
+  {  // the progress lines go before an error is printed
+    // The long commands' line as offline (but for the name as given, which
+    // the daemon resolves), from what the daemon says; then a diff's bytes
+    // as they come.
+    const bool long_one = cmd == "merge" || cmd == "delete" || cmd == "rollback" || cmd == "diff";
+    std::string what, noun;
+    if (cmd == "merge") what = "merging ", noun = "entries";
+    if (cmd == "delete") what = "deleting ", noun = "nodes";
+    if (cmd == "rollback") what = "rolling back ";
+    if (cmd == "diff") {
+      what = "comparing ";
+      what += shown(pos[1]);
+      what += " and ";
+      noun = "changes";
+    }
+    if (long_one) what += shown(pos[cmd == "diff" ? 2 : 1]);
+    Progress work(what, 0, Progress::Unit::Count, noun);
     Progress prog("receiving the diff", 0, Progress::Unit::Bytes);
-    r = request(pos[0], req, cmd == "diff" ? &prog : nullptr);
-    if (r && prog.shown()) prog.finish();
+    r = request(pos[0], req, cmd == "diff" ? &prog : nullptr, long_one ? &work : nullptr);
   }
   if (!r) return fail(r.error().message());
   if (cmd == "diff") {
@@ -172,7 +187,7 @@ int offline_diff(const std::string& image, const std::string& from, const std::s
   Result<std::vector<DiffEntry>> d = Error::invalid("");
   {  // the progress line goes before an error is printed
     Progress prog("comparing " + shown(a->name) + " and " + shown(b->name), 0, Progress::Unit::Count, "changes");
-    d = diff(v, a->tree, b->tree, [&](uint64_t n) { prog.update(n); });
+    d = diff(v, a->tree, b->tree, [&](const DiffStats& st) { prog.update(st.entries, st.fraction); });
     if (d && prog.shown()) prog.finish();
   }
   if (!d) return fail_on(image, d.error());

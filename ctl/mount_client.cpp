@@ -7,8 +7,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include "control.h"
 
@@ -18,18 +23,16 @@ using model::Json;
 
 namespace {
 
-// One round trip: the answer's text, or the error.
-Result<std::string> round_trip(const std::string& mnt, const std::string& text) {
+// One round trip on `fd`, the mount point opened: the answer's text, or the
+// error.
+Result<std::string> round_trip_on(int fd, const std::string& mnt, const std::string& text) {
   ControlMsg m{};
   if (text.size() >= sizeof m.request)
     return Error::invalid("the request is too long for the control channel (" + std::to_string(text.size()) + " bytes)");
-  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Error::sys(errno, "cannot open " + mnt);
   m.version = kControlVersion;
   std::memcpy(m.request, text.data(), text.size());
   const int r = ::ioctl(fd, kControlIoctl, &m);
   const int e = errno;
-  ::close(fd);
   if (r != 0) {
     if (e == ENOTTY || e == ENOSYS || e == EINVAL)
       return Error::io(e, mnt + " is not the mount point of a plyfs mount");
@@ -48,10 +51,86 @@ Result<std::string> round_trip(const std::string& mnt, const std::string& text) 
   return Error::io(m.status, mnt + ": the daemon's answer is not understood");
 }
 
+Result<std::string> round_trip(const std::string& mnt, const std::string& text) {
+  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Error::sys(errno, "cannot open " + mnt);
+  auto r = round_trip_on(fd, mnt, text);
+  ::close(fd);
+  return r;
+}
+
+// The progress line of a request the daemon works on (request's `work`):
+// a thread asks the daemon every 200 ms, on a descriptor opened before the
+// request is sent (an open while a merge holds every operation still
+// would wait for it), and draws what the daemon says of `command`. The
+// line is made by the caller when the request starts, so that its rate and
+// ETA count from there.
+class Watcher {
+ public:
+  Watcher(const std::string& mnt, std::string command, Progress& line)
+      : mnt_(mnt), command_(std::move(command)), line_(line) {
+    fd_ = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ >= 0) thread_ = std::thread([this] { loop(); });
+  }
+  // Stops asking; the line ends as the request did: finished, or left to
+  // its owner to erase.
+  void stop(bool done) {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    if (done && drawn_) line_.finish();
+  }
+  ~Watcher() {
+    stop(false);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Watcher(const Watcher&) = delete;
+  Watcher& operator=(const Watcher&) = delete;
+
+ private:
+  void loop() {
+    std::unique_lock lk(mu_);
+    while (!cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return stop_; })) {
+      lk.unlock();
+      auto text = round_trip_on(fd_, mnt_, R"({"command":"progress"})");
+      lk.lock();
+      if (!text) return;  // an older daemon: "unknown command"
+      auto a = model::parse(*text);
+      if (!a || !a->is_object() || !a->contains("result")) return;
+      // What a daemon sends is read, not trusted: a member of another
+      // type is as good as none.
+      const Json& r = (*a)["result"];
+      auto member = [&](const char* key) { return r.is_object() && r.contains(key) ? r[key] : Json(); };
+      const Json running = member("running"), command = member("command"), done = member("done"),
+                 fraction = member("fraction");
+      if (running != true || command != command_ || !done.is_number_unsigned() || !fraction.is_number()) continue;
+      line_.update(done.get<uint64_t>(), fraction.get<double>());
+      drawn_ = true;
+    }
+  }
+
+  std::string mnt_, command_;
+  int fd_ = -1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Progress& line_;      // the thread's until it is joined
+  bool drawn_ = false;  // the daemon said how far its command was
+  std::thread thread_;
+};
+
 }  // namespace
 
-Result<Json> request(const std::string& mnt, const Json& req, Progress* progress) {
-  std::string text = PLY_TRY(round_trip(mnt, model::dump(req)));
+Result<Json> request(const std::string& mnt, const Json& req, Progress* progress, Progress* work) {
+  std::optional<Watcher> watcher;
+  if (work && work->shown() && req.contains("command") && req["command"].is_string())
+    watcher.emplace(mnt, req["command"].get<std::string>(), *work);
+  auto first = round_trip(mnt, model::dump(req));
+  if (watcher) watcher->stop(bool(first));
+  std::string text = PLY_TRY(std::move(first));
   Json a = PLY_TRY(model::parse(text));
   if (a.is_object() && a.contains("paged")) {
     const Json& p = a["paged"];
@@ -68,6 +147,9 @@ Result<Json> request(const std::string& mnt, const Json& req, Progress* progress
       text += chunk;
       if (progress) progress->update(text.size());
     }
+    // Only an answer paged in has a line to end: a short one, or another
+    // command's, printed none ("receiving the diff: 0 B" after a merge).
+    if (progress && progress->shown()) progress->finish();
     a = PLY_TRY(model::parse(text));
   }
   if (!a.is_object() || !a.contains("result")) return Error::io(EPROTO, mnt + ": the daemon's answer is not understood");

@@ -12,9 +12,17 @@ namespace plyfs::ctl {
 
 // Sends `request` to the daemon serving mount point `mnt` and returns the
 // result object of its answer (an answer paged out is read whole first;
-// `progress`, if given, counts its bytes). The daemon's refusal comes back
-// as its errno and reason.
-Result<model::Json> request(const std::string& mnt, const model::Json& req, Progress* progress = nullptr);
+// `progress`, if given, counts its bytes, and is finished once it has them
+// all). The daemon's refusal comes back as its errno and reason.
+// With `work`, the progress line the same command draws offline, when it
+// is shown (a terminal), another thread asks the daemon how far it is (the
+// "progress" command, control.h) about 5 times a second while it works on
+// the request, and draws it from what the daemon says of this command; the
+// line is finished if the request succeeded and the daemon said something.
+// A daemon that does not know the command (an older one) is not asked
+// again; the request goes on as without.
+Result<model::Json> request(const std::string& mnt, const model::Json& req, Progress* progress = nullptr,
+                            Progress* work = nullptr);
 
 // Flushes what the kernel holds for the mount (syncfs), so that a snapshot
 // or diff of the daemon sees every write made before the command.

@@ -84,6 +84,31 @@ Result<std::string> page_in(const Json& req, bool close) {
   return chunk;
 }
 
+// The long operation running (RunningOp, daemon.h), for `progress`. Under
+// mu, a leaf lock: `progress` reads it while the operation holds ctl_mu,
+// which serializes the operations, so at most one runs.
+struct Running {
+  std::mutex mu;
+  bool active = false;
+  std::string command, what, noun;
+  uint64_t done = 0;
+  double fraction = 0;
+};
+Running running;
+
+// `progress`: answered at once, whatever holds ctl_mu (control.h).
+Json progress_answer() {
+  std::lock_guard lk(running.mu);
+  if (!running.active) return Json{{"result", {{"running", false}}}};
+  return Json{{"result",
+               {{"running", true},
+                {"command", running.command},
+                {"what", lossy_utf8(running.what)},
+                {"done", running.done},
+                {"unit", running.noun},
+                {"fraction", running.fraction}}}};
+}
+
 // A request's arguments.
 Result<BranchMeta> arg_branch(const Json& req, const std::string& key) {
   if (req.contains(key) && req[key].is_number_unsigned())
@@ -107,14 +132,20 @@ Result<Json> stack_answer() { return PLY_TRY(model::Branches::read(*g->vol)).sta
 
 // `diff`: the entries of a durable generation: the commit and the diff run
 // while no operation does, so the diff holds every change that finished
-// before it. The same model::diff as offline.
+// before it. The same model::diff as offline, and the same progress.
 Result<Json> run_diff(const Json& req) {
   const BranchMeta a = PLY_TRY(arg_branch(req, "from"));
   const BranchMeta b = PLY_TRY(arg_branch(req, "to"));
   Json out;
+  std::string what = "comparing ";
+  what += shown(a.name);
+  what += " and ";
+  what += shown(b.name);
+  RunningOp op("diff", what, "changes");
   PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
     if (!g->read_only) PLY_CHECK(g->vol->commit());
-    out = model::diff(PLY_TRY(diff(*g->vol, a.tree, b.tree)));
+    out = model::diff(PLY_TRY(diff(*g->vol, a.tree, b.tree,
+                                   [&](const DiffStats& st) { op.update(st.entries, st.fraction); })));
     return ok();
   }));
   return out;
@@ -171,6 +202,27 @@ Result<Json> restack(const std::string& cmd, const Json& req) {
 
 }  // namespace
 
+RunningOp::RunningOp(const std::string& command, const std::string& what, const std::string& noun) {
+  std::lock_guard lk(running.mu);
+  running.active = true;
+  running.command = command;
+  running.what = what;
+  running.noun = noun;
+  running.done = 0;
+  running.fraction = 0;
+}
+
+RunningOp::~RunningOp() {
+  std::lock_guard lk(running.mu);
+  running.active = false;
+}
+
+void RunningOp::update(uint64_t done, double fraction) {
+  std::lock_guard lk(running.mu);
+  running.done = done;
+  running.fraction = fraction;
+}
+
 Result<Json> control(const Json& req, bool may_change) {
   static const std::vector<std::string> kCommands = {"list",     "add",   "remove", "set",    "move",
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff"};
@@ -179,7 +231,8 @@ Result<Json> control(const Json& req, bool may_change) {
                               : "";
   if (std::find(kCommands.begin(), kCommands.end(), cmd) == kCommands.end())
     return Error::invalid("unknown command \"" + shown(cmd) +
-                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, read, close)");
+                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, read, close, "
+                          "progress)");
   std::lock_guard lk(g->ctl_mu);
   if (cmd == "list") return stack_answer();
   // A diff names files in directories the caller may not be allowed to
@@ -211,6 +264,7 @@ Result<std::string> answer(const std::string& request, bool may_change) {
   if (req.is_discarded() || !req.is_object()) return Error::invalid("the request is not a JSON object");
   const Json& c = req.contains("command") ? req["command"] : Json();
   if (c == "read" || c == "close") return page_in(req, c == "close");
+  if (c == "progress") return model::dump(progress_answer());
   Json result = PLY_TRY(control(req, may_change));
   std::string text = model::dump(Json{{"result", std::move(result)}});
   if (text.size() <= Pending::kChunk) return text;

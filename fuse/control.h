@@ -16,6 +16,7 @@
 //   {"command": "clone", "source": B, "name": S, "writable": W},
 //   {"command": "diff", "from": B, "to": B}
 //   {"command": "read", "token": T, "offset": O}, {"command": "close", "token": T}
+//   {"command": "progress"}
 // (B: a branch's name, or its id as a number.) The answer, with status 0,
 // is {"result": X}, X being exactly the object plyctl prints offline for
 // the same command (the stack: an array of StackEntry; a snapshot: a
@@ -28,9 +29,21 @@
 // ENOENT), so a client that dies leaks nothing for long; the token (128
 // random bits) is what lets a client read it.
 //
+// `progress` is answered at once, without ctl_mu, which a merge, delete,
+// rollback or diff holds while it runs (fuse/daemon.h RunningOp):
+// {"result": {"running": false}}, or {"result": {"running": true, "command":
+// C, "what": W, "done": N, "unit": U, "fraction": F}}: the request running
+// (or "clean", the cleaner dropping what a merge or rollback replaced), its
+// progress line's text ("merging work"), its count so far of U ("entries",
+// "nodes", "changes") and the share of the work done, 0 to 1 (snap.h's
+// MergeStats, DiffStats, BTree::DropStats). plyctl asks for it from a second
+// thread while its request runs (ctl/mount_client.h). It came after version
+// 2 without a new version: a daemon without it refuses it alone (EINVAL,
+// unknown command), which plyctl takes as no progress to show.
+//
 // Changes need root or the mount's owner, and so does a diff (it names files
-// in directories the caller may not be allowed to list); `list`, `read` and
-// `close` are anyone's. Each change is atomic for the user and lasts until
+// in directories the caller may not be allowed to list); `list`, `read`,
+// `close` and `progress` are anyone's. Each change is atomic for the user and lasts until
 // unmount (plyctl view create saves a stack).
 //
 // Versions. ControlMsg keeps version 1's size, ioctl number and the offsets

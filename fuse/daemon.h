@@ -131,6 +131,21 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
 Result<nlohmann::ordered_json> control(const nlohmann::ordered_json& request, bool may_change);
 Result<nlohmann::ordered_json> lifecycle(const std::string& cmd, const std::string& name, const std::string& arg);
 Result<nlohmann::ordered_json> delete_online(const BranchMeta& b);
+// The long operation running now (a merge, delete, rollback, diff, or the
+// cleaner's drop), for the control channel's `progress` command
+// (control.h), which answers without ctl_mu, held by the operation: made
+// when the operation starts, fed from the callbacks the offline tools draw
+// their progress lines from, gone when it ends (control.cpp).
+class RunningOp {
+ public:
+  // `command`: the request's ("merge"...; "clean" for the cleaner); `what`
+  // and `noun`: the progress line's, as plyctl draws it offline.
+  RunningOp(const std::string& command, const std::string& what, const std::string& noun);
+  ~RunningOp();
+  RunningOp(const RunningOp&) = delete;
+  RunningOp& operator=(const RunningOp&) = delete;
+  void update(uint64_t done, double fraction);
+};
 void cleaner_loop();  // Daemon::cleaner and Daemon::snapper, started by main
 void snapper_loop();
 void invalidate_all();

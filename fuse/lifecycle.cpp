@@ -94,11 +94,17 @@ Result<model::Json> lifecycle(const std::string& cmd, const std::string& name, c
   bool changed = false;  // the image changed: the mount must follow or stop
   Merge merge_done;
   Rollback rollback_done;
+  // The same line as offline (plyctl merge); a rollback is O(1) here, its
+  // freeing the cleaner's.
+  std::string what = cmd == "merge" ? "merging " : "rolling back ";
+  what += shown(b.name);
+  RunningOp op(cmd, what, cmd == "merge" ? "entries" : "");
   auto r = g->u->restack([&]() -> Result<std::vector<UnionBranch>> {
     next = g->stack;
     if (cmd == "merge") {
       auto it = g->branches.find(b.tree.v);
-      Merge m = PLY_TRY(merge(*g->vol, b.tree, it == g->branches.end() ? nullptr : it->second.get()));
+      Merge m = PLY_TRY(merge(*g->vol, b.tree, it == g->branches.end() ? nullptr : it->second.get(),
+                              [&](const MergeStats& st) { op.update(st.entries, st.fraction); }));
       changed = true;
       std::erase_if(next, [&](const ViewLayer& l) { return l.tree == m.lower; });
       if (m.lower_doomed) gone.push_back(m.lower);
@@ -147,7 +153,12 @@ Result<model::Json> delete_online(const BranchMeta& b) {
   auto views_held = g->ctl->hold();
   const model::Json deleted = PLY_TRY(model::Branches::read(*g->vol)).branch(b);
   std::vector<std::unique_ptr<Filesystem>> retired;
-  PLY_CHECK(delete_branch(*g->vol, b.tree));
+  {
+    std::string what = "deleting ";
+    what += shown(b.name);
+    RunningOp op("delete", what, "nodes");
+    PLY_CHECK(delete_branch(*g->vol, b.tree, [&](const BTree::DropStats& st) { op.update(st.nodes, st.fraction); }));
+  }
   retire_branch(b.tree, retired);
   g->ctl->refresh({b.tree});
   retired.clear();
@@ -169,7 +180,8 @@ void cleaner_loop() {
     {
       std::lock_guard cl(g->ctl_mu);
       auto views_held = g->ctl->hold();
-      auto d = drop_doomed(*g->vol);
+      RunningOp op("clean", "freeing the replaced branches", "nodes");
+      auto d = drop_doomed(*g->vol, [&](const BTree::DropStats& st) { op.update(st.nodes, st.fraction); });
       if (!d) log_error("dropping replaced branches: %s", d.error().user_message(g->image).c_str());
       else if (*d)
         if (auto c = g->vol->commit(); !c) log_error("commit after dropping branches: %s", c.error().user_message(g->image).c_str());

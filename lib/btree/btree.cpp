@@ -277,6 +277,18 @@ struct DiffSide {
   Key key() const { return top().key(slot()); }
   // The front's level: the child's for a subtree, -1 for a leaf item.
   int level() const { return top().level() - 1; }
+  // The share of the tree before the front (BTree::diff's progress): each
+  // slot of a node weighs the node's share over its slot count. An empty
+  // path is a tree done.
+  double done_share() const {
+    double done = 0, share = 1;
+    for (const Step& s : path) {
+      const double each = share / view(s.node).n();
+      done += each * s.slot;
+      share = each;
+    }
+    return path.empty() ? 1.0 : done;
+  }
   // Moves past the front, leaving the nodes it used up.
   void advance() {
     path.back().slot++;
@@ -308,11 +320,24 @@ struct DiffSide {
 // Trees of different heights or with different split points thus still meet
 // at the subtrees they share, and a clone with a few changes costs about the
 // paths to those changes on each side.
-Result<void> BTree::diff(const BTree& a, const BTree& b, const DiffFn& fn, uint64_t* nodes_read) {
+Result<void> BTree::diff(const BTree& a, const BTree& b, const DiffFn& fn, uint64_t* nodes_read,
+                         const DiffProgress& progress) {
   uint64_t unused = 0;
   uint64_t& reads = nodes_read ? *nodes_read : unused;
   reads = 0;
-  if (a.root_ == b.root_) return ok();  // the same tree: a clone neither side changed
+  DiffSide sa, sb;
+  // Rounding may make a share dip by an ulp: what was said stays said.
+  double said = 0;
+  auto report = [&] {
+    if (!progress) return;
+    said = std::max(said, std::min(sa.done_share(), sb.done_share()));
+    progress(said);
+  };
+  auto done = [&]() -> Result<void> {  // the walk ended, or fn ended it
+    if (progress) progress(1.0);
+    return ok();
+  };
+  if (a.root_ == b.root_) return done();  // the same tree: a clone neither side changed
 
   auto start = [&](const BTree& t, DiffSide& s) -> Result<void> {
     Ref r = PLY_TRY(t.read(t.root_.block, t.root_.gen, t.root_.level));
@@ -331,7 +356,6 @@ Result<void> BTree::diff(const BTree& a, const BTree& b, const DiffFn& fn, uint6
     return ok();
   };
 
-  DiffSide sa, sb;
   PLY_CHECK(start(a, sa));
   PLY_CHECK(start(b, sb));
   while (!sa.done() || !sb.done()) {
@@ -349,16 +373,20 @@ Result<void> BTree::diff(const BTree& a, const BTree& b, const DiffFn& fn, uint6
             va.child_gen(sa.slot()) == vb.child_gen(sb.slot())) {
           sa.advance();
           sb.advance();
+          report();
           continue;
         }
       }
       if (la >= 0 && la >= lb) PLY_CHECK(descend(a, sa));
       if (lb >= 0 && lb >= la) PLY_CHECK(descend(b, sb));
-      if (la >= 0 || lb >= 0) continue;
+      if (la >= 0 || lb >= 0) {
+        report();
+        continue;
+      }
       // Two items of the same key.
       const auto va = sa.top().value(sa.slot()), vb = sb.top().value(sb.slot());
       if (!std::equal(va.begin(), va.end(), vb.begin(), vb.end()) && !fn(sa.key(), va, vb))
-        return ok();
+        return done();
       sa.advance();
       sb.advance();
       continue;
@@ -366,14 +394,15 @@ Result<void> BTree::diff(const BTree& a, const BTree& b, const DiffFn& fn, uint6
     DiffSide& s = take_a ? sa : sb;
     if (s.level() >= 0) {
       PLY_CHECK(descend(take_a ? a : b, s));
+      report();
       continue;
     }
     // An item only this side has.
     const auto v = s.top().value(s.slot());
-    if (!(take_a ? fn(s.key(), v, std::nullopt) : fn(s.key(), std::nullopt, v))) return ok();
+    if (!(take_a ? fn(s.key(), v, std::nullopt) : fn(s.key(), std::nullopt, v))) return done();
     s.advance();
   }
-  return ok();
+  return done();
 }
 
 // ------------------------------------------------------------------ writes

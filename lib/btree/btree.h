@@ -176,11 +176,17 @@ class BTree {
   // and is skipped unread, so comparing a tree with a clone of it reads about
   // the paths to what changed since, not the whole tree. Both trees must use
   // one volume and stay unchanged during the call. nodes_read, if given,
-  // is set to the number of nodes read (each root counts).
+  // is set to the number of nodes read (each root counts). `progress`, if
+  // given, hears the share of the trees compared so far (0 to 1, rising)
+  // after each node read or shared subtree skipped, and 1 at the end: as
+  // DropStats::fraction, each child weighs its parent's share over the
+  // parent's child count, a skipped subtree counts whole, and the share is
+  // the lesser of the two trees' (the key range below both fronts is done).
   using DiffFn = std::function<bool(Key, std::optional<std::span<const std::byte>> in_a,
                                     std::optional<std::span<const std::byte>> in_b)>;
+  using DiffProgress = std::function<void(double fraction)>;
   static Result<void> diff(const BTree& a, const BTree& b, const DiffFn& fn,
-                           uint64_t* nodes_read = nullptr);
+                           uint64_t* nodes_read = nullptr, const DiffProgress& progress = {});
 
   // Grafts (format.md#btree-graft): copies the items of another tree of the
   // same volume with lo <= key <= hi into this one, sharing the leaves that

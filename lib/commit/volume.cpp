@@ -764,7 +764,7 @@ Result<void> Volume::Txn::scan(TreeId t, Key from, Key to,
 }
 
 Result<void> Volume::Txn::diff(TreeId a, TreeId b, const BTree::DiffFn& fn,
-                               uint64_t* nodes_read) {
+                               uint64_t* nodes_read, const BTree::DiffProgress& progress) {
   Slot* sa = PLY_TRY(s_.v->slot(a));
   Slot* sb = PLY_TRY(s_.v->slot(b));
   // Shared locks in tree-id order: with writers queued on both trees, two
@@ -773,7 +773,7 @@ Result<void> Volume::Txn::diff(TreeId a, TreeId b, const BTree::DiffFn& fn,
   std::shared_lock first(a.v <= b.v ? sa->mu : sb->mu);
   std::shared_lock<std::shared_mutex> second;
   if (a.v != b.v) second = std::shared_lock(a.v < b.v ? sb->mu : sa->mu);
-  return BTree::diff(*sa->tree, *sb->tree, fn, nodes_read);
+  return BTree::diff(*sa->tree, *sb->tree, fn, nodes_read, progress);
 }
 
 Result<void> Volume::Txn::put(TreeId t, Key k, std::span<const std::byte> val) {

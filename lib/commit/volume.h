@@ -332,8 +332,10 @@ class Volume::Txn {
   Result<uint64_t> graft(TreeId dst, TreeId src, Key lo, Key hi);
   // The keys whose values differ between trees a and b, in order, skipping
   // the subtrees they share (BTree::diff). Both trees are locked for reading
-  // meanwhile: fn must not change either of them.
-  Result<void> diff(TreeId a, TreeId b, const BTree::DiffFn& fn, uint64_t* nodes_read = nullptr);
+  // meanwhile: fn must not change either of them. `progress`: the share
+  // compared so far (BTree::diff).
+  Result<void> diff(TreeId a, TreeId b, const BTree::DiffFn& fn, uint64_t* nodes_read = nullptr,
+                    const BTree::DiffProgress& progress = {});
 
   // Extents that tree values reference (file data). Length in blocks.
   Result<BlockNo> alloc_extent(uint64_t nblocks);

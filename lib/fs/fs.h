@@ -170,7 +170,8 @@ class Filesystem {
     std::vector<uint64_t> modified;          // objects in both whose items differ
     uint64_t nodes_read = 0;
   };
-  static Result<Changes> compare(Volume& v, TreeId from, TreeId to);
+  // `progress`: the share of the two trees compared so far (BTree::diff).
+  static Result<Changes> compare(Volume& v, TreeId from, TreeId to, const BTree::DiffProgress& progress = {});
   // A path of object `ino` from the root ("/a/b"), found through the parent
   // fields (a file's is a hint: format.md#fs-inode); nullopt if the hint
   // does not lead to a name of it.

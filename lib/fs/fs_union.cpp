@@ -93,7 +93,8 @@ Result<Attr> Filesystem::copy_in(Filesystem& src, uint64_t ino, uint64_t dir,
   return r.a;
 }
 
-Result<Filesystem::Changes> Filesystem::compare(Volume& v, TreeId from, TreeId to) {
+Result<Filesystem::Changes> Filesystem::compare(Volume& v, TreeId from, TreeId to,
+                                                 const BTree::DiffProgress& progress) {
   Changes out;
   auto t = PLY_TRY(v.begin());
   std::set<uint64_t> touched;  // objects with a differing item other than entries
@@ -137,7 +138,7 @@ Result<Filesystem::Changes> Filesystem::compare(Volume& v, TreeId from, TreeId t
       if (std::none_of(ea.begin(), ea.end(), [&](auto& x) { return same(x, y); }))
         out.added.push_back({k.hi, y.name, y.ino, y.type});
     return true;
-  }, &out.nodes_read));
+  }, &out.nodes_read, progress));
   if (err) return *err;
   for (uint64_t ino : touched)
     if (PLY_TRY(t.get(from, ikey(ino, ItemType::Inode))) && PLY_TRY(t.get(to, ikey(ino, ItemType::Inode))))

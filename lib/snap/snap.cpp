@@ -110,6 +110,22 @@ Result<FsCreateOptions> root_like(Volume& v, TreeId tree) {
   return o;
 }
 
+// Walks the `n` entries of a directory whose part of a whole walk is
+// `share`: each weighs share / n, and `fraction` (the share walked, 0 to 1)
+// moves past entry k once `entry(k, each)` returned; a directory without
+// entries counts whole at once. The progress of a merge (MergeStats) and of
+// a diff between views (DiffStats).
+template <class F>
+Result<void> over_entries(double& fraction, size_t n, double share, F&& entry) {
+  const double base = fraction, each = n ? share / double(n) : 0;
+  for (size_t k = 0; k < n; k++) {
+    PLY_CHECK(entry(k, each));
+    fraction = base + double(k + 1) * each;
+  }
+  if (!n) fraction = base + share;
+  return ok();
+}
+
 }  // namespace
 
 Result<size_t> drop_doomed(Volume& v, const BTree::DropProgress& progress) {
@@ -305,14 +321,10 @@ struct Merger {
   // among its entries.
   Result<void> graft(uint64_t udir, uint64_t ldir, double share) {
     const auto es = PLY_TRY(list(up, udir));
-    const double base = st.fraction, each = es.empty() ? 0 : share / double(es.size());
-    for (size_t k = 0; k < es.size(); k++) {
+    return over_entries(st.fraction, es.size(), share, [&](size_t k, double each) {
       tick();
-      PLY_CHECK(graft_entry(es[k], ldir, each));
-      st.fraction = base + double(k + 1) * each;
-    }
-    if (es.empty()) st.fraction = base + share;
-    return ok();
+      return graft_entry(es[k], ldir, each);
+    });
   }
 
   Result<void> graft_entry(const Item& e, uint64_t ldir, double share) {
@@ -527,9 +539,24 @@ std::string join(const std::string& dir, std::string_view name) {
 struct Differ {
   Filesystem& to;
   std::vector<DiffEntry> out;
-  const std::function<void(uint64_t)>* progress = nullptr;
+  const std::function<void(const DiffStats&)>* progress = nullptr;
+  double fraction = 0;  // DiffStats::fraction
+  double said = 0;      // the last fraction reported: rounding must not lower it
+  uint64_t steps = 0;
+
+  void report() {
+    said = std::max(said, std::min(fraction, 1.0));
+    (*progress)(DiffStats{out.size(), said});
+  }
   void tick() {
-    if (*progress && out.size() % 256 == 0) (*progress)(out.size());
+    if (*progress && out.size() % 256 == 0) report();
+  }
+  // The walk moved on to share `f`: reported every 16 steps (a node read,
+  // an entry walked, a change named), so that a walk finding little still
+  // shows how far it is.
+  void step(double f) {
+    fraction = f;
+    if (*progress && ++steps % 16 == 0) report();
   }
   // Layer diffs only, one per entry of `out`: the object's inode number and
   // attributes (of the view below for a removal, of the layer otherwise),
@@ -580,8 +607,9 @@ struct Differ {
   // views are compared, walking only where either layer holds a directory
   // (fl, tl: its number in each layer's own tree, 0 for none): elsewhere
   // both show the parent's. A rename shows as - and +.
+  // `share`: this directory's part of the walk (DiffStats::fraction).
   Result<void> views(Filesystem& ffs, Union& fv, Union& tv, uint64_t fdir, uint64_t tdir, uint64_t fl,
-                     uint64_t tl, const std::string& path) {
+                     uint64_t tl, const std::string& path, double share) {
     if (!fl && !tl) return ok();
     const auto fa = PLY_TRY(view_dir(fv, fdir)), ta = PLY_TRY(view_dir(tv, tdir));
     auto layer_dir = [](Filesystem& fs, uint64_t dir, const std::string& name) -> Result<uint64_t> {
@@ -589,10 +617,13 @@ struct Differ {
       auto e = PLY_TRY(fs.entry(dir, name));
       return e && e->type == DT_DIR ? e->ino : 0;
     };
-    std::set<std::string> names;
-    for (const auto& [n, a] : fa) names.insert(n);
-    for (const auto& [n, a] : ta) names.insert(n);
-    for (const auto& n : names) {
+    std::set<std::string> name_set;
+    for (const auto& [n, a] : fa) name_set.insert(n);
+    for (const auto& [n, a] : ta) name_set.insert(n);
+    const std::vector<std::string> names(name_set.begin(), name_set.end());
+    return over_entries(fraction, names.size(), share, [&](size_t k, double each) -> Result<void> {
+      step(fraction);
+      const std::string& n = names[k];
       const std::string p = join(path, n);
       auto f = fa.find(n), t = ta.find(n);
       const bool in_f = f != fa.end(), in_t = t != ta.end();
@@ -608,7 +639,7 @@ struct Differ {
         add(Change::Added, p, t->second);
         if (S_ISDIR(t->second.mode)) PLY_CHECK(all_view(tv, t->second.ino, p, Change::Added));
       }
-      if (!same) continue;
+      if (!same) return ok();
       bool changed = attrs_differ(f->second, t->second);
       if (!changed && !S_ISDIR(t->second.mode)) {  // written within one tick of the clock
         const int bf = fv.branch_of(f->second.ino), bt = tv.branch_of(t->second.ino);
@@ -618,18 +649,21 @@ struct Differ {
       if (changed) add(Change::Modified, p, t->second);
       if (S_ISDIR(t->second.mode))
         PLY_CHECK(views(ffs, fv, tv, f->second.ino, t->second.ino, PLY_TRY(layer_dir(ffs, fl, n)),
-                        PLY_TRY(layer_dir(to, tl, n)), p));
-    }
-    return ok();
+                        PLY_TRY(layer_dir(to, tl, n)), p, each));
+      return ok();
+    });
   }
   // `to` is a layer on `from`: what the layer holds is the change against
   // the view `below` (from over its ancestors, what the layer was made on).
   // `vdir`: the same directory in that view, 0 if it has none.
-  Result<void> layer(Union& below_view, uint64_t ldir, uint64_t vdir, const std::string& path) {
+  // `share`: this directory's part of the walk (DiffStats::fraction).
+  Result<void> layer(Union& below_view, uint64_t ldir, uint64_t vdir, const std::string& path, double share) {
     std::vector<std::string> names;
     names.reserve(1024);
     auto es = PLY_TRY(list(to, ldir, names));
-    for (const auto& e : es) {
+    return over_entries(fraction, es.size(), share, [&](size_t k, double each) -> Result<void> {
+      step(fraction);
+      const DirEntry& e = es[k];
       const std::string p = join(path, e.name);
       std::optional<Attr> below;
       if (vdir)
@@ -641,7 +675,7 @@ struct Differ {
       };
       if (e.type == DT_WHT) {
         if (below) PLY_CHECK(gone());
-        continue;
+        return ok();
       }
       Attr a = PLY_TRY(to.getattr(e.ino));
       if (e.type == DT_DIR) {
@@ -652,17 +686,16 @@ struct Differ {
         } else {
           add(Change::Added, p, a);
         }
-        PLY_CHECK(layer(below_view, e.ino, merges ? below->ino : 0, p));
-        continue;
+        return layer(below_view, e.ino, merges ? below->ino : 0, p, each);
       }
       if (below && below->ino == e.ino) {  // a copy-up: the same object, changed
         add(Change::Modified, p, a);
-        continue;
+        return ok();
       }
       if (below) PLY_CHECK(gone());
       add(Change::Added, p, a);
-    }
-    return ok();
+      return ok();
+    });
   }
   // A rename in a layer is a copy-up, which keeps the inode number, and a
   // whiteout: the walk above saw the old name removed and the new one
@@ -730,7 +763,7 @@ struct Differ {
 }  // namespace
 
 Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
-                                    const std::function<void(uint64_t)>& progress) {
+                                    const std::function<void(const DiffStats&)>& progress) {
   BranchMeta a, b;
   bool to_is_layer_on_from, layers_on_one_parent;
   {
@@ -742,20 +775,25 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
   }
   auto ffs = PLY_TRY(Filesystem::open(v, from, true));
   auto tfs = PLY_TRY(Filesystem::open(v, to, true));
-  Differ d{*tfs, {}, &progress, {}};
+  Differ d{*tfs, {}, &progress, 0, 0, 0, {}};
   if (to_is_layer_on_from) {
     // The layer was made on the view of `from` over its ancestors.
     auto below = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, a.name)), true, true));
-    PLY_CHECK(d.layer(*below.u, tfs->root(), below.u->root(), "/"));
+    PLY_CHECK(d.layer(*below.u, tfs->root(), below.u->root(), "/", 1.0));
     PLY_CHECK(d.pair_renames(*below.u));
   } else if (layers_on_one_parent) {
     auto fv = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, a.name)), true, true));
     auto tv = PLY_TRY(open_union(v, PLY_TRY(layer_stack(v, b.name)), true, true));
     if (Differ::attrs_differ(PLY_TRY(fv.u->getattr(fv.u->root())), PLY_TRY(tv.u->getattr(tv.u->root()))))
       d.add(Change::Modified, "/", PLY_TRY(tv.u->getattr(tv.u->root())));
-    PLY_CHECK(d.views(*ffs, *fv.u, *tv.u, fv.u->root(), tv.u->root(), ffs->root(), tfs->root(), "/"));
+    PLY_CHECK(d.views(*ffs, *fv.u, *tv.u, fv.u->root(), tv.u->root(), ffs->root(), tfs->root(), "/", 1.0));
   } else if (from != to) {
-    auto ch = PLY_TRY(Filesystem::compare(v, from, to));
+    // The walk is the first half of the work, naming what it found the
+    // second (DiffStats::fraction).
+    auto ch = PLY_TRY(Filesystem::compare(v, from, to, [&](double f) { d.step(f / 2); }));
+    const size_t found = ch.removed.size() + ch.added.size() + ch.modified.size();
+    size_t named = 0;
+    auto name_one = [&] { d.step(0.5 + 0.5 * double(++named) / double(found)); };
     // Two trees of one lineage whose root directories have different
     // numbers (a merge gives a branch its lower branch's root, a rollback
     // of a layer a fresh one): an entry of one root and the same entry of
@@ -801,6 +839,7 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
     for (const auto& r : ch.added) names[r.ino].second++;
     std::set<uint64_t> renamed, whole;
     for (const auto& r : ch.removed) {
+      name_one();
       if (r.type == DT_WHT) continue;
       auto [rm, ad] = names[r.ino];
       const std::string p = join(PLY_TRY(path_in(*ffs, r.dir)), r.name);
@@ -815,12 +854,14 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
       d.tick();
     }
     for (const auto& r : ch.added) {
+      name_one();
       if (r.type == DT_WHT || renamed.count(r.ino)) continue;
       d.out.push_back({Change::Added, join(PLY_TRY(path_in(*tfs, r.dir)), r.name), "", r.type});
       d.tick();
       whole.insert(r.ino);
     }
     for (uint64_t ino : ch.modified) {
+      name_one();
       if (whole.count(ino)) continue;
       auto at = tfs->getattr(ino);
       if (!at || at->nlink == 0) continue;
@@ -829,6 +870,10 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
     }
   }
   std::stable_sort(d.out.begin(), d.out.end(), [](const DiffEntry& x, const DiffEntry& y) { return x.path < y.path; });
+  if (progress) {
+    d.fraction = 1;
+    d.report();
+  }
   return std::move(d.out);
 }
 

@@ -125,9 +125,21 @@ struct DiffEntry {
   std::string path, new_path;  // new_path: renames only
   uint8_t type;                // DT_* of the object
 };
-// `progress` hears how many entries were found so far, every 256.
+struct DiffStats {
+  uint64_t entries = 0;  // changes found so far
+  // The share of the work done, 0 to 1, rising, for a progress line's
+  // percentage and ETA. Between clones: the trees' share compared
+  // (BTree::diff, each child node weighing its parent's share over the
+  // parent's child count, a shared subtree skipped counting whole) is the
+  // first half, and naming the changes found, each the same, the second.
+  // Between views (a layer): each entry of a directory weighs the
+  // directory's share over its entry count, as in a merge.
+  double fraction = 0;
+};
+// `progress` hears how far the diff is: every 256 entries found, every 16
+// steps of the walk, and at the end (fraction 1).
 Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
-                                    const std::function<void(uint64_t)>& progress = {});
+                                    const std::function<void(const DiffStats&)>& progress = {});
 // Its JSON and text forms are model.h's (diff, diff_text).
 
 }  // namespace plyfs
