@@ -205,6 +205,9 @@ class Union {
   Result<std::string> readlink(uint64_t ino);
   Result<Attr> setattr(uint64_t ino, const SetAttr& s, const Caller& c);
   // Entries after `cookie` (0: from the start, with "." and ".."), merged.
+  // A call at the cookie where an earlier one stopped continues that listing
+  // without reading the branches again, unless a name changed meanwhile; any
+  // cookie gives the same entries either way (union_readdir.cpp, L1-L3).
   Result<void> readdir(uint64_t dir, uint64_t cookie,
                        const std::function<bool(const DirEntry&)>& fn);
   // The same with each entry's attributes, as lookup would find them (FUSE's
