@@ -42,7 +42,9 @@
 // the volume's trees itself.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -55,7 +57,36 @@ namespace plyfs {
 
 namespace union_internal {
 struct Merged;
+struct Listing;
 }
+
+// A shared mutex that counts its exclusive holds: a reader that saw the
+// same count before and after let go knows that no writer ran in between
+// (the union's parked listings, union_readdir.cpp, invariant L1).
+class CountedMutex {
+ public:
+  void lock() {
+    mu_.lock();
+    count_.fetch_add(1, std::memory_order_relaxed);
+  }
+  bool try_lock() {
+    if (!mu_.try_lock()) return false;
+    count_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  void unlock() { mu_.unlock(); }
+  void lock_shared() { mu_.lock_shared(); }
+  bool try_lock_shared() { return mu_.try_lock_shared(); }
+  void unlock_shared() { mu_.unlock_shared(); }
+  // Exact while held (shared or exclusive): it moves only under the lock.
+  uint64_t changes() const { return count_.load(std::memory_order_relaxed); }
+  // A change made elsewhere (another union over the same branches).
+  void note_change() { count_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  std::shared_mutex mu_;
+  std::atomic<uint64_t> count_{0};
+};
 
 struct UnionBranch {
   Filesystem* fs;
@@ -174,6 +205,9 @@ class Union {
   Result<std::string> readlink(uint64_t ino);
   Result<Attr> setattr(uint64_t ino, const SetAttr& s, const Caller& c);
   // Entries after `cookie` (0: from the start, with "." and ".."), merged.
+  // A call at the cookie where an earlier one stopped continues that listing
+  // without reading the branches again, unless a name changed meanwhile; any
+  // cookie gives the same entries either way (union_readdir.cpp, L1-L3).
   Result<void> readdir(uint64_t dir, uint64_t cookie,
                        const std::function<bool(const DirEntry&)>& fn);
   // The same with each entry's attributes, as lookup would find them (FUSE's
@@ -300,6 +334,12 @@ class Union {
   // every directory of it there opaque (for a rename of a merged directory).
   Result<void> materialize(uint64_t dir, int b, const Caller& c, int depth = 0);
   Result<bool> union_empty(uint64_t dir);
+  // A merged listing of `dir` from `cookie` (union_readdir.cpp), continuing
+  // a parked one where the cookie is where it stopped.
+  Result<void> list(uint64_t dir, uint64_t cookie,
+                    const std::function<Result<bool>(const DirEntry&, const union_internal::Merged*)>& fn);
+  std::shared_ptr<union_internal::Listing> take_listing(uint64_t dir, uint64_t cookie);
+  void park_listing(std::shared_ptr<union_internal::Listing> l);
   Result<void> remove(uint64_t dir, const Node& d, std::string_view name, const Found& f,
                       bool is_dir);
   // DeleteMode::All: deletes the instances of `name` that the visible one,
@@ -338,14 +378,21 @@ class Union {
   uint32_t bs_;
   // Shared by operations that change no name; exclusive for those that do
   // (creates, deletes, renames, copy-ups), so that a resolution is not
-  // undone halfway by another thread.
-  std::shared_mutex mu_;
+  // undone halfway by another thread. Its count of exclusive holds tells a
+  // parked listing whether a name may have changed since.
+  CountedMutex mu_;
   // Shared by every operation that leaves mu_ once it has its branch (data
   // and attribute reads and changes), exclusive for a restack; taken before
   // mu_. When a restack returns, nothing uses a branch that left the stack.
   std::shared_mutex io_mu_;
   std::shared_mutex nodes_mu_;
   std::unordered_map<uint64_t, Node> nodes_;
+  // Listings the kernel is likely to continue (its next readdir asks for
+  // the cookie where one stopped), oldest first: a few per directory being
+  // listed at once, since FUSE sends no opendir here (fuse/ops_names.cpp).
+  static constexpr size_t kParkedListings = 16;
+  std::mutex lot_mu_;  // a leaf
+  std::vector<std::shared_ptr<union_internal::Listing>> lot_;
   // A node's branch index is its key plus shift_. A snapshot's restack
   // inserts its new branch at the top: every known object's index grows by
   // one, and raising shift_ does that without touching the nodes, so the

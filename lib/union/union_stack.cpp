@@ -42,6 +42,7 @@ std::optional<std::vector<std::string>> Union::path_of(uint64_t ino) {
 
 std::vector<uint64_t> Union::refresh_path(const std::vector<std::string>& path) {
   std::shared_lock lk(mu_);  // as a lookup: the resolution holds still
+  mu_.note_change();  // names changed: no parked listing goes on (union_readdir.cpp, L1)
   std::vector<uint64_t> out{root_};
   for (const auto& name : path) {
     auto d = node(out.back());
