@@ -139,8 +139,8 @@ class Sink {
     }
     return send(a, p, n) ? la_ssize_t(n) : -1;
   }
-  // What is gathered, then `n` bytes at `p`, whole (a pipe takes part of a
-  // write at a time), or an error set on `a` as libarchive's fd writer sets it.
+  // What is gathered, then `n` bytes at `p`, whole (a write may be taken in
+  // part), or an error set on `a` as libarchive's fd writer sets it.
   bool send(archive* a, const std::byte* p, size_t n) {
     iovec iov[2] = {{buf_.data(), used_}, {const_cast<std::byte*>(p), n}};
     int i = iov[0].iov_len ? 0 : 1;
@@ -155,7 +155,7 @@ class Sink {
         archive_set_error(a, w < 0 ? errno : EIO, "Write error");
         return false;
       }
-      for (size_t left = size_t(w); left > 0;) {
+      for (size_t left = size_t(w); left > 0 && i < 2;) {
         const size_t k = std::min(left, iov[i].iov_len);
         iov[i].iov_base = static_cast<std::byte*>(iov[i].iov_base) + k;
         iov[i].iov_len -= k;
