@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "fs/fs.h"
 #include "io/io.h"
+#include "io_cmd.h"
 #include "mount_client.h"
 #include "output.h"
 #include "snap/model.h"
@@ -269,14 +270,7 @@ Json export_json(const std::string& branch, TreeId id, const io::ExportStats& s,
   j["format"] = o.format == io::ExportFormat::Tar ? "tar" : "oci-layer";
   j["compression"] = compress_name(o.compress);
   model::put_name(j, "output", output);
-  j["entries"] = s.entries;
-  j["files"] = s.files;
-  j["directories"] = s.dirs;
-  j["symlinks"] = s.symlinks;
-  j["specials"] = s.specials;
-  j["hardlinks"] = s.hardlinks;
-  j["whiteouts"] = s.whiteouts;
-  j["opaque"] = s.opaque;
+  put_counts(j, s);
   j["bytes"] = s.bytes;
   j["skipped"] = s.skipped;
   return j;
@@ -285,28 +279,18 @@ Json export_json(const std::string& branch, TreeId id, const io::ExportStats& s,
 }  // namespace
 
 int cmd_export(const std::vector<std::string>& args) {
-  auto p = parse(args, {"-o", "--output", "--format", "--compress"}, {"--json"});
-  if (!p) return usage_error(p.error().message());
-  if (p->pos.size() != 2) return usage_error(kExportUsage);
-  auto has = [&](const char* o) { return p->opt.count(o) > 0; };
-  const std::string& where = p->pos[0];
-  const std::string& branch = p->pos[1];
-  const std::string output = has("-o") ? p->opt.at("-o") : has("--output") ? p->opt.at("--output") : "-";
+  int rc = 0;
+  const auto p = parse_io_args(args, 2, kExportUsage, {"-o", "--output", "--format", "--compress"}, {"--json"}, rc);
+  if (!p) return rc;
+  auto has = [&](const char* o) { return p->has(o); };
+  const std::string& where = p->pos(0);
+  const std::string& branch = p->pos(1);
+  const std::string output = has("-o") ? p->p.opt.at("-o") : has("--output") ? p->p.opt.at("--output") : "-";
   io::ExportOptions o;
-  if (has("--format")) {
-    auto f = io::parse_export_format(p->opt.at("--format"));
-    if (!f) return usage_error(f.error().message());
-    o.format = *f;
-  }
-  if (has("--compress")) {
-    auto c = io::parse_compress(p->opt.at("--compress"));
-    if (!c) return usage_error(c.error().message());
-    o.compress = *c;
-  } else if (ends_with(output, ".gz") || ends_with(output, ".tgz")) {
-    o.compress = io::Compress::Gzip;
-  } else if (ends_with(output, ".zst") || ends_with(output, ".tzst")) {
-    o.compress = io::Compress::Zstd;
-  }
+  if (!p->value("--format", io::parse_export_format, o.format, rc)) return rc;
+  if (!p->value("--compress", io::parse_compress, o.compress, rc)) return rc;
+  if (!has("--compress") && (ends_with(output, ".gz") || ends_with(output, ".tgz"))) o.compress = io::Compress::Gzip;
+  if (!has("--compress") && (ends_with(output, ".zst") || ends_with(output, ".tzst"))) o.compress = io::Compress::Zstd;
   const bool json = has("--json");
   if (output == "-" && json) return usage_error("--json needs -o FILE: the archive goes to standard output");
   if (output == "-" && ::isatty(1))

@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "io/io.h"
+#include "io_cmd.h"
 #include "output.h"
 #include "snap/model.h"
 #include "util/parse.h"
@@ -28,14 +29,7 @@ Json import_json(const model::Branches& bs, const io::Imported& r, const std::st
   o["layers"] = layers;
   o["format"] = io::format_name(r.format);
   model::put_name(o, "source", source);
-  o["entries"] = s.entries;
-  o["files"] = s.files;
-  o["directories"] = s.dirs;
-  o["symlinks"] = s.symlinks;
-  o["specials"] = s.specials;
-  o["hardlinks"] = s.hardlinks;
-  o["whiteouts"] = s.whiteouts;
-  o["opaque"] = s.opaque;
+  put_counts(o, s);
   o["xattrs"] = s.xattrs;
   o["bytes"] = s.bytes;
   return o;
@@ -44,19 +38,15 @@ Json import_json(const model::Branches& bs, const io::Imported& r, const std::st
 }  // namespace
 
 int cmd_import(const std::vector<std::string>& args) {
-  auto p = parse(args, {"--parent", "--format"}, {"--json", "--ro", "--force"});
-  if (!p) return usage_error(p.error().message());
-  if (p->pos.size() != 3) return usage_error(kImportUsage);
-  auto has = [&](const char* o) { return p->opt.count(o) > 0; };
-  const std::string& image = p->pos[0];
-  const std::string& name = p->pos[1];
-  const std::string& source = p->pos[2];
+  int rc = 0;
+  const auto p = parse_io_args(args, 3, kImportUsage, {"--parent", "--format"}, {"--json", "--ro", "--force"}, rc);
+  if (!p) return rc;
+  auto has = [&](const char* o) { return p->has(o); };
+  const std::string& image = p->pos(0);
+  const std::string& name = p->pos(1);
+  const std::string& source = p->pos(2);
   io::ImportOptions o;
-  if (has("--format")) {
-    auto f = io::parse_format(p->opt.at("--format"));
-    if (!f) return usage_error(f.error().message());
-    o.format = *f;
-  }
+  if (!p->value("--format", io::parse_format, o.format, rc)) return rc;
   if (is_directory(image))
     return need_image("import", image, "unmount it first: import writes to the image, never through a mount");
   if (auto n = check_branch_name(name); !n) return fail(n.error().message());
@@ -64,7 +54,7 @@ int cmd_import(const std::vector<std::string>& args) {
   if (!opened) return fail_on(image, opened.error());
   Volume& v = *opened->vol;
   if (has("--parent")) {
-    auto par = find_branch(v, p->opt.at("--parent"));
+    auto par = find_branch(v, p->p.opt.at("--parent"));
     if (!par) return fail(par.error().message());
     o.parent = par->tree;
   }

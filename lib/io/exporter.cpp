@@ -9,6 +9,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <dirent.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,9 @@ namespace plyfs::io {
 namespace {
 
 constexpr size_t kChunkBytes = 8u << 20;
+// What the sink gathers before one write: headers and small files.
+constexpr size_t kGatherBytes = 1u << 20;
+constexpr size_t kDirectBytes = 64u << 10;  // a piece this large goes out as it is
 
 // What the walk reads: a union (a view) or one filesystem tree.
 class Tree {
@@ -33,7 +37,10 @@ class Tree {
   virtual Result<Attr> getattr(uint64_t ino) = 0;
   virtual Result<Attr> lookup(uint64_t dir, std::string_view name) = 0;  // counted: release() it
   virtual void release(uint64_t ino) = 0;
-  virtual Result<void> readdir(uint64_t dir, const std::function<bool(const DirEntry&)>& fn) = 0;
+  // A directory's entries, each with its attributes where the tree finds
+  // them in the listing (a union's readdirplus: counted, release() them),
+  // else none (nullptr: lookup() it).
+  virtual Result<void> list(uint64_t dir, const std::function<bool(const DirEntry&, const Attr*)>& fn) = 0;
   virtual Result<size_t> read(uint64_t ino, uint64_t off, std::span<std::byte> out) = 0;
   virtual Result<uint64_t> lseek(uint64_t ino, uint64_t off, int whence) = 0;
   virtual Result<std::string> readlink(uint64_t ino) = 0;
@@ -51,8 +58,11 @@ class TreeOf final : public Tree {
   void release(uint64_t ino) override {
     if constexpr (std::is_same_v<T, Union>) (void)t_.unpin(ino);
   }
-  Result<void> readdir(uint64_t dir, const std::function<bool(const DirEntry&)>& fn) override {
-    return t_.readdir(dir, 0, fn);
+  Result<void> list(uint64_t dir, const std::function<bool(const DirEntry&, const Attr*)>& fn) override {
+    // A union resolves each name in its listing already: a lookup after it
+    // would resolve it again (a tenth of export's instructions).
+    if constexpr (std::is_same_v<T, Union>) return t_.readdirplus(dir, 0, fn);
+    else return t_.readdir(dir, 0, [&](const DirEntry& d) { return fn(d, nullptr); });
   }
   Result<size_t> read(uint64_t ino, uint64_t off, std::span<std::byte> out) override { return t_.read(ino, off, out); }
   Result<uint64_t> lseek(uint64_t ino, uint64_t off, int whence) override { return t_.lseek(ino, off, whence); }
@@ -94,9 +104,77 @@ bool fits_ustar(std::string_view p) {
   return false;
 }
 
+// Where libarchive's output goes. libarchive's own blocking copies every
+// byte into its record buffer, file data included: a second copy of all the
+// data, a fifth of export's instructions (docs/benchmarks.md, issue 23). So
+// libarchive writes unblocked (bytes_per_block 0: each piece handed on as
+// it comes) and this sink gathers the small pieces (headers, padding, small
+// files) into writes of up to 1 MiB, and sends a large piece (a file's data)
+// from libarchive's pointer, behind what it gathered, in one writev. The
+// bytes are the same; readers need 512-byte blocks only, which the format
+// writer pads to itself.
+class Sink {
+ public:
+  explicit Sink(int fd) : fd_(fd) { buf_.resize(kGatherBytes); }
+  static la_ssize_t write_cb(archive* a, void* self, const void* p, size_t n) {
+    return static_cast<Sink*>(self)->put(a, static_cast<const std::byte*>(p), n);
+  }
+  static int close_cb(archive* a, void* self) {
+    Sink& s = *static_cast<Sink*>(self);
+    return s.send(a, nullptr, 0) ? ARCHIVE_OK : ARCHIVE_FATAL;
+  }
+
+ private:
+  la_ssize_t put(archive* a, const std::byte* p, size_t n) {
+    if (n < kDirectBytes && used_ + n <= buf_.size()) {
+      std::copy(p, p + n, buf_.data() + used_);
+      used_ += n;
+      return la_ssize_t(n);
+    }
+    if (n < kDirectBytes) {  // full: out with what is gathered, keep this piece
+      if (!send(a, nullptr, 0)) return -1;
+      std::copy(p, p + n, buf_.data());
+      used_ = n;
+      return la_ssize_t(n);
+    }
+    return send(a, p, n) ? la_ssize_t(n) : -1;
+  }
+  // What is gathered, then `n` bytes at `p`, whole (a write may be taken in
+  // part), or an error set on `a` as libarchive's fd writer sets it.
+  bool send(archive* a, const std::byte* p, size_t n) {
+    iovec iov[2] = {{buf_.data(), used_}, {const_cast<std::byte*>(p), n}};
+    int i = iov[0].iov_len ? 0 : 1;
+    while (i < 2) {
+      if (iov[i].iov_len == 0) {
+        i++;
+        continue;
+      }
+      const ssize_t w = ::writev(fd_, iov + i, 2 - i);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        archive_set_error(a, w < 0 ? errno : EIO, "Write error");
+        return false;
+      }
+      for (size_t left = size_t(w); left > 0 && i < 2;) {
+        const size_t k = std::min(left, iov[i].iov_len);
+        iov[i].iov_base = static_cast<std::byte*>(iov[i].iov_base) + k;
+        iov[i].iov_len -= k;
+        left -= k;
+        if (iov[i].iov_len == 0) i++;
+      }
+    }
+    used_ = 0;
+    return true;
+  }
+
+  int fd_;
+  std::vector<std::byte> buf_;
+  size_t used_ = 0;
+};
+
 class Exporter {
  public:
-  Exporter(Tree& t, int fd, const ExportOptions& o) : t_(t), fd_(fd), o_(o) {}
+  Exporter(Tree& t, int fd, const ExportOptions& o) : t_(t), sink_(fd), o_(o) {}
   ~Exporter() {
     if (a_) archive_write_free(a_);
     if (ae_) archive_entry_free(ae_);
@@ -105,7 +183,16 @@ class Exporter {
 
  private:
   Error failure(const std::string& what) const;
+  // An entry of a directory as listed: its attributes when the listing
+  // gave them (counted: a reference to release).
+  struct Child {
+    std::string name;
+    uint8_t type;
+    bool counted;
+    Attr attr;
+  };
   Result<void> walk(uint64_t dir, const std::string& path, int depth);
+  Result<void> child(uint64_t dir, const Child& k, const std::string& path, int depth);
   Result<void> put(const std::string& path, const Attr& a, const std::string& name_for_notes);
   Result<void> put_marker(const std::string& path);
   Result<void> sparse_map(const Attr& a);
@@ -114,7 +201,7 @@ class Exporter {
   void report(bool force = false);
 
   Tree& t_;
-  int fd_;
+  Sink sink_;
   const ExportOptions& o_;
   archive* a_ = nullptr;
   archive_entry* ae_ = nullptr;
@@ -156,6 +243,9 @@ Result<void> Exporter::xattrs(uint64_t ino) {
 // The data regions SEEK_DATA and SEEK_HOLE find: a file with holes is a
 // sparse member, its regions written back to back.
 Result<void> Exporter::sparse_map(const Attr& a) {
+  // Most files have no hole: the first hole at or past the end says so in
+  // one call, and such a file is no sparse member (as the loop finds too).
+  if (a.size == 0 || PLY_TRY(t_.lseek(a.ino, 0, SEEK_HOLE)) >= a.size) return ok();
   std::vector<std::pair<uint64_t, uint64_t>> regions;
   for (uint64_t off = 0; off < a.size;) {
     auto d = t_.lseek(a.ino, off, SEEK_DATA);
@@ -281,33 +371,41 @@ Result<void> Exporter::put_marker(const std::string& path) {
 
 Result<void> Exporter::walk(uint64_t dir, const std::string& path, int depth) {
   if (depth > 4096) return Error::io(ELOOP, shown(path) + ": directories nested too deep");
-  std::vector<std::pair<std::string, uint8_t>> names;
-  PLY_CHECK(t_.readdir(dir, [&](const DirEntry& d) {
-    if (d.name != "." && d.name != "..") names.push_back({std::string(d.name), d.type});
+  std::vector<Child> kids;
+  Result<void> r = t_.list(dir, [&](const DirEntry& d, const Attr* a) {
+    if (d.name == "." || d.name == "..") return true;
+    kids.push_back({std::string(d.name), d.type, a != nullptr, a ? *a : Attr{}});
     return true;
-  }));
-  std::sort(names.begin(), names.end());
-  for (const auto& [name, type] : names) {
-    const std::string p = path + name;
-    if (type == DT_WHT) {
-      PLY_CHECK(put_marker(path + ".wh." + name));
-      st_.whiteouts++;
-      continue;
-    }
-    Attr a = PLY_TRY(t_.lookup(dir, name));
-    auto r = [&]() -> Result<void> {
-      PLY_CHECK(put(S_ISDIR(a.mode) ? p + "/" : p, a, shown(p)));
-      if (!S_ISDIR(a.mode)) return ok();
-      if (a.opaque && o_.format == ExportFormat::OciLayer) {
-        PLY_CHECK(put_marker(p + "/.wh..wh..opq"));
-        st_.opaque++;
-      }
-      return walk(a.ino, p + "/", depth + 1);
-    }();
-    t_.release(a.ino);
-    PLY_CHECK(r);
-    report();
+  });
+  if (r) std::sort(kids.begin(), kids.end(), [](const Child& x, const Child& y) { return x.name < y.name; });
+  size_t i = 0;
+  for (; r && i < kids.size(); i++) r = child(dir, kids[i], path, depth);
+  for (; i < kids.size(); i++)  // after a failure: the references the listing counted
+    if (kids[i].counted) t_.release(kids[i].attr.ino);
+  return r;
+}
+
+// One entry of a walked directory; drops the reference its attributes hold.
+Result<void> Exporter::child(uint64_t dir, const Child& k, const std::string& path, int depth) {
+  const std::string p = path + k.name;
+  if (k.type == DT_WHT) {
+    PLY_CHECK(put_marker(path + ".wh." + k.name));
+    st_.whiteouts++;
+    return ok();
   }
+  const Attr a = k.counted ? k.attr : PLY_TRY(t_.lookup(dir, k.name));
+  auto r = [&]() -> Result<void> {
+    PLY_CHECK(put(S_ISDIR(a.mode) ? p + "/" : p, a, shown(p)));
+    if (!S_ISDIR(a.mode)) return ok();
+    if (a.opaque && o_.format == ExportFormat::OciLayer) {
+      PLY_CHECK(put_marker(p + "/.wh..wh..opq"));
+      st_.opaque++;
+    }
+    return walk(a.ino, p + "/", depth + 1);
+  }();
+  t_.release(a.ino);
+  PLY_CHECK(r);
+  report();
   return ok();
 }
 
@@ -325,11 +423,11 @@ Result<ExportStats> Exporter::run() {
   if (o_.compress == Compress::Gzip) r = archive_write_add_filter_gzip(a_);
   if (o_.compress == Compress::Zstd) r = archive_write_add_filter_zstd(a_);
   if (r != ARCHIVE_OK) return failure("compression");
-  // Records of 1 MiB rather than tar's 10 KiB: a hundredth of the write
-  // calls; the last one is not padded (readers need 512-byte blocks only).
-  (void)archive_write_set_bytes_per_block(a_, 1 << 20);
-  (void)archive_write_set_bytes_in_last_block(a_, 1);
-  if (archive_write_open_fd(a_, fd_) != ARCHIVE_OK) return failure("cannot write the archive");
+  // Unblocked: the sink gathers (Sink). Like the records of 1 MiB written
+  // before it, the last one is not padded to tar's 10 KiB.
+  (void)archive_write_set_bytes_per_block(a_, 0);
+  if (archive_write_open(a_, &sink_, nullptr, Sink::write_cb, Sink::close_cb) != ARCHIVE_OK)
+    return failure("cannot write the archive");
   Attr root = PLY_TRY(t_.getattr(t_.root()));
   PLY_CHECK(put("./", root, "the root"));
   if (root.opaque && o_.format == ExportFormat::OciLayer) {

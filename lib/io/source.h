@@ -45,6 +45,20 @@ struct SourceEntry {
   std::vector<Xattr> xattrs;      // later ones of the same name win
   bool whiteout = false;          // OCI ".wh.NAME": `path` is NAME's path
   bool opaque = false;            // OCI ".wh..wh..opq": `path` is the directory's
+
+  // An entry with what every source reads first: its path, mode, owners
+  // and times (the rest by type, as each source finds it).
+  static SourceEntry of(std::string path, uint32_t mode, uint32_t uid, uint32_t gid, timespec atime,
+                        timespec mtime) {
+    SourceEntry e;
+    e.path = std::move(path);
+    e.mode = mode;
+    e.uid = uid;
+    e.gid = gid;
+    e.atime = atime;
+    e.mtime = mtime;
+    return e;
+  }
 };
 
 // One piece of the current entry's data.
@@ -63,14 +77,17 @@ class EntrySource {
   virtual Result<std::optional<DataPiece>> data() = 0;
   // How far the source is read and its size in the same unit (bytes of
   // the source), for progress; total 0: unknown.
-  virtual uint64_t read_bytes() const { return 0; }
-  virtual uint64_t total_bytes() const { return 0; }
+  uint64_t read_bytes() const { return read_; }
+  uint64_t total_bytes() const { return total_; }
   // Called after the last entry, before anything is committed: a source
   // that checks what it read (an OCI blob's digest) refuses here.
   virtual Result<void> finish() { return ok(); }
   // Whether a leading '/' is stripped with a note (tar's rule) rather
   // than refused.
   virtual bool strips_leading_slash() const { return true; }
+
+ protected:
+  uint64_t read_ = 0, total_ = 0;  // what read_bytes() and total_bytes() say
 };
 
 // The sources (source_*.cpp).

@@ -65,8 +65,6 @@ class ArchiveSource final : public EntrySource {
   Result<void> open();
   Result<std::optional<SourceEntry>> next() override;
   Result<std::optional<DataPiece>> data() override;
-  uint64_t read_bytes() const override { return read_; }
-  uint64_t total_bytes() const override { return total_; }
   Result<void> finish() override;
 
  private:
@@ -81,7 +79,6 @@ class ArchiveSource final : public EntrySource {
   int fd_ = -1;
   archive* a_ = nullptr;
   std::vector<std::byte> in_;
-  uint64_t read_ = 0, total_ = 0;
   int read_errno_ = 0;
   bool in_data_ = false;
 };
@@ -140,17 +137,15 @@ Result<std::optional<SourceEntry>> ArchiveSource::next() {
     // entry still holds as bytes.
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN) return failure("a damaged or truncated archive");
     in_data_ = true;
-    SourceEntry e;
     const char* p = archive_entry_pathname(ae);
     if (!p) return failure("an entry without a name");
-    e.path = p;
-    e.mode = archive_entry_mode(ae);
-    e.uid = uint32_t(archive_entry_uid(ae));
-    e.gid = uint32_t(archive_entry_gid(ae));
-    e.mtime = {archive_entry_mtime(ae), archive_entry_mtime_nsec(ae)};
+    const timespec mtime{archive_entry_mtime(ae), archive_entry_mtime_nsec(ae)};
     // Without an atime (ustar, GNU) the file was last read when written.
-    e.atime = archive_entry_atime_is_set(ae) ? timespec{archive_entry_atime(ae), archive_entry_atime_nsec(ae)}
-                                            : e.mtime;
+    const timespec atime = archive_entry_atime_is_set(ae)
+                               ? timespec{archive_entry_atime(ae), archive_entry_atime_nsec(ae)}
+                               : mtime;
+    SourceEntry e = SourceEntry::of(p, archive_entry_mode(ae), uint32_t(archive_entry_uid(ae)),
+                                    uint32_t(archive_entry_gid(ae)), atime, mtime);
     if (archive_entry_filetype(ae) == AE_IFCHR || archive_entry_filetype(ae) == AE_IFBLK)
       e.rdev = archive_entry_rdev(ae);
     e.size = archive_entry_size_is_set(ae) && archive_entry_size(ae) > 0 ? uint64_t(archive_entry_size(ae)) : 0;

@@ -94,8 +94,6 @@ class DirSource final : public EntrySource {
   Result<void> open_root(bool count);
   Result<std::optional<SourceEntry>> next() override;
   Result<std::optional<DataPiece>> data() override;
-  uint64_t read_bytes() const override { return read_; }
-  uint64_t total_bytes() const override { return total_; }
   bool strips_leading_slash() const override { return false; }
 
  private:
@@ -112,7 +110,6 @@ class DirSource final : public EntrySource {
   uint64_t file_pos_ = 0, file_size_ = 0;
   std::string file_path_;
   std::vector<std::byte> buf_;
-  uint64_t read_ = 0, total_ = 0;
 };
 
 Result<void> DirSource::push(int fd, const std::string& rel) {
@@ -163,13 +160,7 @@ Result<SourceEntry> DirSource::describe(int dirfd, const std::string& name, cons
   const std::string path = full(rel);
   if (::fstatat(dirfd, name.empty() ? "." : name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
     return Error::sys(errno, "cannot stat " + path);
-  SourceEntry e;
-  e.path = rel;
-  e.mode = st.st_mode;
-  e.uid = st.st_uid;
-  e.gid = st.st_gid;
-  e.atime = st.st_atim;
-  e.mtime = st.st_mtim;
+  SourceEntry e = SourceEntry::of(rel, st.st_mode, st.st_uid, st.st_gid, st.st_atim, st.st_mtim);
   e.size = S_ISREG(st.st_mode) ? uint64_t(st.st_size) : 0;
   if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) e.rdev = st.st_rdev;
   if (S_ISLNK(st.st_mode)) {

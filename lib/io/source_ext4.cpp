@@ -61,8 +61,6 @@ class Ext4Source final : public EntrySource {
   Result<void> open();
   Result<std::optional<SourceEntry>> next() override;
   Result<std::optional<DataPiece>> data() override;
-  uint64_t read_bytes() const override { return read_; }
-  uint64_t total_bytes() const override { return total_; }
   bool strips_leading_slash() const override { return false; }
 
  private:
@@ -88,7 +86,6 @@ class Ext4Source final : public EntrySource {
   std::string inline_;
   bool inline_pending_ = false;
   std::vector<std::byte> buf_;
-  uint64_t read_ = 0, total_ = 0;
 };
 
 Error Ext4Source::err(errcode_t e, const std::string& what) const {
@@ -266,13 +263,9 @@ Result<SourceEntry> Ext4Source::describe(ext2_ino_t ino, const std::string& path
   auto* inode = reinterpret_cast<ext2_inode*>(&in);
   const bool large = EXT2_INODE_SIZE(fs_->super) > EXT2_GOOD_OLD_INODE_SIZE;
   auto has = [&](size_t field_end) { return large && size_t(EXT2_GOOD_OLD_INODE_SIZE + in.i_extra_isize) >= field_end; };
-  SourceEntry e;
-  e.path = path;
-  e.mode = in.i_mode;
-  e.uid = inode_uid(in);
-  e.gid = inode_gid(in);
-  e.atime = xtime(in.i_atime, in.i_atime_extra, has(offsetof(ext2_inode_large, i_atime_extra) + 4));
-  e.mtime = xtime(in.i_mtime, in.i_mtime_extra, has(offsetof(ext2_inode_large, i_mtime_extra) + 4));
+  SourceEntry e = SourceEntry::of(path, in.i_mode, inode_uid(in), inode_gid(in),
+                                  xtime(in.i_atime, in.i_atime_extra, has(offsetof(ext2_inode_large, i_atime_extra) + 4)),
+                                  xtime(in.i_mtime, in.i_mtime_extra, has(offsetof(ext2_inode_large, i_mtime_extra) + 4)));
   const uint64_t size = EXT2_I_SIZE(inode);
   if (in.i_flags & EXT4_ENCRYPT_FL)
     return Error::io(EOPNOTSUPP, shown(path_) + ": \"" + shown(path) + "\" is encrypted (fscrypt): its data cannot be read without its key");

@@ -1,0 +1,68 @@
+// What plyctl import and export share (cmd_import.cpp, cmd_export.cpp):
+// their argument parsing and the counts of entries their JSON objects
+// report (plyctl.8; docs/plyctl.schema.json, Import and Export).
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli.h"
+#include "output.h"
+
+namespace plyfs::ctl {
+
+// The arguments of import or export, parsed.
+struct IoArgs {
+  Parsed p;
+  bool has(const char* o) const { return p.opt.count(o) > 0; }
+  const std::string& pos(size_t i) const { return p.pos[i]; }
+  // Option `name`, when given, through `parse_fn` (io.h's parse_format and
+  // the like) into `out`; false after printing its usage error (exit `rc`).
+  template <class T>
+  bool value(const char* name, Result<T> (*parse_fn)(std::string_view), T& out, int& rc) const {
+    if (!has(name)) return true;
+    auto v = parse_fn(p.opt.at(name));
+    if (!v) {
+      rc = usage_error(v.error().message());
+      return false;
+    }
+    out = *v;
+    return true;
+  }
+};
+
+// `args` with exactly `npos` positional arguments, or nullopt after
+// printing the usage error (`usage` for a wrong count; exit `rc`).
+inline std::optional<IoArgs> parse_io_args(const std::vector<std::string>& args, size_t npos, const char* usage,
+                                           const std::set<std::string>& with_value,
+                                           const std::set<std::string>& flags, int& rc) {
+  auto p = parse(args, with_value, flags);
+  if (!p) {
+    rc = usage_error(p.error().message());
+    return std::nullopt;
+  }
+  if (p->pos.size() != npos) {
+    rc = usage_error(usage);
+    return std::nullopt;
+  }
+  return IoArgs{std::move(*p)};
+}
+
+// The counts import (io::ImportStats) and export (io::ExportStats) both
+// report, in the order of their JSON objects.
+template <class Stats>
+void put_counts(Json& j, const Stats& s) {
+  j["entries"] = s.entries;
+  j["files"] = s.files;
+  j["directories"] = s.dirs;
+  j["symlinks"] = s.symlinks;
+  j["specials"] = s.specials;
+  j["hardlinks"] = s.hardlinks;
+  j["whiteouts"] = s.whiteouts;
+  j["opaque"] = s.opaque;
+}
+
+}  // namespace plyfs::ctl
