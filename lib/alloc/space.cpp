@@ -28,8 +28,8 @@ class SpaceManager::Unshared final : public NodeSpace {
  public:
   explicit Unshared(SpaceManager& sm) : sm_(sm) {}
   Result<BlockNo> alloc_node() override {
-    std::lock_guard lk(sm_.mu_);
-    return sm_.alloc_locked(1, ExtentKind::Meta);
+    std::unique_lock lk(sm_.mu_);
+    return sm_.alloc_locked(lk, 1, ExtentKind::Meta);
   }
   Result<uint32_t> refcount(BlockNo) override { return 1u; }
   Result<void> inc_ref(BlockNo b) override {
@@ -157,6 +157,8 @@ SpaceCounters SpaceManager::counters() const {
 
 uint64_t SpaceManager::free_now_locked() const {
   uint64_t usable = geo_.total_blocks - geo_.first_block;
+  // Blocks trim() holds out of the free map count as free: an allocation
+  // that finds nothing else waits for them (alloc_locked).
   uint64_t taken = counters_.used_blocks + deferred_blocks_;
   return usable > taken ? usable - taken : 0;
 }
@@ -170,7 +172,12 @@ SpaceStats SpaceManager::stats() const {
                     outstanding_,
                     geo_.reserve_blocks,
                     counters_.meta_blocks,
-                    counters_.data_blocks};
+                    counters_.data_blocks,
+                    [&] {
+                      uint64_t n = 0;
+                      for (const auto& r : to_discard_) n += r.nblocks;
+                      return n;
+                    }()};
 }
 
 void SpaceManager::account_locked(ExtentKind kind, int64_t nblocks) {
@@ -267,7 +274,19 @@ void SpaceManager::free_range_locked(uint64_t start, uint64_t len) {
   fm[start] = len;
 }
 
-Result<BlockNo> SpaceManager::alloc_locked(uint64_t nblocks, ExtentKind kind) {
+Result<BlockNo> SpaceManager::alloc_locked(std::unique_lock<std::mutex>& lk, uint64_t nblocks, ExtentKind kind) {
+  auto r = find_locked(nblocks, kind);
+  // What trim() holds is free and comes back within one discard (A6):
+  // wait for it rather than fail a reservation made while it was out.
+  while (!r && r.error().code == ENOSPC && trimming_ > 0) {
+    const uint64_t epoch = trim_returns_;
+    trim_cv_.wait(lk, [&] { return trim_returns_ != epoch; });
+    r = find_locked(nblocks, kind);
+  }
+  return r;
+}
+
+Result<BlockNo> SpaceManager::find_locked(uint64_t nblocks, ExtentKind kind) {
   if (nblocks == 0 || nblocks > kGroupBlocks)
     return Error::invalid("extent length " + std::to_string(nblocks) + " out of range");
   const size_t ngroups = groups_.size();
@@ -303,7 +322,7 @@ Result<BlockNo> SpaceManager::alloc_locked(uint64_t nblocks, ExtentKind kind) {
 Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool reserved) {
   if (nblocks == 0 || nblocks > kGroupBlocks)
     return Error::invalid("extent length " + std::to_string(nblocks) + " out of range");
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
   if (reserved) {
     if (outstanding_ < nblocks)
       return Error::io(EFAULT, "allocation beyond the operation's reservation");
@@ -312,7 +331,7 @@ Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool rese
   }
   // Free space may be too fragmented for a long extent; the reservation
   // then stays with the caller.
-  BlockNo b = PLY_TRY(alloc_locked(nblocks, kind));
+  BlockNo b = PLY_TRY(alloc_locked(lk, nblocks, kind));
   if (reserved) outstanding_ -= nblocks;
   return b;
 }
@@ -467,12 +486,114 @@ void SpaceManager::durable(Generation gen) {
   auto end = deferred_by_gen_.upper_bound(gen.v);
   for (auto it = deferred_by_gen_.begin(); it != end; ++it) {
     for (auto [start, len] : it->second) {
+      if (discard_) {  // stays in deferred_, out of the free map, until discarded (A6)
+        to_discard_.push_back(BlockRange{start, len});
+        continue;
+      }
       deferred_.erase(start);
       deferred_blocks_ -= len;
       free_range_locked(start, len);
     }
   }
   deferred_by_gen_.erase(deferred_by_gen_.begin(), end);
+}
+
+// ----------------------------------------------------------------- discard
+
+void SpaceManager::set_discard(bool on) {
+  std::lock_guard lk(mu_);
+  discard_ = on;
+}
+
+std::vector<BlockRange> SpaceManager::take_discards() {
+  std::vector<BlockRange> out;
+  {
+    std::lock_guard lk(mu_);
+    out.swap(to_discard_);
+  }
+  std::sort(out.begin(), out.end(), [](const BlockRange& a, const BlockRange& b) { return a.start < b.start; });
+  return out;
+}
+
+void SpaceManager::released(const std::vector<BlockRange>& ranges) {
+  std::lock_guard lk(mu_);
+  for (const auto& r : ranges) {
+    deferred_.erase(r.start);
+    deferred_blocks_ -= r.nblocks;
+    free_range_locked(r.start, r.nblocks);
+  }
+}
+
+std::vector<BlockRange> SpaceManager::freed_in(Generation gen) const {
+  std::lock_guard lk(mu_);
+  std::vector<BlockRange> out;
+  if (auto it = deferred_by_gen_.find(gen.v); it != deferred_by_gen_.end())
+    for (auto [start, len] : it->second) out.push_back(BlockRange{start, len});
+  return out;
+}
+
+Result<uint64_t> SpaceManager::trim(BlockRange within, uint64_t min_blocks,
+                                    const std::function<Result<void>(BlockRange)>& discard,
+                                    const std::function<void(uint64_t, double)>& progress) {
+  const uint64_t lo = std::max(within.start, geo_.first_block);
+  const uint64_t hi = within.nblocks > geo_.total_blocks - std::min(within.start, geo_.total_blocks)
+                          ? geo_.total_blocks
+                          : within.start + within.nblocks;
+  uint64_t done = 0;
+  if (lo >= hi) return done;
+  min_blocks = std::max<uint64_t>(min_blocks, 1);
+  // At most kTrimChunk blocks are out of the free map at a time; an
+  // allocation that needs them waits for one discard (alloc_locked).
+  for (uint64_t pos = lo; pos < hi;) {
+    const size_t g = (pos - geo_.first_block) / kGroupBlocks;
+    const uint64_t group_end = std::min(hi, geo_.first_block + (g + 1) * kGroupBlocks);
+    std::vector<BlockRange> out;
+    {
+      std::lock_guard lk(mu_);
+      PLY_CHECK(load_group_locked(g));
+      auto& fm = groups_[g].free;
+      uint64_t taken = 0;
+      auto it = fm.upper_bound(pos);
+      if (it != fm.begin() && std::prev(it)->first + std::prev(it)->second > pos) --it;
+      for (; it != fm.end() && it->first < group_end && taken < kTrimChunk;) {
+        const uint64_t s = std::max(it->first, pos);
+        const uint64_t run_end = std::min(it->first + it->second, group_end);
+        if (run_end - s < min_blocks) {
+          ++it;
+          continue;
+        }
+        const uint64_t e = std::min(run_end, s + (kTrimChunk - taken));
+        if (e - s < min_blocks) break;  // the next chunk takes this run whole
+        // Only [s, e) leaves the map; the parts outside stay free.
+        const uint64_t fs = it->first, fe = it->first + it->second;
+        it = fm.erase(it);
+        if (fs < s) fm[fs] = s - fs;
+        if (e < fe) it = fm.emplace(e, fe - e).first;
+        out.push_back(BlockRange{s, e - s});
+        trimming_ += e - s;
+        taken += e - s;
+        pos = e;
+      }
+      if (taken < kTrimChunk) pos = group_end;  // the group is done
+    }
+    Result<void> r = ok();
+    for (const auto& b : out) {
+      if (r) r = discard(b);
+      if (r) done += b.nblocks;
+    }
+    {
+      std::lock_guard lk(mu_);
+      for (const auto& b : out) {
+        trimming_ -= b.nblocks;
+        free_range_locked(b.start, b.nblocks);
+      }
+      trim_returns_++;
+    }
+    trim_cv_.notify_all();
+    PLY_CHECK(std::move(r));
+    if (progress) progress(done, double(pos - lo) / double(hi - lo));
+  }
+  return done;
 }
 
 }  // namespace plyfs

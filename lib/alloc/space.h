@@ -22,9 +22,17 @@
 //   A5 an operation takes every block it may need (a reservation) before it
 //      changes anything, so ENOSPC never leaves an operation half done; the
 //      last `reserve_blocks` are kept for deletions and for commits.
+//   A6 a block is discarded only while it is free in the newest durable
+//      generation and in the open one, and out of the free map: what
+//      durable(G) releases waits for its discard before it can be handed
+//      out again (with discard on), and trim() takes a free range out of the
+//      free map while the device is told. No block that recovery may select,
+//      and no block written since, is ever discarded (format.md#discard).
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,6 +66,12 @@ struct SpaceStats {
   uint64_t reserved;       // promised to running operations
   uint64_t reserve_blocks; // kept for deletions and commits
   uint64_t meta_blocks, data_blocks;
+  uint64_t discarding;     // released, waiting for their discard (A6)
+};
+
+// A run of blocks, for discards.
+struct BlockRange {
+  uint64_t start = 0, nblocks = 0;
 };
 
 class SpaceManager {
@@ -66,6 +80,8 @@ class SpaceManager {
   // Blocks are grouped by 32768 from first_block; a group's free map is
   // built on first use. No extent crosses a group boundary (format.md#space).
   static constexpr uint64_t kGroupBlocks = 32768;
+  // trim() holds at most this many free blocks out of the free map at once.
+  static constexpr uint64_t kTrimChunk = 8192;
 
   // An existing space tree (open), or an empty device (mkfs: call
   // create_tree() next).
@@ -107,6 +123,24 @@ class SpaceManager {
   Result<void> fold(Generation gen);
   void durable(Generation gen);
 
+  // Discard (A6, format.md#discard). With it on, what durable() releases is
+  // queued instead of freed: take_discards() hands the queue over (in block
+  // order, adjacent ranges joined) and released() frees it once the device
+  // was told. freed_in() lists what the open generation `gen` freed so far
+  // (for the crash harness's planted bug only).
+  void set_discard(bool on);
+  std::vector<BlockRange> take_discards();
+  void released(const std::vector<BlockRange>& ranges);
+  std::vector<BlockRange> freed_in(Generation gen) const;
+
+  // fstrim's job (A6): every free range of at least `min_blocks` inside
+  // `within`, group by group, out of the free map while `discard` runs on
+  // it. `progress` gets the blocks discarded so far and the share of groups
+  // done. Returns the blocks discarded.
+  Result<uint64_t> trim(BlockRange within, uint64_t min_blocks,
+                        const std::function<Result<void>(BlockRange)>& discard,
+                        const std::function<void(uint64_t, double)>& progress = nullptr);
+
   // Extents with changes queued in the open generation. A commit folds
   // them; the Volume commits before this outgrows what the reserve can fold.
   uint64_t pending_changes() const;
@@ -137,7 +171,8 @@ class SpaceManager {
 
   Result<void> load_group_locked(size_t g);
   Result<void> take_range_locked(uint64_t start, uint64_t nblocks);
-  Result<BlockNo> alloc_locked(uint64_t nblocks, ExtentKind kind);
+  Result<BlockNo> alloc_locked(std::unique_lock<std::mutex>& lk, uint64_t nblocks, ExtentKind kind);
+  Result<BlockNo> find_locked(uint64_t nblocks, ExtentKind kind);
   Result<std::optional<disk::SpaceItem>> item_locked(BlockNo start);
   void free_range_locked(uint64_t start, uint64_t len);
   void account_locked(ExtentKind kind, int64_t nblocks);
@@ -161,6 +196,11 @@ class SpaceManager {
   std::map<uint64_t, uint64_t> deferred_;        // start -> length, freed not durable
   std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> deferred_by_gen_;
   uint64_t deferred_blocks_ = 0;
+  bool discard_ = false;
+  std::vector<BlockRange> to_discard_;  // released by durable(), still in deferred_ (A6)
+  uint64_t trimming_ = 0;               // taken out of the free map by trim()
+  uint64_t trim_returns_ = 0;           // counts trim()'s returns, for alloc_locked's wait
+  std::condition_variable trim_cv_;
   bool early_reuse_ = false;
 };
 

@@ -239,6 +239,7 @@ Result<std::unique_ptr<Volume>> Volume::open(BlockDevice& dev, VolumeOptions opt
   v->root_tree_ = std::make_unique<BTree>(
       *v->cache_, s.fs_id, TreeConfig{kRootTreeId, false, Generation{0}, {}}, s.root_tree);
   if (v->opts_.planted_bug == PlantedBug::ReuseFreedBlock) v->space_->plant_early_reuse();
+  v->space_->set_discard(v->opts_.discard && !v->opts_.read_only);
   // Read both roots now, so that a damaged root shows at open, not later.
   (void)PLY_TRY(v->root_tree_->contains(Key{}));
   (void)PLY_TRY(v->space_->tree().contains(Key{}));
@@ -437,16 +438,22 @@ Result<Generation> Volume::commit_for(CommitStats::Cause cause) {
     gate_.open();
     return fr.error();
   }
+  // Planted bug (A6): what g freed is still reachable from g - 1, which
+  // recovery selects until g is durable.
+  std::vector<BlockRange> early;
+  if (opts_.planted_bug == PlantedBug::DiscardEarly) early = space_->freed_in(g);
   open_gen_.store(next(g).v, std::memory_order_release);
   gate_.open();  // generation g+1 runs while g is written
   const auto t2 = Clock::now();
 
+  for (const auto& r : early) (void)dev_.discard(r.start * info_.block_size, r.nblocks * info_.block_size);
   auto wr = write_generation(dirty, sb);
   if (!wr) {
     fail(wr.error());  // C5
     return wr.error();
   }
   space_->durable(g);
+  discard_released();
   cache_->mark_clean(dirty);
   {
     std::lock_guard lk(state_mu_);
@@ -467,6 +474,38 @@ Result<Generation> Volume::commit_for(CommitStats::Cause cause) {
     opts_.on_commit(st);
   }
   return g;
+}
+
+// What durable() released, told to the device before it is handed out
+// again (A6): joined into runs, one discard each. A discard that fails
+// loses nothing (D7: the blocks are free), so the blocks go back anyway.
+void Volume::discard_released() {
+  const auto ranges = space_->take_discards();
+  if (ranges.empty()) return;
+  const uint64_t bs = info_.block_size;
+  for (size_t i = 0; i < ranges.size();) {
+    uint64_t start = ranges[i].start, end = start + ranges[i].nblocks;
+    for (i++; i < ranges.size() && ranges[i].start == end; i++) end += ranges[i].nblocks;
+    if (dev_.discard(start * bs, (end - start) * bs)) discarded_bytes_ += (end - start) * bs;
+  }
+  space_->released(ranges);
+}
+
+Result<uint64_t> Volume::trim(uint64_t start, uint64_t len, uint64_t min_bytes,
+                              const std::function<void(uint64_t, double)>& progress) {
+  PLY_CHECK(writable());
+  const uint64_t bs = info_.block_size;
+  // Whole blocks inside the range; a length past the end means "to the end".
+  const uint64_t first = start / bs + (start % bs != 0);
+  const uint64_t end = len > UINT64_MAX - start ? UINT64_MAX / bs : (start + len) / bs;
+  const BlockRange within{first, end > first ? end - first : 0};
+  const uint64_t n = PLY_TRY(space_->trim(
+      within, (min_bytes + bs - 1) / bs, [&](BlockRange r) { return dev_.discard(r.start * bs, r.nblocks * bs); },
+      [&](uint64_t done, double f) {
+        if (progress) progress(done * bs, f);
+      }));
+  discarded_bytes_ += n * bs;
+  return n * bs;
 }
 
 void Volume::committer_loop() {

@@ -69,6 +69,7 @@ enum class PlantedBug : uint8_t {
   NoFlushBeforeSuper,  // breaks C1: the superblock may land before its nodes
   ReuseFreedBlock,     // breaks A2/C3: freed blocks are handed out at once
   TrustTornSuper,      // breaks recovery: a torn superblock is accepted
+  DiscardEarly,        // breaks A6: what a generation frees is discarded before it is durable
 };
 
 // What one commit cost, for VolumeOptions::on_commit (the daemon's
@@ -101,6 +102,9 @@ struct VolumeOptions {
   // make a crash land between any two steps of a multi-step operation): a
   // commit waits for every other transaction to end.
   bool commit_each_txn = false;
+  // Discard what each generation frees once it is durable (A6,
+  // format.md#discard): the daemon's `-o discard`.
+  bool discard = false;
   // Called after every successful commit, on the committing thread.
   std::function<void(const CommitStats&)> on_commit = nullptr;
 };
@@ -174,6 +178,14 @@ class Volume {
   SuperInfo super() const;                       // the newest durable superblock
   const SuperChoice& recovery() const { return recovery_; }
   SpaceStats space_stats() const { return space_->stats(); }
+  // Discards every free range of at least min_bytes inside bytes
+  // [start, start + len) of the device (fstrim's job, A6): the bytes
+  // discarded. Runs beside operations and commits; EROFS on a read-only
+  // volume. `progress` gets the bytes discarded so far and the share done.
+  Result<uint64_t> trim(uint64_t start, uint64_t len, uint64_t min_bytes,
+                        const std::function<void(uint64_t, double)>& progress = nullptr);
+  // Bytes discarded since open, by commits (-o discard) and trim().
+  uint64_t discarded_bytes() const { return discarded_bytes_.load(); }
   CacheStats cache_stats() const { return cache_->stats(); }
   bool read_only() const { return opts_.read_only; }
   // The error that failed a commit and turned the volume read-only (C5).
@@ -261,6 +273,8 @@ class Volume {
   Generation durable_gen_;
   std::optional<Error> failure_;
   std::atomic<bool> changed_{false};  // the open generation has something to commit
+  std::atomic<uint64_t> discarded_bytes_{0};
+  void discard_released();
   std::atomic<uint64_t> next_tree_id_{0}, next_inode_{0};
   std::atomic<uint64_t> incompat_added_{0};  // Txn::add_incompat, folded in at each freeze
   std::atomic<uint64_t> tree_epoch_{1};      // tree_epoch()
