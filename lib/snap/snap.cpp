@@ -507,8 +507,21 @@ Result<Rollback> rollback(Volume& v, TreeId branch, std::optional<TreeId> to) {
   return out;
 }
 
+// What a delete may allocate: the records of the clones it orphans
+// (forget_parent) and its own catalog change; dropping the tree only frees.
+// Kept small (not swap_blocks, sized for a merge's swaps), so that a full
+// image can always delete a snapshot to get space back: a delete draws on
+// half of the reserve (A5).
+Result<uint64_t> delete_blocks(Volume& v, TreeId branch) {
+  auto t = PLY_TRY(v.begin());
+  uint64_t orphans = 0;
+  for (const auto& b : PLY_TRY(Filesystem::children(t, branch)))
+    if (!b.doomed && b.tree != branch && !layer(b)) orphans++;
+  return Filesystem::kSetBranchBlocks * (orphans + 1) + 16;
+}
+
 Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& progress) {
-  auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = PLY_TRY(swap_blocks(v))}));
+  auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = PLY_TRY(delete_blocks(v, branch))}));
   BranchMeta b = PLY_TRY(live_branch(t, branch));
   if (PLY_TRY(Filesystem::live_branches(t)) <= 1)
     return Error::io(EBUSY, "\"" + shown(b.name) + "\" is the image's only branch: create another first");
