@@ -173,6 +173,30 @@ std::vector<Violation> check_protocol(const Run& run) {
     }
   }
 
+  // P7: a discard never covers a block of a generation that recovery may
+  // still select (A6): discarded content is zeros or old bytes (D7), so
+  // such a discard is lost data whichever the device does.
+  for (size_t pos : log.discards) {
+    const Entry& e = log.entries[pos];
+    if (e.length == 0) continue;
+    const uint64_t first = e.offset / bs, last = (e.offset + e.length - 1) / bs;
+    for (const auto& p : prot) {
+      if (pos < p.from || pos >= p.until) continue;
+      auto it = std::upper_bound(p.reach.begin(), p.reach.end(), std::pair<uint64_t, uint64_t>(last, ~0ull));
+      // Extents do not overlap: the last one starting at or before `last`
+      // is the only one that can end after `first`... unless it starts
+      // before `first`; then nothing before it reaches further.
+      while (it != p.reach.begin()) {
+        --it;
+        if (it->first + it->second <= first) break;
+        bad("P7", pos, "a discard of blocks " + std::to_string(first) + "-" + std::to_string(last) +
+                           " hits block " + std::to_string(std::max(it->first, first)) + " of generation " +
+                           std::to_string(p.gen) + ", which recovery may still select");
+        break;
+      }
+    }
+  }
+
   // P4: blocks written by a commit are nodes of the generation it commits,
   // or data blocks (file data of the filesystem workloads, written before
   // the commit that makes the items referencing them durable).

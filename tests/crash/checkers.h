@@ -11,6 +11,8 @@
 //   P5 a commit is acknowledged only after the flush that follows its
 //      superblock write (C4).
 // P6, recovery writes nothing (C6), is checked on every crash state.
+//   P7 no discard covers a block that a generation recovery could select
+//      reaches (A6; the same selectable generations as P3).
 #pragma once
 
 #include <string>
@@ -21,7 +23,7 @@
 namespace plyfs::crash {
 
 struct Violation {
-  std::string check;  // P1..P5
+  std::string check;  // P1..P5, P7
   size_t pos;         // log position
   std::string what;
 };

@@ -13,6 +13,7 @@ namespace plyfs::crash {
 void Log::index() {
   writes.clear();
   flushes.clear();
+  discards.clear();
   supers.clear();
   by_sector.clear();
   first_failed_flush = entries.size();
@@ -21,6 +22,7 @@ void Log::index() {
     if (e.kind == Kind::FlushFailed && first_failed_flush == entries.size()) first_failed_flush = i;
     // D4: after a failed flush, no later flush makes its writes durable.
     if (e.kind == Kind::Flush && i < first_failed_flush) flushes.push_back(i);
+    if (e.kind == Kind::Discard) discards.push_back(i);
     if (!is_write(i)) continue;
     writes.push_back(i);
     for (uint64_t s = e.offset / sector; s < (e.offset + e.length) / sector; s++)
@@ -151,12 +153,26 @@ Result<void> StateDevice::read_sector(uint64_t sector, std::byte* out) {
         }
         continue;  // Old: what was there before this write
       }
-      std::memcpy(out, e.data->data() + idx * ss, ss);
+      if (discarded(sector, long(pos))) std::memset(out, 0, ss);
+      else std::memcpy(out, e.data->data() + idx * ss, ss);
       return ok();
     }
   }
-  log_.base->peek_into(sector * ss, std::span<std::byte>(out, ss));
+  if (discarded(sector, -1)) std::memset(out, 0, ss);
+  else log_.base->peek_into(sector * ss, std::span<std::byte>(out, ss));
   return ok();
+}
+
+bool StateDevice::discarded(uint64_t sector, long after) const {
+  const uint32_t ss = log_.sector;
+  for (auto it = log_.discards.rbegin(); it != log_.discards.rend(); ++it) {
+    const long pos = long(*it);
+    if (size_t(pos) >= spec_.crash_at) continue;
+    if (pos <= after) return false;
+    const Entry& e = log_.entries[size_t(pos)];
+    if (sector >= e.offset / ss && sector < (e.offset + e.length) / ss) return true;
+  }
+  return false;
 }
 
 Result<void> StateDevice::read(uint64_t offset, std::span<std::byte> out) {

@@ -5,6 +5,10 @@
 // of the writes after it (D2), the last of which may be torn at sector
 // granularity (D1), its lost sectors old, garbage or unreadable. A flush that
 // failed closes nothing: the writes it covered stay in the open set (D4).
+// A sector discarded before the crash point and not written since (by a
+// write in the state) reads as zeros (D7 allows zeros or the old bytes; the
+// old bytes are the state without the discard, which the same enumeration
+// covers where no discard happened, and the protocol check P7 covers here).
 // States are never copied images: reads resolve through the log.
 #pragma once
 
@@ -38,6 +42,7 @@ struct Log {
   // Derived by index():
   std::vector<size_t> writes;         // positions of Write and WriteFailed entries
   std::vector<size_t> flushes;        // successful flushes that close an epoch
+  std::vector<size_t> discards;       // positions of Discard entries
   size_t first_failed_flush = 0;      // entries.size() if none
   std::vector<SuperWrite> supers;     // superblock writes, in order
   std::unordered_map<uint64_t, std::vector<uint32_t>> by_sector;  // sector -> write positions
@@ -93,6 +98,9 @@ class StateDevice final : public BlockDevice {
 
  private:
   Result<void> read_sector(uint64_t sector, std::byte* out);
+  // A discard before the crash point, after log position `after` (-1: the
+  // base image), covers `sector`.
+  bool discarded(uint64_t sector, long after) const;
   const Log& log_;
   Spec spec_;
   uint64_t seed_;

@@ -208,11 +208,12 @@ struct Mount {
 
 std::map<uint8_t, ValueRefs> all_kinds() { return kinds(); }
 
-VolumeOptions rw_options(PlantedBug bug = PlantedBug::None) {
+VolumeOptions rw_options(PlantedBug bug = PlantedBug::None, bool discard = false) {
   VolumeOptions vo;
   vo.cache_bytes = 4 << 20;
   vo.kinds = all_kinds();
   vo.planted_bug = bug;
+  vo.discard = discard;
   return vo;
 }
 
@@ -445,7 +446,7 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
   GateDevice gate(rec, faulty.get());
   // An error the injected fault explains: it fired, and the error is clean.
   auto from_fault = [&](int code) { return faulty && faulty->fired() && fault_code(code); };
-  auto vol = Volume::open(gate, rw_options(w.bug));
+  auto vol = Volume::open(gate, rw_options(w.bug, w.discard));
   auto finish = [&] {
     run.log.entries = rec.log();
     run.log.index();
@@ -793,6 +794,7 @@ FsWorkload fs_random_workload(uint64_t seed, size_t nops) {
   FsWorkload w;
   w.id = "fs-random/" + std::to_string(seed);
   w.image = "base";
+  w.discard = seed % 2;  // every other seed with discard on (A6)
   const char* names[] = {"a", "big", "frag", "up", "gone", "dir/x", "dir/y", "dir/n", "odir/w", "empty/e", "n1", "n2", "dir"};
   auto name = [&] { return std::string(names[rng() % std::size(names)]); };
   size_t since = 0, every = 1 + rng() % 8, branches = 0;

@@ -60,6 +60,7 @@ struct FsWorkload {
   std::string image;  // the name of the starting image ("base", "full")
   std::vector<FsOp> ops;
   PlantedBug bug = PlantedBug::None;
+  bool discard = false;  // VolumeOptions::discard (A6)
 };
 
 struct FsRun {

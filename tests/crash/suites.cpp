@@ -154,6 +154,16 @@ std::vector<Workload> scenarios() {
     w.ops.push_back(commit());
     out.push_back(w);
   }
+  // The same freeing scenarios with discard on (A6, P7): what each
+  // generation frees is discarded once it is durable, and the crash
+  // states read discarded blocks as zeros.
+  for (size_t i = 0, n = out.size(); i < n; i++) {
+    if (out[i].id == "scenario/many-generations" || out[i].id == "scenario/split-merge") continue;
+    Workload w = out[i];
+    w.id = "scenario/discard-" + w.id.substr(9);
+    w.discard = true;
+    out.push_back(std::move(w));
+  }
   return out;
 }
 
@@ -161,6 +171,7 @@ Workload random_workload(uint64_t seed, size_t nops) {
   std::mt19937_64 rng(seed);
   Workload w;
   w.id = "random/" + std::to_string(seed);
+  w.discard = seed % 2;  // every other seed with discard on (A6)
   w.setup = ace_setup();
   std::vector<uint32_t> live = {0, 1, 2, 3};  // slots that exist
   uint32_t next_slot = 4;

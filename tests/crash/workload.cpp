@@ -230,6 +230,7 @@ Run record(const Workload& w, const FaultDevice::Rule* fault) {
   vo.cache_bytes = 4 << 20;
   vo.kinds = kinds();
   vo.planted_bug = w.bug;
+  vo.discard = w.discard;
   Model model;
   std::vector<uint64_t> slots;
   {

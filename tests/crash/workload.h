@@ -49,6 +49,7 @@ struct Workload {
   std::vector<Op> setup;  // applied and committed before recording begins
   std::vector<Op> ops;    // recorded
   PlantedBug bug = PlantedBug::None;
+  bool discard = false;   // VolumeOptions::discard: freed blocks discarded once durable (A6)
 };
 
 struct Run {
