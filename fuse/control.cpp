@@ -1,6 +1,7 @@
 // The daemon's end of the control channel (control.h): the ioctl on the
 // mount point, the JSON requests it carries (the stack commands, the branch
 // lifecycle, clone, delete and diff) and the answers it pages out.
+#include <linux/fs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -225,14 +226,15 @@ void RunningOp::update(uint64_t done, double fraction) {
 
 Result<Json> control(const Json& req, bool may_change) {
   static const std::vector<std::string> kCommands = {"list",     "add",   "remove", "set",    "move",
-                                                     "snapshot", "merge", "rollback", "clone", "delete", "diff"};
+                                                     "snapshot", "merge", "rollback", "clone", "delete", "diff",
+                                                     "trim"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
   if (std::find(kCommands.begin(), kCommands.end(), cmd) == kCommands.end())
     return Error::invalid("unknown command \"" + shown(cmd) +
-                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, read, close, "
-                          "progress)");
+                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, read, "
+                          "close, progress)");
   std::lock_guard lk(g->ctl_mu);
   if (cmd == "list") return stack_answer();
   // A diff names files in directories the caller may not be allowed to
@@ -241,6 +243,11 @@ Result<Json> control(const Json& req, bool may_change) {
     return Error::io(EPERM, cmd == "diff" ? "only root or the mount's owner may diff branches"
                                           : "only root or the mount's owner may change branches");
   if (cmd == "diff") return run_diff(req);
+  if (cmd == "trim") {
+    const Json& m = req.contains("minimum") ? req["minimum"] : Json(0);
+    if (!m.is_number_unsigned()) return Error::invalid("\"minimum\" must be a number of bytes");
+    return trim_online(0, UINT64_MAX, m.get<uint64_t>());
+  }
   if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") {
     std::string name, to;
     if (cmd != "snapshot") name = PLY_TRY(arg_branch(req, "branch")).name;
@@ -275,6 +282,7 @@ Result<std::string> answer(const std::string& request, bool may_change) {
 
 void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*,
               unsigned flags, const void* in_buf, size_t in_size, size_t out_size) {
+  if (cmd == FITRIM && !(flags & FUSE_IOCTL_COMPAT)) return op_fitrim(req, in_buf, in_size, out_size);
   if (cmd != kControlIoctl) return (void)fuse_reply_err(req, ENOTTY);
   if (flags & FUSE_IOCTL_COMPAT) return (void)fuse_reply_err(req, ENOSYS);
   if (ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);  // the mount point only

@@ -40,6 +40,8 @@ const struct fuse_opt kOpts[] = {
     {"uring", offsetof(Config, uring), 1},
     {"nouring", offsetof(Config, uring), 0},
     {"commit_stats", offsetof(Config, commit_stats), 1},
+    {"discard", offsetof(Config, discard), 1},
+    {"nodiscard", offsetof(Config, discard), 0},
     {"max_threads=%s", offsetof(Config, max_threads_s), 0},
     {"max_idle_threads=%s", offsetof(Config, max_idle_threads_s), 0},
     {"spin=%s", offsetof(Config, spin_s), 0},
@@ -213,6 +215,10 @@ void usage() {
       "  -o uring           take requests through FUSE over io_uring, one queue per\n"
       "                     CPU, when the kernel offers it (Linux 6.14+, with\n"
       "                     fuse.enable_uring=1); default: /dev/fuse only\n"
+      "  -o discard         give freed blocks back: once the generation that freed\n"
+      "                     them is durable, punch them out of an image file or\n"
+      "                     discard them on a block device (default: nodiscard;\n"
+      "                     plyctl trim MOUNTPOINT, or fstrim, does it on demand)\n"
       "  -o commit_stats    at unmount, say how many commits were made, why, and how\n"
       "                     long operations waited for them\n"
       "  -o max_threads=N   at most N threads serve requests (1 to 1024, default 16)\n"

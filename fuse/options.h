@@ -41,6 +41,7 @@ struct Config {
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
   int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it
   int commit_stats = 0; // -o commit_stats: what the commits cost, said at unmount
+  int discard = 0;      // -o discard: freed blocks discarded once durable (format.md#discard)
   // libfuse's options that decide who may use the mount (kept for libfuse).
   int allow_other = 0, allow_root = 0, default_permissions = 0;
 

@@ -139,6 +139,7 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
   vo.cache_bytes = cfg.cache_bytes;
   vo.commit_interval_ms = cfg.commit * 1000;
   vo.dirty_limit_bytes = cfg.cache_bytes / 4;
+  vo.discard = cfg.discard;
   if (cfg.commit_stats) vo.on_commit = [](const CommitStats& st) { g_commits.add(st); };
   const std::string img = cfg.image;
   auto vol = Volume::open(*d.dev, vo);

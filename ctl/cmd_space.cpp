@@ -1,0 +1,59 @@
+// plyctl trim: fstrim(8)'s job for a plyfs image or mount (format.md#discard).
+// Every free block is discarded on the device (punched out of an image file,
+// BLKDISCARD on a block device), while the image stays in use on a mount.
+// The result object (plyctl.schema.json, Trim) is the same either way, and
+// so is the text, fstrim -v's: "PATH: 1.2 GiB (1288490188 bytes) trimmed".
+#include "cli.h"
+
+#include <cstdio>
+
+#include "mount_client.h"
+#include "output.h"
+#include "util/parse.h"
+#include "util/progress.h"
+
+namespace plyfs::ctl {
+
+namespace {
+
+Result<Json> offline_trim(const std::string& image, uint64_t min_bytes) {
+  auto o = PLY_TRY(open_volume(image, true));
+  Progress prog("trimming free space", 0, Progress::Unit::Bytes);
+  const uint64_t n = PLY_TRY(o.vol->trim(0, UINT64_MAX, min_bytes, [&](uint64_t done, double f) { prog.update(done, f); }));
+  prog.finish();
+  PLY_CHECK(o.vol->close());
+  return Json{{"trimmed_bytes", n}, {"minimum_bytes", min_bytes}};
+}
+
+Result<Json> mounted_trim(const std::string& mnt, uint64_t min_bytes) {
+  Progress work("trimming free space", 0, Progress::Unit::Bytes);
+  return request(mnt, Json{{"command", "trim"}, {"minimum", min_bytes}}, nullptr, &work);
+}
+
+}  // namespace
+
+int cmd_trim(const std::vector<std::string>& args) {
+  auto p = parse(args, {"--minimum", "-m"}, {"--json"});
+  if (!p) return usage_error(p.error().message());
+  if (p->pos.size() != 1 || (p->opt.count("--minimum") && p->opt.count("-m")))
+    return usage_error("usage: plyctl trim IMAGE|MOUNTPOINT [--minimum SIZE] [--json]");
+  uint64_t min_bytes = 0;
+  const std::string m = p->opt.count("-m") ? p->opt.at("-m") : p->opt.count("--minimum") ? p->opt.at("--minimum") : "";
+  if (!m.empty()) {
+    auto v = parse_size(m, "minimum");
+    if (!v) return usage_error(v.error().message());
+    min_bytes = *v;
+  }
+  const std::string& path = p->pos[0];
+  Result<Json> r = is_directory(path) ? mounted_trim(path, min_bytes) : offline_trim(path, min_bytes);
+  if (!r) return is_directory(path) ? fail(path + ": " + r.error().message()) : fail_on(path, r.error());
+  if (p->opt.count("--json")) {
+    print_json(*r);
+    return 0;
+  }
+  const uint64_t n = r->is_object() ? r->value("trimmed_bytes", uint64_t(0)) : 0;
+  std::printf("%s: %s (%llu bytes) trimmed\n", path.c_str(), format_size(n).c_str(), (unsigned long long)n);
+  return 0;
+}
+
+}  // namespace plyfs::ctl

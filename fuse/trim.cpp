@@ -1,0 +1,47 @@
+// Trim on a mount (format.md#discard): `plyctl trim MOUNTPOINT` (the control
+// request "trim") and fstrim(8)'s FITRIM ioctl on the mount point, both
+// telling the device that every free block is unused (Volume::trim, A6).
+#include <linux/fs.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "daemon.h"
+#include "snap/model.h"
+
+namespace plyfs::daemon {
+
+Result<nlohmann::ordered_json> trim_online(uint64_t start, uint64_t len, uint64_t min_bytes) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  RunningOp op("trim", "trimming free space", "bytes");
+  const uint64_t trimmed = PLY_TRY(g->vol->trim(start, len, min_bytes, [&](uint64_t done, double fraction) {
+    op.update(done, fraction);
+  }));
+  return nlohmann::ordered_json{{"trimmed_bytes", trimmed}, {"minimum_bytes", min_bytes}};
+}
+
+// FITRIM: struct fstrim_range in and out; on return `len` holds the bytes
+// discarded, as fstrim -v prints them. Like the kernel's (CAP_SYS_ADMIN),
+// only root or the mount's owner may trim.
+void op_fitrim(fuse_req_t req, const void* in_buf, size_t in_size, size_t out_size) {
+  fstrim_range r;
+  if (in_size < sizeof r || out_size < sizeof r) return (void)fuse_reply_err(req, EINVAL);
+  const uid_t uid = fuse_req_ctx(req)->uid;
+  if (uid != 0 && uid != ::getuid()) return (void)fuse_reply_err(req, EPERM);
+  std::memcpy(&r, in_buf, sizeof r);
+  Result<nlohmann::ordered_json> a = Error::io(EIO, "");
+  try {
+    std::lock_guard lk(g->ctl_mu);
+    a = trim_online(r.start, r.len, r.minlen);
+  } catch (const std::exception& e) {  // nothing may cross the C callback
+    a = Error::io(EIO, e.what());
+  }
+  if (!a) {
+    log_error("FITRIM: %s", a.error().message().c_str());
+    return (void)fuse_reply_err(req, errno_of(a.error()));
+  }
+  r.len = (*a)["trimmed_bytes"].get<uint64_t>();
+  fuse_reply_ioctl(req, 0, &r, sizeof r);
+}
+
+}  // namespace plyfs::daemon

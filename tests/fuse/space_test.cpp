@@ -1,0 +1,183 @@
+// Freed space back to the host (format.md#discard): -o discard punches what
+// each generation frees out of the image file once it is durable; without
+// it, `plyctl trim` (on the mount point or the unmounted image) and fstrim(8)
+// on the mount point do it on demand. The image lives on a tmpfs, whose
+// st_blocks counts the pages a file really holds, as a thin device would.
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fuse_util.h"
+
+using namespace plyfs::fusetest;
+using Json = nlohmann::json;
+
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+uint64_t allocated(const std::string& path) {
+  struct stat st{};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  return uint64_t(st.st_blocks) * 512;
+}
+
+// `mib` MiB of data that no block layer could mistake for zeros.
+void write_big(const std::string& path, uint64_t mib, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::string chunk = random_bytes(rng, kMiB);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  for (uint64_t i = 0; i < mib; i++) pwrite_all(fd, chunk.data(), chunk.size(), off_t(i * kMiB));
+  REQUIRE(::fsync(fd) == 0);
+  ::close(fd);
+}
+
+// Deletes `path` and makes the deletion durable (fsync of its directory
+// commits a generation).
+void remove_durably(const std::string& path) {
+  REQUIRE(::unlink(path.c_str()) == 0);
+  const std::string dir = path.substr(0, path.rfind('/'));
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::fsync(fd) == 0);
+  ::close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("space: -o discard gives a deleted file's blocks back to the image file within a commit",
+          "[space]") {
+  Fixture fx("512M", {"discard", "commit=1"});
+  std::mt19937_64 rng(7);
+  const std::string keep = random_bytes(rng, 3 * kMiB + 123);
+  write_file(fx / "keep", keep);
+  write_big(fx / "big", 128, 1);
+  const uint64_t full = allocated(fx.img);
+  REQUIRE(full >= 128 * kMiB);
+  remove_durably(fx / "big");
+  // The generation that freed the blocks is durable once fsync returned;
+  // its commit discards them. Allow one more commit interval for the
+  // kernel's release to reach the daemon.
+  uint64_t now = allocated(fx.img);
+  for (int i = 0; i < 40 && full - std::min(full, now) < 128 * kMiB * 99 / 100; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    now = allocated(fx.img);
+  }
+  INFO("allocated " << full << " -> " << now);
+  REQUIRE(full - std::min(full, now) >= 128 * kMiB * 99 / 100);
+  REQUIRE(read_file(fx / "keep") == keep);
+  // The blocks are handed out again: the same amount fits once more.
+  write_big(fx / "big2", 128, 2);
+  REQUIRE(read_file(fx / "keep") == keep);
+  fx.unmount();  // fsck -fn clean
+}
+
+TEST_CASE("space: without -o discard, plyctl trim and fstrim give free space back, online and offline",
+          "[space]") {
+  Fixture fx("512M", {"commit=1"});
+  std::mt19937_64 rng(8);
+  const std::string keep = random_bytes(rng, 5 * kMiB + 7);
+  write_file(fx / "keep", keep);
+  write_big(fx / "big", 64, 3);
+  const uint64_t full = allocated(fx.img);
+  remove_durably(fx / "big");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two commit intervals
+  // Nothing is discarded without the option.
+  REQUIRE(allocated(fx.img) + 4 * kMiB >= full);
+
+  // plyctl trim on the mount point: JSON of the schema's Trim, and the
+  // image file shrinks by what was freed.
+  std::string out;
+  plyctl(fx, {"trim", fx.root(), "--json"}, &out);
+  const Json j = Json::parse(out);
+  REQUIRE(j["trimmed_bytes"].get<uint64_t>() >= 64 * kMiB);
+  REQUIRE(j["minimum_bytes"].get<uint64_t>() == 0);
+  const uint64_t trimmed = allocated(fx.img);
+  INFO("allocated " << full << " -> " << trimmed);
+  REQUIRE(full - std::min(full, trimmed) >= 64 * kMiB * 99 / 100);
+  REQUIRE(read_file(fx / "keep") == keep);
+
+  // fstrim(8) on the mount point: the FITRIM ioctl, with fstrim's report.
+  write_big(fx / "big", 32, 4);
+  const uint64_t full2 = allocated(fx.img);
+  remove_durably(fx / "big");
+  {
+    const int fd = ::open(fx.root().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    fstrim_range r{0, UINT64_MAX, 0};
+    const int rc = ::ioctl(fd, FITRIM, &r);
+    const int e = errno;
+    ::close(fd);
+    INFO("FITRIM: " << errstr(rc ? e : 0));
+    REQUIRE(rc == 0);
+    REQUIRE(r.len >= 32 * kMiB);
+  }
+  REQUIRE(full2 - std::min(full2, allocated(fx.img)) >= 32 * kMiB * 99 / 100);
+  const std::string log = fx.tmp / "fstrim.log";
+  write_big(fx / "big", 16, 5);
+  remove_durably(fx / "big");
+  REQUIRE(run({"/sbin/fstrim", "-v", fx.root()}, log) == 0);
+  INFO(slurp(log));
+  REQUIRE(slurp(log).find("trimmed") != std::string::npos);
+  REQUIRE(read_file(fx / "keep") == keep);
+
+  // Offline, on the image.
+  write_big(fx / "big", 32, 6);
+  remove_durably(fx / "big");
+  fx.unmount();
+  const uint64_t full3 = allocated(fx.img);
+  plyctl(fx, {"trim", fx.img}, &out);
+  REQUIRE(out.find("bytes) trimmed") != std::string::npos);
+  REQUIRE(full3 - std::min(full3, allocated(fx.img)) >= 32 * kMiB * 99 / 100);
+  require_fsck_clean(fx.img, fx.tmp / "fsck2.log");
+  fx.mount();
+  REQUIRE(read_file(fx / "keep") == keep);
+
+  // Bad input: a one-line usage error (2); a read-only mount refuses.
+  REQUIRE(plyctl_status(fx, {"trim"}) == 2);
+  REQUIRE(plyctl_status(fx, {"trim", fx.root(), "--minimum", "lots"}) == 2);
+  fx.unmount();
+  fx.opts = {"ro"};
+  fx.mount();
+  REQUIRE(plyctl_status(fx, {"trim", fx.root()}) == 1);
+  fx.unmount();
+}
+
+// Issue 24's sequence: a snapshot holds the old data, so rewriting it runs
+// out of space; deleting the snapshot online (it is not in the mount's
+// stack) frees its exclusive blocks at once, and the write that failed
+// succeeds right after, without an unmount.
+TEST_CASE("space: deleting a snapshot online gets a full mount out of ENOSPC", "[space]") {
+  Fixture fx("64M");
+  std::mt19937_64 rng(9);
+  const std::string data = random_bytes(rng, 40 * kMiB);
+  write_file(fx / "f", data);
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  remove_durably(fx / "f");
+  // 40 MiB more cannot fit beside the 40 MiB the snapshot holds.
+  auto write_all = [&](const std::string& path) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    int err = 0;
+    for (size_t off = 0; off < data.size() && !err; off += kMiB)
+      if (::pwrite(fd, data.data() + off, kMiB, off_t(off)) != off_t(kMiB)) err = errno;
+    if (!err && ::fsync(fd) != 0) err = errno;
+    ::close(fd);
+    return err;
+  };
+  const int first = write_all(fx / "g");
+  INFO("first write: " << errstr(first));
+  REQUIRE(first == ENOSPC);
+  std::string out;
+  plyctl(fx, {"delete", fx.root(), "s1"}, &out);
+  REQUIRE(out.find("deleted branch \"s1\"") != std::string::npos);
+  const int second = write_all(fx / "g");
+  INFO("after the delete: " << errstr(second));
+  REQUIRE(second == 0);
+  REQUIRE(read_file(fx / "g") == data);
+  REQUIRE(plyctl_status(fx, {"branch", "list", fx.root()}, &out) == 0);
+  REQUIRE(out.find("s1") == std::string::npos);
+  fx.unmount();
+}
