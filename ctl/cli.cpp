@@ -106,6 +106,8 @@ void usage(FILE* out) {
                "Space:\n"
                "  trim IMAGE|MNT [--minimum SIZE]  discard every free block (fstrim's job):\n"
                "                               punched out of an image file, BLKDISCARD on a device\n"
+               "  resize IMAGE|MNT SIZE|max    grow the filesystem to SIZE (an image file is extended)\n"
+               "                               or to its device's size; shrinking is not supported yet\n"
                "For testing:\n"
                "  debug tree IMAGE TREE        every node of a tree (TREE: an id, root or space)\n"
                "  debug fields STRUCT          the fields debug corrupt can damage\n"

@@ -1,11 +1,13 @@
-// plyctl trim: fstrim(8)'s job for a plyfs image or mount (format.md#discard).
-// Every free block is discarded on the device (punched out of an image file,
-// BLKDISCARD on a block device), while the image stays in use on a mount.
-// The result object (plyctl.schema.json, Trim) is the same either way, and
-// so is the text, fstrim -v's: "PATH: 1.2 GiB (1288490188 bytes) trimmed".
+// plyctl trim and resize, on an image or a mount point; either way the same
+// result object (plyctl.schema.json: Trim, Resize) and the same text.
+// trim: fstrim(8)'s job (format.md#discard): every free block is discarded
+// on the device (punched out of an image file, BLKDISCARD on a block
+// device); the text is fstrim -v's: "PATH: 1.2 GiB (1288490188 bytes) trimmed".
+// resize: grows the filesystem to a size or to its device's (format.md#resize).
 #include "cli.h"
 
 #include <cstdio>
+#include <optional>
 
 #include "mount_client.h"
 #include "output.h"
@@ -30,7 +32,49 @@ Result<Json> mounted_trim(const std::string& mnt, uint64_t min_bytes) {
   return request(mnt, Json{{"command", "trim"}, {"minimum", min_bytes}}, nullptr, &work);
 }
 
+Result<Json> offline_resize(const std::string& image, std::optional<uint64_t> bytes) {
+  auto o = PLY_TRY(open_volume(image, true));
+  const uint64_t bs = o.vol->block_size();
+  const uint64_t old = o.vol->total_blocks() * bs;
+  const Generation gen = PLY_TRY(o.vol->resize(bytes));
+  const uint64_t now = o.vol->total_blocks() * bs;
+  PLY_CHECK(o.vol->close());
+  return Json{{"old_bytes", old}, {"size_bytes", now}, {"generation", gen.v}};
+}
+
 }  // namespace
+
+int cmd_resize(const std::vector<std::string>& args) {
+  auto p = parse(args, {}, {"--json"});
+  if (!p) return usage_error(p.error().message());
+  if (p->pos.size() != 2) return usage_error("usage: plyctl resize IMAGE|MOUNTPOINT SIZE|max [--json]");
+  std::optional<uint64_t> bytes;
+  if (p->pos[1] != "max") {
+    auto v = parse_size(p->pos[1]);
+    if (!v) return usage_error(v.error().message());
+    bytes = *v;
+  }
+  const std::string& path = p->pos[0];
+  Result<Json> r = Error::invalid("");
+  if (is_directory(path)) {
+    Json req{{"command", "resize"}};
+    req["size"] = bytes ? Json(*bytes) : Json("max");
+    r = request(path, req);
+  } else {
+    r = offline_resize(path, bytes);
+  }
+  if (!r) return is_directory(path) ? fail(path + ": " + r.error().message()) : fail_on(path, r.error());
+  if (p->opt.count("--json")) {
+    print_json(*r);
+    return 0;
+  }
+  const uint64_t old = r->value("old_bytes", uint64_t(0)), now = r->value("size_bytes", uint64_t(0));
+  if (old == now) std::printf("%s: already %s (%llu bytes)\n", path.c_str(), format_size(now).c_str(), (unsigned long long)now);
+  else
+    std::printf("%s: resized from %s to %s (%llu bytes), generation %llu\n", path.c_str(), format_size(old).c_str(),
+                format_size(now).c_str(), (unsigned long long)now, (unsigned long long)r->value("generation", uint64_t(0)));
+  return 0;
+}
 
 int cmd_trim(const std::vector<std::string>& args) {
   auto p = parse(args, {"--minimum", "-m"}, {"--json"});

@@ -34,7 +34,7 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nimport\nexport\ntrim\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nimport\nexport\ntrim\nresize\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).

@@ -227,14 +227,14 @@ void RunningOp::update(uint64_t done, double fraction) {
 Result<Json> control(const Json& req, bool may_change) {
   static const std::vector<std::string> kCommands = {"list",     "add",   "remove", "set",    "move",
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff",
-                                                     "trim"};
+                                                     "trim", "resize"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
   if (std::find(kCommands.begin(), kCommands.end(), cmd) == kCommands.end())
     return Error::invalid("unknown command \"" + shown(cmd) +
-                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, read, "
-                          "close, progress)");
+                          "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
+                          "read, close, progress)");
   std::lock_guard lk(g->ctl_mu);
   if (cmd == "list") return stack_answer();
   // A diff names files in directories the caller may not be allowed to
@@ -247,6 +247,12 @@ Result<Json> control(const Json& req, bool may_change) {
     const Json& m = req.contains("minimum") ? req["minimum"] : Json(0);
     if (!m.is_number_unsigned()) return Error::invalid("\"minimum\" must be a number of bytes");
     return trim_online(0, UINT64_MAX, m.get<uint64_t>());
+  }
+  if (cmd == "resize") {
+    const Json& sz = req.contains("size") ? req["size"] : Json("max");
+    if (sz == "max") return resize_online(std::nullopt);
+    if (!sz.is_number_unsigned()) return Error::invalid("\"size\" must be a number of bytes or \"max\"");
+    return resize_online(sz.get<uint64_t>());
   }
   if (cmd == "snapshot" || cmd == "merge" || cmd == "rollback") {
     std::string name, to;

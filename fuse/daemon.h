@@ -131,9 +131,11 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
 Result<nlohmann::ordered_json> control(const nlohmann::ordered_json& request, bool may_change);
 Result<nlohmann::ordered_json> lifecycle(const std::string& cmd, const std::string& name, const std::string& arg);
 Result<nlohmann::ordered_json> delete_online(const BranchMeta& b);
-// Trim (trim.cpp, format.md#discard): the control request "trim" (under
+// Trim (space.cpp, format.md#discard): the control request "trim" (under
 // ctl_mu, like the other requests) and fstrim's FITRIM ioctl.
 Result<nlohmann::ordered_json> trim_online(uint64_t start, uint64_t len, uint64_t min_bytes);
+// `resize` (space.cpp, format.md#resize): nullopt grows to the device's size.
+Result<nlohmann::ordered_json> resize_online(std::optional<uint64_t> bytes);
 void op_fitrim(fuse_req_t req, const void* in_buf, size_t in_size, size_t out_size);
 // The long operation running now (a merge, delete, rollback, diff, or the
 // cleaner's drop), for the control channel's `progress` command

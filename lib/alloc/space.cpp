@@ -146,6 +146,34 @@ NodeSpace& SpaceManager::unshared(Generation gen) {
 
 RootPtr SpaceManager::root() const { return tree_->root(); }
 
+SpaceGeometry SpaceManager::geometry() const {
+  std::lock_guard lk(mu_);
+  return geo_;
+}
+
+Result<void> SpaceManager::grow(uint64_t total_blocks, uint64_t reserve_blocks) {
+  std::lock_guard lk(mu_);
+  const uint64_t old = geo_.total_blocks;
+  if (total_blocks < old) return Error::invalid("grow() cannot shrink");
+  if (total_blocks == old) return ok();
+  // The old last group, if it is loaded, gets the blocks up to its end;
+  // one that is not is derived from the tree with the new end when loaded.
+  const size_t last = (old - 1 - geo_.first_block) / kGroupBlocks;
+  const uint64_t last_end = geo_.first_block + (last + 1) * kGroupBlocks;
+  geo_.total_blocks = total_blocks;
+  geo_.reserve_blocks = std::max(geo_.reserve_blocks, reserve_blocks);
+  if (groups_[last].loaded && old < last_end) free_range_locked(old, std::min(last_end, total_blocks) - old);
+  const size_t n = (total_blocks - geo_.first_block + kGroupBlocks - 1) / kGroupBlocks;
+  for (size_t g = groups_.size(); g < n; g++) {
+    const uint64_t gs = geo_.first_block + g * kGroupBlocks;
+    Group grp;
+    grp.loaded = true;  // nothing out there is in use: all of it is free
+    grp.free[gs] = std::min(gs + kGroupBlocks, total_blocks) - gs;
+    groups_.push_back(std::move(grp));
+  }
+  return ok();
+}
+
 uint64_t SpaceManager::pending_changes() const {
   return pending_size_.load(std::memory_order_relaxed);
 }
@@ -535,9 +563,10 @@ std::vector<BlockRange> SpaceManager::freed_in(Generation gen) const {
 Result<uint64_t> SpaceManager::trim(BlockRange within, uint64_t min_blocks,
                                     const std::function<Result<void>(BlockRange)>& discard,
                                     const std::function<void(uint64_t, double)>& progress) {
-  const uint64_t lo = std::max(within.start, geo_.first_block);
-  const uint64_t hi = within.nblocks > geo_.total_blocks - std::min(within.start, geo_.total_blocks)
-                          ? geo_.total_blocks
+  const SpaceGeometry geo = geometry();
+  const uint64_t lo = std::max(within.start, geo.first_block);
+  const uint64_t hi = within.nblocks > geo.total_blocks - std::min(within.start, geo.total_blocks)
+                          ? geo.total_blocks
                           : within.start + within.nblocks;
   uint64_t done = 0;
   if (lo >= hi) return done;
@@ -545,8 +574,8 @@ Result<uint64_t> SpaceManager::trim(BlockRange within, uint64_t min_blocks,
   // At most kTrimChunk blocks are out of the free map at a time; an
   // allocation that needs them waits for one discard (alloc_locked).
   for (uint64_t pos = lo; pos < hi;) {
-    const size_t g = (pos - geo_.first_block) / kGroupBlocks;
-    const uint64_t group_end = std::min(hi, geo_.first_block + (g + 1) * kGroupBlocks);
+    const size_t g = (pos - geo.first_block) / kGroupBlocks;
+    const uint64_t group_end = std::min(hi, geo.first_block + (g + 1) * kGroupBlocks);
     std::vector<BlockRange> out;
     {
       std::lock_guard lk(mu_);

@@ -152,7 +152,11 @@ class SpaceManager {
   RootPtr root() const;
   SpaceCounters counters() const;
   SpaceStats stats() const;
-  const SpaceGeometry& geometry() const { return geo_; }
+  SpaceGeometry geometry() const;
+  // Grows the filesystem to `total_blocks` and its reserve to
+  // `reserve_blocks` (plyctl resize, format.md#resize): the blocks past the
+  // old end are free at once; the next superblock records the new end.
+  Result<void> grow(uint64_t total_blocks, uint64_t reserve_blocks);
   // A read-only view of the space tree for checks.
   const BTree& tree() const { return *tree_; }
 
@@ -181,7 +185,7 @@ class SpaceManager {
 
   BlockCache& cache_;
   const uint64_t fs_id_;
-  const SpaceGeometry geo_;
+  SpaceGeometry geo_;  // under mu_: grow() changes it
   std::unique_ptr<BTree> tree_;
   std::unique_ptr<Unshared> unshared_;
   Generation fold_gen_{0};

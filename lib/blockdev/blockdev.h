@@ -27,6 +27,7 @@
 // are safe to call from several threads at once.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -46,6 +47,14 @@ class BlockDevice {
   virtual uint64_t size_bytes() const = 0;
   virtual uint32_t logical_sector_size() const = 0;
   virtual uint32_t physical_sector_size() const = 0;
+  // Reads the device's size again (a block device or image file may have
+  // grown since it was opened) and, for an image file smaller than
+  // `at_least` bytes, extends it first; returns the size now. A device that
+  // cannot change keeps its size (plyctl resize, format.md#resize).
+  virtual Result<uint64_t> resize(uint64_t at_least) {
+    (void)at_least;
+    return size_bytes();
+  }
 };
 
 // EINVAL for a misaligned request, EIO for one past the end of the device.
@@ -70,9 +79,10 @@ class FileDevice final : public BlockDevice {
   Result<void> write(uint64_t offset, std::span<const std::byte> in) override;
   Result<void> flush() override;
   Result<void> discard(uint64_t offset, uint64_t len) override;
-  uint64_t size_bytes() const override { return size_; }
+  uint64_t size_bytes() const override { return size_.load(std::memory_order_acquire); }
   uint32_t logical_sector_size() const override { return lss_; }
   uint32_t physical_sector_size() const override { return pss_; }
+  Result<uint64_t> resize(uint64_t at_least) override;
 
   bool is_block_device() const { return is_bdev_; }
   const std::string& path() const { return path_; }
@@ -83,7 +93,7 @@ class FileDevice final : public BlockDevice {
   int fd_ = -1;
   bool is_bdev_ = false;
   bool read_only_ = false;
-  uint64_t size_ = 0;
+  std::atomic<uint64_t> size_{0};  // grows with resize(), read by every I/O's range check
   uint32_t lss_ = 512, pss_ = 512;
 };
 

@@ -77,6 +77,26 @@ Result<std::unique_ptr<FileDevice>> FileDevice::open(const std::string& path,
   return d;
 }
 
+Result<uint64_t> FileDevice::resize(uint64_t at_least) {
+  if (is_bdev_) {
+    uint64_t bytes = 0;
+    if (::ioctl(fd_, BLKGETSIZE64, &bytes) != 0) return Error::sys(errno, "BLKGETSIZE64 failed on " + path_);
+    size_ = bytes;
+    return bytes;
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return Error::sys(errno, "cannot stat " + path_);
+  if (static_cast<uint64_t>(st.st_size) < at_least) {
+    if (read_only_) return Error::io(EROFS, path_ + " is open read-only");
+    // Sparse: the new end costs nothing until written.
+    if (::ftruncate(fd_, static_cast<off_t>(at_least)) != 0)
+      return Error::sys(errno, "cannot extend " + path_ + " to " + std::to_string(at_least) + " bytes");
+    st.st_size = static_cast<off_t>(at_least);
+  }
+  size_ = static_cast<uint64_t>(st.st_size) / lss_ * lss_;
+  return size_.load();
+}
+
 FileDevice::~FileDevice() {
   if (fd_ >= 0) ::close(fd_);
 }

@@ -245,6 +245,7 @@ Result<std::unique_ptr<Volume>> Volume::open(BlockDevice& dev, VolumeOptions opt
   (void)PLY_TRY(v->space_->tree().contains(Key{}));
   v->open_gen_ = next(s.generation).v;
   v->durable_gen_ = s.generation;
+  v->total_blocks_ = s.total_blocks;
   v->next_tree_id_ = s.next_tree_id;
   v->next_inode_ = s.next_inode;
   if (!v->opts_.read_only && (v->opts_.commit_interval_ms || v->opts_.dirty_limit_bytes))
@@ -299,8 +300,8 @@ Result<void> Volume::data_range(BlockNo start, size_t bytes) const {
   const uint64_t bs = info_.block_size;
   if (bytes % bs) return Error::invalid("data I/O of a partial block");
   const uint64_t n = bytes / bs;
-  if (start.v < info_.first_block || start.v > info_.total_blocks ||
-      n > info_.total_blocks - start.v)
+  const uint64_t total = total_blocks();
+  if (start.v < info_.first_block || start.v > total || n > total - start.v)
     return Error::corrupt(start.v, "data extent outside the filesystem");
   return ok();
 }
@@ -399,6 +400,9 @@ Result<void> Volume::freeze(Generation g, std::vector<BlockCache::Ref>& dirty, S
     sb = info_;
   }
   sb.generation = g;
+  // A grow since the last commit (under commit_mu_, as this freeze).
+  sb.total_blocks = total_blocks();
+  sb.reserve_blocks = space_->geometry().reserve_blocks;
   sb.root_tree = root_tree_->root();
   sb.space_tree = space_->root();
   const SpaceCounters c = space_->counters();
@@ -489,6 +493,36 @@ void Volume::discard_released() {
     if (dev_.discard(start * bs, (end - start) * bs)) discarded_bytes_ += (end - start) * bs;
   }
   space_->released(ranges);
+}
+
+Result<Generation> Volume::grow(uint64_t total_blocks) {
+  PLY_CHECK(writable());
+  const uint64_t bs = info_.block_size;
+  {
+    std::lock_guard cl(commit_mu_);  // a freeze sees the old size or the new one, whole
+    const uint64_t now = total_blocks_.load();
+    if (total_blocks < now)
+      return Error::io(EOPNOTSUPP, "shrinking a plyfs image is not supported yet (it needs the blocks above the "
+                                   "new end moved first); it spans " +
+                                       std::to_string(now * bs) + " bytes");
+    if (total_blocks > dev_.size_bytes() / bs)
+      return Error::invalid("the device holds " + std::to_string(dev_.size_bytes()) + " bytes, not " +
+                            std::to_string(total_blocks * bs));
+    if (total_blocks == now) return durable_generation();
+    PLY_CHECK(space_->grow(total_blocks, reserve_for(total_blocks - info_.first_block)));
+    total_blocks_.store(total_blocks, std::memory_order_release);
+    changed_ = true;
+  }
+  return commit();
+}
+
+Result<Generation> Volume::resize(std::optional<uint64_t> bytes) {
+  PLY_CHECK(writable());
+  const uint64_t bs = info_.block_size;
+  // Refused before the file is extended: a shrink changes nothing.
+  if (bytes && *bytes / bs < total_blocks()) return grow(*bytes / bs);
+  const uint64_t dev_bytes = PLY_TRY(dev_.resize(bytes.value_or(0)));
+  return grow((bytes ? std::min(*bytes, dev_bytes) : dev_bytes) / bs);
 }
 
 Result<uint64_t> Volume::trim(uint64_t start, uint64_t len, uint64_t min_bytes,

@@ -38,6 +38,7 @@
 #include <unordered_map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <typeindex>
@@ -184,6 +185,16 @@ class Volume {
   // volume. `progress` gets the bytes discarded so far and the share done.
   Result<uint64_t> trim(uint64_t start, uint64_t len, uint64_t min_bytes,
                         const std::function<void(uint64_t, double)>& progress = nullptr);
+  // Grows the filesystem to `total_blocks` (the device must hold them:
+  // BlockDevice::resize first) in one generation: the new blocks are free,
+  // the reserve grows with the size as mkfs would make it (format.md#resize).
+  // Returns the generation that holds the new size. Shrinking needs blocks
+  // above the new end moved first, which is not built: EOPNOTSUPP.
+  Result<Generation> grow(uint64_t total_blocks);
+  // plyctl resize: to `bytes` (whole blocks), an image file extended to
+  // it first; nullopt: to the device's size now (a device or file that grew).
+  Result<Generation> resize(std::optional<uint64_t> bytes);
+  uint64_t total_blocks() const { return total_blocks_.load(std::memory_order_acquire); }
   // Bytes discarded since open, by commits (-o discard) and trim().
   uint64_t discarded_bytes() const { return discarded_bytes_.load(); }
   CacheStats cache_stats() const { return cache_->stats(); }
@@ -274,6 +285,7 @@ class Volume {
   std::optional<Error> failure_;
   std::atomic<bool> changed_{false};  // the open generation has something to commit
   std::atomic<uint64_t> discarded_bytes_{0};
+  std::atomic<uint64_t> total_blocks_{0};  // the open generation's; set under commit_mu_ (grow)
   void discard_released();
   std::atomic<uint64_t> next_tree_id_{0}, next_inode_{0};
   std::atomic<uint64_t> incompat_added_{0};  // Txn::add_incompat, folded in at each freeze

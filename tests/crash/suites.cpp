@@ -154,6 +154,19 @@ std::vector<Workload> scenarios() {
     w.ops.push_back(commit());
     out.push_back(w);
   }
+  {  // A full filesystem grows into the rest of its device (plyctl resize
+     // max after the image file grew), then fills the new space.
+    Workload w;
+    w.id = "scenario/grow";
+    w.format_bytes = 3ull << 20;
+    w.setup = {Op{OpKind::Create, 0, 0, kKindPlain}, Op{OpKind::Fill, 0, 0}};
+    w.ops.push_back(Op{OpKind::Grow});
+    for (uint64_t k = 0; k < 200; k++) w.ops.push_back(put(0, 9000 + k, 900));
+    w.ops.push_back(commit());
+    for (uint64_t k = 0; k < 60; k++) w.ops.push_back(Op{OpKind::Erase, 0, k});
+    w.ops.push_back(commit());
+    out.push_back(w);
+  }
   // The same freeing scenarios with discard on (A6, P7): what each
   // generation frees is discarded once it is durable, and the crash
   // states read discarded blocks as zeros.

@@ -44,6 +44,10 @@ struct Executor {
   bool run(size_t index, const Op& op) {
     if (op.kind == OpKind::Commit) return true;  // the caller commits
     if (op.kind == OpKind::Fill) return fill(index, op);
+    if (op.kind == OpKind::Grow) {
+      auto g = vol.resize(std::nullopt);
+      return g ? true : fail(op.str(), g.error());
+    }
     const bool deletes = op.kind == OpKind::Erase || op.kind == OpKind::Drop;
     auto txn = vol.begin(Volume::TxnOptions{deletes, 0});
     if (!txn) return fail("begin", txn.error());
@@ -138,7 +142,7 @@ std::map<uint8_t, ValueRefs> kinds() {
 }
 
 std::string Op::str() const {
-  static const char* names[] = {"put", "put-extent", "erase", "create", "clone", "drop", "commit", "fill"};
+  static const char* names[] = {"put", "put-extent", "erase", "create", "clone", "drop", "commit", "fill", "grow"};
   return std::string(names[static_cast<int>(kind)]) + "(tree " + std::to_string(tree) + ", key " +
          std::to_string(key) + ", " + std::to_string(arg) + ")";
 }
@@ -222,6 +226,7 @@ Run record(const Workload& w, const FaultDevice::Rule* fault) {
   FormatOptions fo;
   fo.uuid = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};  // runs are reproducible
   fo.time_ns = 1;
+  fo.size_bytes = w.format_bytes;
   if (auto r = Volume::format(*dev, fo); !r) {
     run.error = "format: " + r.error().message();
     return run;

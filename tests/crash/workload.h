@@ -23,6 +23,7 @@ enum class OpKind : uint8_t {
   Drop,       // the tree in slot `tree`
   Commit,
   Fill,       // puts of large values into slot `tree` until ENOSPC
+  Grow,       // the filesystem grows to the whole device (plyctl resize max), one commit
 };
 
 struct Op {
@@ -46,6 +47,7 @@ std::string describe_difference(const Model& want, const Model& got);
 struct Workload {
   std::string id;
   uint64_t image_bytes = 8ull << 20;
+  uint64_t format_bytes = 0;  // the filesystem's size at mkfs (0: the whole image), for Grow
   std::vector<Op> setup;  // applied and committed before recording begins
   std::vector<Op> ops;    // recorded
   PlantedBug bug = PlantedBug::None;

@@ -181,3 +181,49 @@ TEST_CASE("space: deleting a snapshot online gets a full mount out of ENOSPC", "
   REQUIRE(out.find("s1") == std::string::npos);
   fx.unmount();
 }
+
+// An image file that was enlarged shows its new size only after plyctl
+// resize: online (max: the file's size) and offline (a size: the file is
+// extended), each in one generation; shrinking is refused and changes
+// nothing.
+TEST_CASE("space: plyctl resize grows a mounted image and an unmounted one", "[space]") {
+  Fixture fx("64M");
+  std::mt19937_64 rng(10);
+  const std::string a = random_bytes(rng, 40 * kMiB);
+  write_file(fx / "a", a);
+  struct statvfs v{};
+  REQUIRE(::statvfs(fx.root().c_str(), &v) == 0);
+  const uint64_t small = uint64_t(v.f_blocks) * v.f_frsize;
+  REQUIRE(small <= 64 * kMiB);
+  REQUIRE(::truncate(fx.img.c_str(), off_t(256 * kMiB)) == 0);  // the host file grew
+  REQUIRE(::statvfs(fx.root().c_str(), &v) == 0);
+  REQUIRE(uint64_t(v.f_blocks) * v.f_frsize == small);  // not yet inside
+  std::string out;
+  plyctl(fx, {"resize", fx.root(), "max", "--json"}, &out);
+  const Json j = Json::parse(out);
+  REQUIRE(j["old_bytes"].get<uint64_t>() == 64 * kMiB);
+  REQUIRE(j["size_bytes"].get<uint64_t>() == 256 * kMiB);
+  REQUIRE(::statvfs(fx.root().c_str(), &v) == 0);
+  REQUIRE(uint64_t(v.f_blocks) * v.f_frsize > 250 * kMiB);
+  const std::string b = random_bytes(rng, 150 * kMiB);
+  write_file(fx / "b", b);  // more than the old size could hold
+  fx.unmount();  // fsck -fn clean
+
+  // Offline: to a size, extending the file.
+  plyctl(fx, {"resize", fx.img, "1G"}, &out);
+  REQUIRE(out.find("resized from 256 MiB to 1.00 GiB") != std::string::npos);
+  struct stat st{};
+  REQUIRE(::stat(fx.img.c_str(), &st) == 0);
+  REQUIRE(uint64_t(st.st_size) == 1024 * kMiB);
+  REQUIRE(plyctl_status(fx, {"resize", fx.img, "128M"}, &out) == 1);  // shrink: refused
+  REQUIRE(out.find("not supported yet") != std::string::npos);
+  REQUIRE(plyctl_status(fx, {"resize", fx.img, "lots"}) == 2);
+  REQUIRE(plyctl_status(fx, {"resize", fx.img}) == 2);
+  require_fsck_clean(fx.img, fx.tmp / "fsck2.log");
+  fx.mount();
+  REQUIRE(::statvfs(fx.root().c_str(), &v) == 0);
+  REQUIRE(uint64_t(v.f_blocks) * v.f_frsize > 1000 * kMiB);
+  REQUIRE(read_file(fx / "a") == a);
+  REQUIRE(read_file(fx / "b") == b);
+  fx.unmount();
+}

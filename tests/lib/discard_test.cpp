@@ -182,3 +182,51 @@ TEST_CASE("discard: trim and -o discard beside writers and commits lose nothing"
   auto again = must(Volume::open(*mem));
   REQUIRE(dump(*again, t) == model);
 }
+
+TEST_CASE("resize: a full filesystem grows into its device in one generation; shrinking is refused",
+          "[alloc][resize]") {
+  auto mem = std::make_unique<MemDevice>(32 << 20);
+  FormatOptions fo;
+  fo.size_bytes = 4 << 20;
+  must(Volume::format(*mem, fo));
+  auto vol = must(Volume::open(*mem));
+  TreeId t;
+  {
+    auto txn = must(vol->begin());
+    t = must(txn.create_tree(kKindPlain));
+  }
+  Model model;
+  std::vector<std::byte> big(900, std::byte{0x77});
+  uint64_t k = 0;
+  for (;; k++) {  // full
+    auto txn = must(vol->begin());
+    if (!txn.put(t, Key{k, 0}, big)) break;
+    model[Key{k, 0}] = big;
+  }
+  const Generation before = vol->durable_generation();
+  REQUIRE(vol->total_blocks() == 1024);
+  const Generation g = must(vol->resize(std::nullopt));
+  REQUIRE(g.v == before.v + 1);  // one generation
+  REQUIRE(vol->total_blocks() == 8192);
+  REQUIRE(vol->super().total_blocks == 8192);
+  REQUIRE(vol->space_stats().usable_blocks == 8192 - vol->super().first_block);
+  // What did not fit now does, beyond the old end.
+  for (uint64_t i = 0; i < 4 * k; i++) {
+    auto txn = must(vol->begin());
+    must(txn.put(t, Key{100000 + i, 0}, big));
+    model[Key{100000 + i, 0}] = big;
+  }
+  // Shrinking and growing past the device are refused, and change nothing.
+  auto s = vol->resize(8 << 20);
+  REQUIRE_FALSE(s);
+  REQUIRE(s.error().code == EOPNOTSUPP);
+  auto past = vol->grow(100000);
+  REQUIRE_FALSE(past);
+  REQUIRE(past.error().code == EINVAL);
+  REQUIRE(vol->total_blocks() == 8192);
+  must(vol->close());
+  require_clean(*mem);
+  auto again = must(Volume::open(*mem));
+  REQUIRE(again->super().total_blocks == 8192);
+  REQUIRE(dump(*again, t) == model);
+}

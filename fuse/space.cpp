@@ -1,6 +1,8 @@
-// Trim on a mount (format.md#discard): `plyctl trim MOUNTPOINT` (the control
-// request "trim") and fstrim(8)'s FITRIM ioctl on the mount point, both
-// telling the device that every free block is unused (Volume::trim, A6).
+// Space on a mount: trim (format.md#discard) -- `plyctl trim MOUNTPOINT` (the
+// control request "trim") and fstrim(8)'s FITRIM ioctl on the mount point,
+// both telling the device that every free block is unused (Volume::trim,
+// A6) -- and `plyctl resize MOUNTPOINT` (the request "resize",
+// format.md#resize).
 #include <linux/fs.h>
 #include <unistd.h>
 
@@ -18,6 +20,15 @@ Result<nlohmann::ordered_json> trim_online(uint64_t start, uint64_t len, uint64_
     op.update(done, fraction);
   }));
   return nlohmann::ordered_json{{"trimmed_bytes", trimmed}, {"minimum_bytes", min_bytes}};
+}
+
+Result<nlohmann::ordered_json> resize_online(std::optional<uint64_t> bytes) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  const uint64_t bs = g->vol->block_size();
+  const uint64_t old = g->vol->total_blocks() * bs;
+  const Generation gen = PLY_TRY(g->vol->resize(bytes));
+  return nlohmann::ordered_json{
+      {"old_bytes", old}, {"size_bytes", g->vol->total_blocks() * bs}, {"generation", gen.v}};
 }
 
 // FITRIM: struct fstrim_range in and out; on return `len` holds the bytes
