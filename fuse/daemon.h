@@ -29,6 +29,7 @@
 #include "blockdev/blockdev.h"
 #include "fs/fs.h"
 #include "union/union.h"
+#include "snap/retention.h"
 #include "union/view.h"
 #include "ctl_folder.h"
 #include "notifier.h"
@@ -50,7 +51,8 @@ struct Daemon {
   std::mutex ctl_mu;                // one branch change at a time
   std::vector<ViewLayer> stack;     // what the union shows, under ctl_mu
   // Automatic snapshots (-o snapshot_interval, snapshot_keep).
-  unsigned snap_interval = 0, snap_keep = 0;
+  unsigned snap_interval = 0;
+  Retention snap_keep;  // keeps all by default
   std::thread snapper;
   std::mutex snap_mu;
   std::condition_variable snap_cv;

@@ -191,9 +191,10 @@ void cleaner_loop() {
 }
 
 // Automatic snapshots: every interval, a snapshot of the stack's writable
-// branch; beyond `keep` snapshots of it made this way (named LIVE@...),
-// the oldest are deleted: their blocks that newer snapshots or the branch
-// share stay, the rest is freed (format.md#snapshots).
+// branch; of the snapshots of it made this way (named LIVE@...), those the
+// retention (-o snapshot_keep: the newest N, or classes, snap/retention.h)
+// does not keep are deleted: their blocks that newer snapshots or the
+// branch share stay, the rest is freed (format.md#snapshots).
 void snapper_loop() {
   std::unique_lock lk(g->snap_mu);
   for (;;) {
@@ -201,8 +202,8 @@ void snapper_loop() {
     lk.unlock();
     auto r = control(model::Json{{"command", "snapshot"}}, true);
     if (!r) log_error("automatic snapshot failed: %s", r.error().user_message(g->image).c_str());
-    if (r && g->snap_keep) {
-      std::vector<std::string> old;  // oldest first, beyond keep
+    if (r && !g->snap_keep.keeps_all()) {
+      std::vector<std::string> old;  // oldest first, what the retention drops
       {
         std::lock_guard cl(g->ctl_mu);
         auto top = snapshot_target(g->stack);
@@ -210,7 +211,9 @@ void snapper_loop() {
         auto snaps = live ? snapshots_of(*g->vol, live->tree) : Result<std::vector<BranchMeta>>(live.error());
         if (snaps) {
           std::erase_if(*snaps, [&](const BranchMeta& b) { return b.name.rfind(snapshot_prefix(live->name), 0) != 0; });
-          for (size_t i = 0; i + g->snap_keep < snaps->size(); i++) old.push_back((*snaps)[i].name);
+          std::vector<uint64_t> times;
+          for (const auto& b : *snaps) times.push_back(b.created_ns);
+          for (size_t i : prune(times, g->snap_keep)) old.push_back((*snaps)[i].name);
         }
       }
       for (const auto& name : old) {

@@ -149,7 +149,11 @@ Result<void> check_options(Config& c) {
   }
   c.snapshot_interval =
       PLY_TRY(number(c.snapshot_interval_s, "snapshot_interval", 0, kMaxSnapshotInterval, 0));
-  c.snapshot_keep = PLY_TRY(number(c.snapshot_keep_s, "snapshot_keep", 0, kMaxSnapshotKeep, 0));
+  if (c.snapshot_keep_s) {
+    auto r = parse_retention(c.snapshot_keep_s);
+    if (!r) return bad(r.error());
+    c.snapshot_keep = *r;
+  }
   c.max_threads = PLY_TRY(number(c.max_threads_s, "max_threads", 1, kMaxThreads, c.max_threads));
   c.max_idle_threads =
       PLY_TRY(number(c.max_idle_threads_s, "max_idle_threads", 0, kMaxThreads, c.max_idle_threads));
@@ -205,7 +209,10 @@ void usage() {
       "                     caller, its umask applied), or const:UID:GID:MODE (octal)\n"
       "  -o snapshot_interval=SECONDS  snapshot the stack's writable branch every\n"
       "                     SECONDS (0, the default: never; at most a year)\n"
-      "  -o snapshot_keep=N keep the N newest automatic snapshots (0: all), deleting\n"
+      "  -o snapshot_keep=N|CLASS=N[:CLASS=N...]  keep the N newest automatic\n"
+      "                     snapshots (0: all), or by class: last=N, hourly=N,\n"
+      "                     daily=N, weekly=N, monthly=N (the newest of each of the\n"
+      "                     N latest periods, UTC), deleting\n"
       "                     the older ones\n"
       "  -o delete=MODE     whiteout (default: hide lower names) or all (also delete\n"
       "                     them from the writable branches that hold them)\n"

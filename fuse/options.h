@@ -5,6 +5,8 @@
 // sizes through parse_size (util/parse.h), one rule for every tool.
 #pragma once
 
+#include "snap/retention.h"
+
 #ifndef FUSE_USE_VERSION
 #define FUSE_USE_VERSION 312
 #endif
@@ -49,7 +51,7 @@ struct Config {
   unsigned commit = 5;                   // seconds, 0 to kMaxCommit
   uint64_t cache_bytes = 256ull << 20;   // kMinCache to kMaxCache
   unsigned snapshot_interval = 0;        // seconds, 0: never
-  unsigned snapshot_keep = 0;            // 0: all
+  Retention snapshot_keep;               // keeps all by default (snap/retention.h)
   // libfuse's session loop: at most max_threads workers, and at most
   // max_idle_threads of them waiting for requests (0: the default, idle_threads).
   unsigned max_threads = 16, max_idle_threads = 0;
@@ -67,7 +69,6 @@ struct Config {
 // The ranges of the numeric options (plyfs.8 documents them).
 inline constexpr unsigned kMaxCommit = 86400;              // a day
 inline constexpr unsigned kMaxSnapshotInterval = 31536000;  // a year
-inline constexpr unsigned kMaxSnapshotKeep = 1000000;
 inline constexpr unsigned kMaxThreads = 1024;
 inline constexpr unsigned kMaxSpin = 100000;                // 0.1 s
 inline constexpr unsigned kMaxTimeout = 86400;             // a day
