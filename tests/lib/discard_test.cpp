@@ -32,6 +32,11 @@ void fill(Volume& v, TreeId t, uint64_t from, uint64_t n, Model& model) {
   }
 }
 
+TreeId plain_tree(Volume& v) {
+  auto txn = must(v.begin());
+  return must(txn.create_tree(kKindPlain));
+}
+
 void erase(Volume& v, TreeId t, uint64_t from, uint64_t n, Model& model) {
   for (uint64_t i = from; i < from + n; i++) {
     auto txn = must(v.begin(Volume::TxnOptions{true, 0}));
@@ -49,11 +54,7 @@ TEST_CASE("discard: a generation's frees are discarded right after it is durable
   VolumeOptions vo;
   vo.discard = true;
   auto vol = must(Volume::open(dev, vo));
-  TreeId t;
-  {
-    auto txn = must(vol->begin());
-    t = must(txn.create_tree(kKindPlain));
-  }
+  const TreeId t = plain_tree(*vol);
   Model model;
   fill(*vol, t, 0, 2000, model);
   must(vol->commit());
@@ -98,11 +99,7 @@ TEST_CASE("discard: without -o discard nothing is discarded; trim discards exact
   auto mem = fresh_device(16 << 20);
   RecordingDevice dev(*mem);
   auto vol = must(Volume::open(dev));
-  TreeId t;
-  {
-    auto txn = must(vol->begin());
-    t = must(txn.create_tree(kKindPlain));
-  }
+  const TreeId t = plain_tree(*vol);
   Model model;
   fill(*vol, t, 0, 2000, model);
   must(vol->commit());
@@ -152,11 +149,7 @@ TEST_CASE("discard: trim and -o discard beside writers and commits lose nothing"
   vo.discard = true;
   vo.commit_interval_ms = 5;
   auto vol = must(Volume::open(*mem, vo));
-  TreeId t;
-  {
-    auto txn = must(vol->begin());
-    t = must(txn.create_tree(kKindPlain));
-  }
+  const TreeId t = plain_tree(*vol);
   Model model;
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> trims{0};
@@ -190,11 +183,7 @@ TEST_CASE("resize: a full filesystem grows into its device in one generation; sh
   fo.size_bytes = 4 << 20;
   must(Volume::format(*mem, fo));
   auto vol = must(Volume::open(*mem));
-  TreeId t;
-  {
-    auto txn = must(vol->begin());
-    t = must(txn.create_tree(kKindPlain));
-  }
+  const TreeId t = plain_tree(*vol);
   Model model;
   std::vector<std::byte> big(900, std::byte{0x77});
   uint64_t k = 0;
