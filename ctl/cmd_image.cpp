@@ -34,9 +34,11 @@ const char* slot_text(const Json& e) {
   return "?";
 }
 
+// A count of the object (built here, a signed number may hold it; parsed
+// from the daemon's text, an unsigned one), or 0.
 uint64_t u64(const Json& o, const char* key) {
   const Json& v = o.contains(key) ? o[key] : Json();
-  return v.is_number_unsigned() ? v.get<uint64_t>() : 0;
+  return v.is_number_integer() && v >= 0 ? v.get<uint64_t>() : 0;
 }
 
 // The text of an Image object, the same from either side.
@@ -61,7 +63,7 @@ void print_image(const std::string& image, const Json& o) {
   for (const auto& x : trees)
     t.add({std::to_string(u64(x, "id")), x.value("kind", std::string("?")), std::to_string(u64(x, "root")),
            std::to_string(u64(x, "level")), std::to_string(u64(x, "created_generation")),
-           x.contains("cloned_from") && x["cloned_from"].is_number_unsigned() ? std::to_string(u64(x, "cloned_from"))
+           x.contains("cloned_from") && x["cloned_from"].is_number_integer() ? std::to_string(u64(x, "cloned_from"))
                                                                               : "-"});
   t.print();
 }
