@@ -181,7 +181,10 @@ Result<Json> show_answer() {
   Json out;
   auto views_held = g->ctl->hold();
   PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
-    if (!g->read_only) PLY_CHECK(g->vol->commit());
+    // A volume an error turned read-only (C5, a bad data checksum) is shown
+    // too, as it stands, with its newest durable generation: a look at it
+    // is what is wanted then.
+    if (!g->read_only && !g->vol->failure()) PLY_CHECK(g->vol->commit());
     const SuperChoice& rec = g->vol->recovery();
     int slot = rec.slot;
     SlotState slots[2] = {rec.reports[0].state, rec.reports[1].state};

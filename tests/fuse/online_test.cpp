@@ -343,6 +343,47 @@ TEST_CASE("online: branch add, move, set and remove --save write the mounted vie
   CHECK(o.err.find("--save is for a mount point") != std::string::npos);
 }
 
+TEST_CASE("online: show and the lists still answer on a mount a damaged block turned read-only", "[online]") {
+  std::mt19937_64 rng(seed("online-eio"));
+  Fixture fx("128M");
+  const std::string victim = random_bytes(rng, 4096);
+  write_file(fx / "victim", victim);
+  fx.unmount();
+  {  // one bit of the file's block flipped: its checksum fails at the read
+    int fd = ::open(fx.img.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    std::string buf(4096, '\0');
+    std::vector<off_t> at;
+    for (off_t off = 0; ::pread(fd, buf.data(), buf.size(), off) == ssize_t(buf.size()); off += 4096)
+      if (buf == victim) at.push_back(off);
+    REQUIRE(at.size() == 1);
+    char c;
+    REQUIRE(::pread(fd, &c, 1, at[0] + 100) == 1);
+    c = char(c ^ 0x01);
+    REQUIRE(::pwrite(fd, &c, 1, at[0] + 100) == 1);
+    ::close(fd);
+  }
+  fx.mount();
+  const json before = validated(fx.tmp, "show", {"show", fx.root()});
+  int fd = ::open((fx / "victim").c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  char b[4096];
+  REQUIRE_ERRNO(::pread(fd, b, sizeof b, 0), EIO);
+  ::close(fd);
+  // The volume is read-only now: show answers its newest durable
+  // generation, the lists answer, and sync says it cannot commit.
+  const json after = validated(fx.tmp, "show", {"show", fx.img});
+  CHECK(after["generation"] == before["generation"]);
+  validated(fx.tmp, "branch list IMAGE", {"branch", "list", fx.img});
+  validated(fx.tmp, "view list", {"view", "list", fx.root()});
+  Out o = ctl(fx.tmp, {"sync", fx.root()});
+  CHECK(o.rc == 1);
+  CHECK(o.err.rfind("plyctl: ", 0) == 0);
+  CHECK(o.err.find('\n') == o.err.size() - 1);
+  REQUIRE(fx.m->unmount() < 128);
+  fx.m.reset();
+}
+
 namespace {
 
 // Writes `name` (with content) through a mount without periodic commits,
