@@ -67,7 +67,11 @@ int list_views_cmd(const std::string& path, bool json) {
 Result<Json> offline_change(Volume& v, const std::string& sub, const std::vector<std::string>& pos, bool dflt) {
   auto views = PLY_TRY(list_views(v));
   auto it = std::find_if(views.begin(), views.end(), [&](auto& w) { return w.name == pos[1]; });
-  if (sub != "create" && it == views.end()) return Error::io(ENOENT, "no view named " + in_quotes(pos[1]));
+  if (sub != "create" && it == views.end()) {
+    std::string m = "no view named ";
+    m += in_quotes(pos[1]);
+    return Error::io(ENOENT, m);
+  }
   View result;
   if (sub == "create") {
     result = View{pos[1], dflt, PLY_TRY(parse_stack(v, pos[2]))};

@@ -71,7 +71,10 @@ void print_layer_tree(const Json& branches) {
   Table t({{"NAME"}, {"ID", true}, {"KIND"}, {"MODE"}}, true);
   std::function<void(const Json&, libscols_line*)> add = [&](const Json& b, libscols_line* parent) {
     std::string kind = kind_text(b);
-    if (kind == "clone") kind += " of " + name_in(b["parent"], "branch");
+    if (kind == "clone") {
+      kind += " of ";
+      kind += name_in(b["parent"], "branch");
+    }
     libscols_line* ln = t.add({name_in(b, "name"), std::to_string(id_in(b)), kind,
                                b.value("writable", false) ? "rw" : "ro"}, parent);
     for (const auto& c : b.value("children", Json::array()))

@@ -227,7 +227,12 @@ Result<Json> view_change(const std::string& cmd, const Json& req) {
   } else {
     auto views = PLY_TRY(list_views(*g->vol));
     auto it = std::find_if(views.begin(), views.end(), [&](const View& w) { return w.name == name; });
-    if (it == views.end()) return Error::io(ENOENT, "no view named \"" + shown(name) + "\"");
+    if (it == views.end()) {
+      std::string m = "no view named \"";
+      m += shown(name);
+      m += '"';
+      return Error::io(ENOENT, m);
+    }
     result = *it;
     if (cmd == "view-delete") {
       PLY_CHECK(delete_view(*g->vol, name));
@@ -255,8 +260,10 @@ Result<View> mounted_view() {
                              "save its stack with plyctl view create MOUNTPOINT NAME STACK");
   for (auto& w : PLY_TRY(list_views(*g->vol)))
     if (w.name == g->view) return w;
-  return Error::io(ENOENT, "view \"" + shown(g->view) + "\", which this mount shows, was deleted: "
-                           "save the stack with plyctl view create MOUNTPOINT NAME STACK");
+  std::string m = "view \"";
+  m += shown(g->view);
+  m += "\", which this mount shows, was deleted: save the stack with plyctl view create MOUNTPOINT NAME STACK";
+  return Error::io(ENOENT, m);
 }
 
 // `add`, `remove`, `set` and `move`: the stack afterwards; with "save", it
@@ -298,8 +305,11 @@ Result<Json> restack(const std::string& cmd, const Json& req) {
   invalidate_all();
   if (view) {
     view->layers = next;
-    if (auto r = put_view(*g->vol, *view); !r)
-      return Error::io(r.error().code, "the stack changed, but saving it failed: " + r.error().message());
+    if (auto r = put_view(*g->vol, *view); !r) {
+      std::string m = "the stack changed, but saving it failed: ";
+      m += r.error().message();
+      return Error::io(r.error().code, m);
+    }
     PLY_CHECK(g->vol->commit());
   }
   return stack_answer();
