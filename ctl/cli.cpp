@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "fs/fs.h"
+#include "mount_client.h"
 #include "snap/snap.h"
 
 namespace plyfs::ctl {
@@ -64,29 +65,33 @@ int need_image(const std::string& what, const std::string& path, const std::stri
 void usage(FILE* out) {
   std::fprintf(out,
                "Usage: %s COMMAND ... [--json]\n\n"
-               "On an image (a file or block device, not mounted):\n"
-               "  show IMAGE                   superblocks, space and trees of an image\n"
+               "On an image (a file or block device) or a mount point; the daemon of a\n"
+               "mount point, or of the mount serving the image, answers for a mounted one:\n"
+               "  show IMAGE|MNT               superblocks, space and trees of an image\n"
                "  branch list IMAGE            the branches and their parents\n"
+               "  layer list IMAGE|MNT         the layer trees (layers: branches made over a parent)\n"
+               "  view list IMAGE|MNT          the views: ordered stacks of branches\n"
+               "  view create IMAGE|MNT NAME STACK [--default]\n"
+               "                               STACK: top=rw:base=ro (leftmost wins)\n"
+               "  view delete IMAGE|MNT NAME\n"
+               "  view default IMAGE|MNT NAME  the view a mount shows without -o view=\n"
+               "                               (a mount keeps the stack it shows until remounted)\n"
+               "  sync IMAGE|MNT               make everything written to a mount durable\n"
+               "On an image (not mounted):\n"
                "  branch create IMAGE NAME [--clone SRC | --parent P] [--ro]\n"
                "                               a new empty branch (a layer over P), or an\n"
                "                               O(1) clone of SRC sharing all its blocks\n"
                "  branch remove IMAGE NAME     delete a branch, freeing what only it used\n"
                "  branch set IMAGE NAME [--name NEW] [--ro | --rw]\n"
-               "  layer list IMAGE             the layer trees (layers: branches made over a parent)\n"
                "  layer create IMAGE NAME --on PARENT [--ro]\n"
                "  layer delete IMAGE NAME      (plyfs -o layer=NAME mounts a layer over its ancestors)\n"
-               "  view list IMAGE              the views: ordered stacks of branches\n"
-               "  view create IMAGE NAME STACK [--default]\n"
-               "                               STACK: top=rw:base=ro (leftmost wins)\n"
-               "  view delete IMAGE NAME\n"
-               "  view default IMAGE NAME      the view a mount shows without -o view=\n"
-               "On a mount point, the stack changes at once, until unmount (root or the\n"
-               "mount's owner):\n"
-               "  branch list MNT              the stack, leftmost first\n"
-               "  branch add MNT NAME [--at POS] [--ro]   show branch NAME (default: leftmost, rw)\n"
-               "  branch remove MNT NAME       stop showing NAME (its data stays)\n"
-               "  branch set MNT NAME --ro | --rw\n"
-               "  branch move MNT NAME POS     POS 0 is the leftmost place\n"
+               "On a mount point, the stack changes at once, until unmount, and with --save\n"
+               "in the view the mount shows too (root or the mount's owner):\n"
+               "  branch list MNT [--all]      the stack, leftmost first (--all: the image's branches)\n"
+               "  branch add MNT NAME [--at POS] [--ro] [--save]   show branch NAME (default: leftmost, rw)\n"
+               "  branch remove MNT NAME [--save]   stop showing NAME (its data stays)\n"
+               "  branch set MNT NAME --ro | --rw [--save]\n"
+               "  branch move MNT NAME POS [--save]   POS 0 is the leftmost place\n"
                "On an image or a mount point:\n"
                "  snapshot IMAGE|MNT [--view V] [--name SNAP]\n"
                "                               freeze the stack's writable branch as SNAP (default\n"
@@ -158,6 +163,24 @@ Result<Opened> open_volume(const std::string& image, bool write) {
   // What an interrupted merge or rollback left goes first (format.md#snapshots).
   if (write) (void)PLY_TRY(drop_doomed(*o.vol));
   return o;
+}
+
+Result<Target> open_target(const std::string& path, bool write) {
+  Target t;
+  if (is_directory(path)) {
+    t.mnt = path;
+    return t;
+  }
+  auto o = open_volume(path, write);
+  if (o) {
+    t.o = std::move(*o);
+    return t;
+  }
+  if (o.error().code != EBUSY) return o.error();
+  auto mnt = mount_of(path);
+  if (!mnt) return o.error();  // locked by something that is no plyfs mount here
+  t.mnt = *mnt;
+  return t;
 }
 
 Result<Parsed> parse(const std::vector<std::string>& args, const std::set<std::string>& with_value,

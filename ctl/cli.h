@@ -42,6 +42,16 @@ struct Opened {
 };
 Result<Opened> open_volume(const std::string& image, bool write);
 
+// Where a command on an image's catalog runs (issue 24): through the daemon
+// (`mnt`) when `path` is a mount point, or an image that a plyfs mount
+// serves (its lock is taken, and mount_of finds the mount); else on the
+// image, opened here. plyctl never reads a mounted image's blocks.
+struct Target {
+  std::string mnt;  // non-empty: this mount point's daemon answers
+  Opened o;
+};
+Result<Target> open_target(const std::string& path, bool write);
+
 // Splits options (--x [value]) from positional arguments.
 struct Parsed {
   std::vector<std::string> pos;
@@ -56,6 +66,7 @@ int cmd_branch(const std::string& sub, const std::vector<std::string>& args);
 int cmd_layer(const std::string& sub, const std::vector<std::string>& args);
 int cmd_view(const std::string& sub, const std::vector<std::string>& args);
 int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args);
+int cmd_sync(const std::vector<std::string>& args);
 // Deletes branch `name` of `image` (branch remove, layer delete, delete).
 int remove_branch(const std::string& image, const std::string& name, bool json);
 int cmd_import(const std::vector<std::string>& args);

@@ -1,10 +1,10 @@
-// plyctl branch and layer: the branch table of an image (offline), and the
-// stack of a mount (through its control channel, fuse/control.h).
+// plyctl branch and layer: the branch table of an image (offline, or from
+// the daemon of the mount serving it), and the stack of a mount (through
+// its control channel, fuse/control.h).
 #include "cli.h"
 
 #include <algorithm>
 #include <cstdio>
-#include <functional>
 #include <map>
 
 #include "fs/fs.h"
@@ -27,10 +27,6 @@ Result<std::optional<std::string>> view_using(Volume& v, TreeId t, bool writing)
   return std::optional<std::string>{};
 }
 
-const char* kind_of(const model::Branches& bs, const BranchMeta& b) {
-  return bs.is_layer(b.tree) ? "layer" : b.parent.v ? "clone" : "base";
-}
-
 // What a command that made or changed one branch prints, the Branch
 // object or `verb "NAME" (id N)`, read before the image is closed (which
 // commits), and printed if that succeeds.
@@ -46,29 +42,34 @@ int close_and_print(const std::string& image, Volume& v, TreeId tree, bool json,
   return 0;
 }
 
+int list_branches(const std::string& path, bool json);
+
 // The branch commands on a mount point: the daemon answers with the stack.
 int mounted_branch(const std::string& sub, const Parsed& p) {
   const auto& pos = p.pos;
   auto has = [&](const char* o) { return p.opt.count(o) > 0; };
   Json req = {{"command", sub}};
   if (sub == "list") {
-    if (pos.size() != 1) return usage_error("usage: plyctl branch list MOUNTPOINT [--json]");
+    if (pos.size() != 1 || has("--save")) return usage_error("usage: plyctl branch list MOUNTPOINT [--all] [--json]");
+    if (has("--all")) return list_branches(pos[0], has("--json"));
+  } else if (has("--all")) {
+    return usage_error("--all is for branch list MOUNTPOINT");
   } else if (sub == "add") {
     if (pos.size() != 2 || has("--rw") || has("--clone") || has("--parent") || has("--name"))
-      return usage_error("usage: plyctl branch add MOUNTPOINT NAME [--at POS] [--ro] [--json]");
+      return usage_error("usage: plyctl branch add MOUNTPOINT NAME [--at POS] [--ro] [--save] [--json]");
     auto at = parse_uint(has("--at") ? p.opt.at("--at") : "0", "position", 0, kMaxViewLayers);
     if (!at) return usage_error(at.error().message());
     req["position"] = *at;
     req["writable"] = !has("--ro");
   } else if (sub == "remove") {
-    if (pos.size() != 2 || p.opt.size() > has("--json"))
-      return usage_error("usage: plyctl branch remove MOUNTPOINT NAME [--json]");
+    if (pos.size() != 2 || p.opt.size() > size_t(has("--json") + has("--save")))
+      return usage_error("usage: plyctl branch remove MOUNTPOINT NAME [--save] [--json]");
   } else if (sub == "set") {
     if (pos.size() != 2 || has("--ro") == has("--rw") || has("--name"))
-      return usage_error("usage: plyctl branch set MOUNTPOINT NAME --ro | --rw [--json]");
+      return usage_error("usage: plyctl branch set MOUNTPOINT NAME --ro | --rw [--save] [--json]");
     req["writable"] = has("--rw");
   } else if (sub == "move") {
-    if (pos.size() != 3) return usage_error("usage: plyctl branch move MOUNTPOINT NAME POS [--json]");
+    if (pos.size() != 3) return usage_error("usage: plyctl branch move MOUNTPOINT NAME POS [--save] [--json]");
     auto at = parse_uint(pos[2], "position", 0, kMaxViewLayers);
     if (!at) return usage_error(at.error().message());
     req["position"] = *at;
@@ -79,6 +80,8 @@ int mounted_branch(const std::string& sub, const Parsed& p) {
     return usage_error("unknown branch subcommand '" + sub + "' (list, add, remove, set, move)");
   }
   if (pos.size() >= 2) model::put_name(req, "branch", pos[1]);
+  // Only asked for: a daemon before --save refuses no request without it.
+  if (has("--save")) req["save"] = true;
   auto r = request(pos[0], req);
   if (!r) return fail(r.error().message());
   if (has("--json")) {
@@ -97,24 +100,31 @@ int mounted_branch(const std::string& sub, const Parsed& p) {
   return 0;
 }
 
-int list_branches(const std::string& image, bool json) {
-  auto o = open_volume(image, false);
-  if (!o) return fail_on(image, o.error());
-  auto bs = model::Branches::read(*o->vol);
-  if (!bs) return fail_on(image, bs.error());
-  if (json) {
-    Json a = Json::array();
-    for (const auto& b : bs->all()) a.push_back(bs->branch(b));
-    print_json(a);
+// The image's [Branch]: read here, or answered by the daemon of the mount
+// point `path` or of the mount serving image `path`. 0, or the exit status
+// after the error is printed.
+int read_branches(const std::string& path, Json& out) {
+  auto t = open_target(path, false);
+  if (!t) return fail_on(path, t.error());
+  if (!t->mnt.empty()) {
+    auto r = request(t->mnt, Json{{"command", "branches"}});
+    if (!r) return fail(r.error().message());
+    if (!r->is_array()) return fail(t->mnt + ": the daemon's answer is not a list of branches");
+    out = std::move(*r);
     return 0;
   }
-  Table t({{"ID", true}, {"NAME"}, {"PARENT"}, {"KIND"}, {"MODE"}, {"CREATED", true}});
-  for (const auto& b : bs->all()) {
-    const BranchMeta* parent = bs->find(b.parent);
-    t.add({std::to_string(b.tree.v), shown(b.name), parent ? shown(parent->name) : "-", kind_of(*bs, b),
-           b.read_only ? "ro" : "rw", std::to_string(b.created.v)});
-  }
-  t.print();
+  auto bs = model::Branches::read(*t->o.vol);
+  if (!bs) return fail_on(path, bs.error());
+  out = Json::array();
+  for (const auto& b : bs->all()) out.push_back(bs->branch(b));
+  return 0;
+}
+
+int list_branches(const std::string& path, bool json) {
+  Json a;
+  if (int rc = read_branches(path, a)) return rc;
+  if (json) print_json(a);
+  else print_branch_table(a);
   return 0;
 }
 
@@ -211,11 +221,14 @@ int remove_branch(const std::string& image, const std::string& name, bool json) 
 }
 
 int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
-  auto p = parse(args, {"--clone", "--parent", "--name", "--at"}, {"--json", "--ro", "--rw"});
+  auto p = parse(args, {"--clone", "--parent", "--name", "--at"}, {"--json", "--ro", "--rw", "--save", "--all"});
   if (!p) return usage_error(p.error().message());
   const auto& pos = p->pos;
   auto has = [&](const char* o) { return p->opt.count(o) > 0; };
   if (!pos.empty() && is_directory(pos[0])) return mounted_branch(sub, *p);
+  if (has("--save"))
+    return usage_error("--save is for a mount point; on an image, plyctl view create IMAGE VIEW STACK saves a stack");
+  if (has("--all")) return usage_error("--all is for a mount point: branch list IMAGE lists every branch");
   if (sub == "add" || sub == "move") {
     if (pos.empty()) return usage_error("usage: plyctl branch " + sub + " MOUNTPOINT NAME ...");
     return need_mount("branch " + sub, pos[0],
@@ -244,7 +257,7 @@ int cmd_layer(const std::string& sub, const std::vector<std::string>& args) {
   if (!p) return usage_error(p.error().message());
   const auto& pos = p->pos;
   auto has = [&](const char* o) { return p->opt.count(o) > 0; };
-  if (!pos.empty() && is_directory(pos[0]))
+  if (!pos.empty() && is_directory(pos[0]) && sub != "list")
     return need_image("layer " + sub, pos[0], "the layers are the folders of MOUNTPOINT/.plyfs/layers/");
   if (sub == "create") {
     if (pos.size() != 2 || !has("--on"))
@@ -262,24 +275,11 @@ int cmd_layer(const std::string& sub, const std::vector<std::string>& args) {
   }
   if (sub != "list") return usage_error("unknown layer subcommand '" + sub + "' (list, create, delete)");
   if (pos.size() != 1 || has("--on") || has("--ro"))
-    return usage_error("usage: plyctl layer list IMAGE [--json]");
-  if (has("--json")) return list_branches(pos[0], true);
-  auto o = open_volume(pos[0], false);
-  if (!o) return fail_on(pos[0], o.error());
-  auto bs = model::Branches::read(*o->vol);
-  if (!bs) return fail_on(pos[0], bs.error());
-  // Layers hang under the branch they are made on; bases and clones are roots.
-  Table t({{"NAME"}, {"ID", true}, {"KIND"}, {"MODE"}}, true);
-  std::function<void(const BranchMeta&, libscols_line*)> add = [&](const BranchMeta& b, libscols_line* parent) {
-    std::string kind = kind_of(*bs, b);
-    if (kind == "clone")
-      if (const BranchMeta* src = bs->find(b.parent)) kind += " of " + shown(src->name);
-    libscols_line* ln = t.add({shown(b.name), std::to_string(b.tree.v), kind, b.read_only ? "ro" : "rw"}, parent);
-    for (const BranchMeta* c : bs->children(b.tree)) add(*c, ln);
-  };
-  for (const auto& b : bs->all())
-    if (!bs->is_layer(b.tree) || !bs->find(b.parent)) add(b, nullptr);
-  t.print();
+    return usage_error("usage: plyctl layer list IMAGE|MOUNTPOINT [--json]");
+  Json a;
+  if (int rc = read_branches(pos[0], a)) return rc;
+  if (has("--json")) print_json(a);
+  else print_layer_tree(a);
   return 0;
 }
 

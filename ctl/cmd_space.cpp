@@ -18,8 +18,7 @@ namespace plyfs::ctl {
 
 namespace {
 
-Result<Json> offline_trim(const std::string& image, uint64_t min_bytes) {
-  auto o = PLY_TRY(open_volume(image, true));
+Result<Json> offline_trim(Opened o, uint64_t min_bytes) {
   Progress prog("trimming free space", 0, Progress::Unit::Bytes);
   const uint64_t n = PLY_TRY(o.vol->trim(0, UINT64_MAX, min_bytes, [&](uint64_t done, double f) { prog.update(done, f); }));
   prog.finish();
@@ -32,8 +31,7 @@ Result<Json> mounted_trim(const std::string& mnt, uint64_t min_bytes) {
   return request(mnt, Json{{"command", "trim"}, {"minimum", min_bytes}}, nullptr, &work);
 }
 
-Result<Json> offline_resize(const std::string& image, std::optional<uint64_t> bytes) {
-  auto o = PLY_TRY(open_volume(image, true));
+Result<Json> offline_resize(Opened o, std::optional<uint64_t> bytes) {
   const uint64_t bs = o.vol->block_size();
   const uint64_t old = o.vol->total_blocks() * bs;
   const Generation gen = PLY_TRY(o.vol->resize(bytes));
@@ -55,15 +53,18 @@ int cmd_resize(const std::vector<std::string>& args) {
     bytes = *v;
   }
   const std::string& path = p->pos[0];
+  // A mount point, or an image a mount serves: its daemon resizes.
+  auto t = open_target(path, true);
+  if (!t) return fail_on(path, t.error());
   Result<Json> r = Error::invalid("");
-  if (is_directory(path)) {
+  if (!t->mnt.empty()) {
     Json req{{"command", "resize"}};
     req["size"] = bytes ? Json(*bytes) : Json("max");
-    r = request(path, req);
+    r = request(t->mnt, req);
   } else {
-    r = offline_resize(path, bytes);
+    r = offline_resize(std::move(t->o), bytes);
   }
-  if (!r) return is_directory(path) ? fail(path + ": " + r.error().message()) : fail_on(path, r.error());
+  if (!r) return t->mnt.empty() ? fail_on(path, r.error()) : fail(path + ": " + r.error().message());
   if (p->opt.count("--json")) {
     print_json(*r);
     return 0;
@@ -89,8 +90,10 @@ int cmd_trim(const std::vector<std::string>& args) {
     min_bytes = *v;
   }
   const std::string& path = p->pos[0];
-  Result<Json> r = is_directory(path) ? mounted_trim(path, min_bytes) : offline_trim(path, min_bytes);
-  if (!r) return is_directory(path) ? fail(path + ": " + r.error().message()) : fail_on(path, r.error());
+  auto t = open_target(path, true);
+  if (!t) return fail_on(path, t.error());
+  Result<Json> r = t->mnt.empty() ? offline_trim(std::move(t->o), min_bytes) : mounted_trim(t->mnt, min_bytes);
+  if (!r) return t->mnt.empty() ? fail_on(path, r.error()) : fail(path + ": " + r.error().message());
   if (p->opt.count("--json")) {
     print_json(*r);
     return 0;

@@ -1,10 +1,11 @@
 // plyctl: branches, layers, views, snapshots, clones, merges and diffs of
 // plyfs images and mounts; and, for testing, damage on purpose (plyctl.8).
-//   plyctl show IMAGE [--json]
+//   plyctl show IMAGE|MOUNTPOINT [--json]
 //   plyctl branch list|create|remove|set IMAGE ...
-//   plyctl branch list|add|remove|set|move MOUNTPOINT ...   (a mounted stack)
-//   plyctl view list|create|delete|default IMAGE ...
-//   plyctl layer list|create|delete IMAGE ...
+//   plyctl branch list|add|remove|set|move MOUNTPOINT ... [--save]   (a mounted stack)
+//   plyctl view list|create|delete|default IMAGE|MOUNTPOINT ...
+//   plyctl layer list IMAGE|MOUNTPOINT, layer create|delete IMAGE ...
+//   plyctl sync IMAGE|MOUNTPOINT
 //   plyctl snapshot|clone|merge|rollback|delete|diff IMAGE|MOUNTPOINT ...
 //   plyctl import IMAGE BRANCH SOURCE [--parent P] [--format F]
 //   plyctl export IMAGE|MOUNTPOINT BRANCH [-o FILE] [--format tar|oci-layer] [--compress zstd|gzip]
@@ -49,6 +50,7 @@ int real_main(int argc, char** argv) {
   if (cmd == "snapshot" || cmd == "clone" || cmd == "merge" || cmd == "rollback" || cmd == "delete" ||
       cmd == "diff")
     return cmd_lifecycle(cmd, args);
+  if (cmd == "sync") return cmd_sync(args);
   if (cmd == "import") return cmd_import(args);
   if (cmd == "export") return cmd_export(args);
   if (cmd == "trim") return cmd_trim(args);

@@ -3,17 +3,22 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 #include "control.h"
 
@@ -156,11 +161,62 @@ Result<Json> request(const std::string& mnt, const Json& req, Progress* progress
   return std::move(a["result"]);
 }
 
-void sync_mount(const std::string& mnt) {
-  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::syscall(SYS_syncfs, fd);
-  ::close(fd);
+namespace {
+
+// A field of /proc/self/mountinfo with its octal escapes (\040 for a
+// space, proc_pid_mountinfo(5)) undone.
+std::string unescape(const std::string& f) {
+  std::string o;
+  for (size_t i = 0; i < f.size(); i++) {
+    if (f[i] == '\\' && i + 3 < f.size() && f[i + 1] >= '0' && f[i + 1] <= '3' && f[i + 2] >= '0' &&
+        f[i + 2] <= '7' && f[i + 3] >= '0' && f[i + 3] <= '7') {
+      o += char((f[i + 1] - '0') * 64 + (f[i + 2] - '0') * 8 + (f[i + 3] - '0'));
+      i += 3;
+    } else {
+      o += f[i];
+    }
+  }
+  return o;
 }
+
+// The same image: one block device, or one file.
+bool same_image(const struct stat& a, const struct stat& b) {
+  if (S_ISBLK(a.st_mode) || S_ISBLK(b.st_mode)) return S_ISBLK(a.st_mode) && S_ISBLK(b.st_mode) && a.st_rdev == b.st_rdev;
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+}  // namespace
+
+std::optional<std::string> mount_of(const std::string& image) {
+  struct stat want;
+  if (::stat(image.c_str(), &want) != 0) return std::nullopt;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
+    std::istringstream ls(line);
+    std::vector<std::string> f;
+    for (std::string w; ls >> w;) f.push_back(w);
+    auto dash = std::find(f.begin(), f.end(), "-");
+    if (f.size() < 5 || dash == f.end() || f.end() - dash < 3 || dash[1] != "fuse.plyfs") continue;
+    struct stat st;
+    const std::string source = unescape(dash[2]);
+    if (::stat(source.c_str(), &st) != 0 || !same_image(st, want)) continue;
+    return unescape(f[4]);
+  }
+  return std::nullopt;
+}
+
+Result<void> syncfs_mount(const std::string& mnt) {
+  int fd = ::open(mnt.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Error::sys(errno, "cannot open " + mnt);
+  const long r = ::syscall(SYS_syncfs, fd);
+  const int e = errno;
+  ::close(fd);
+  if (r != 0) return Error::sys(e, "syncfs " + mnt);
+  return ok();
+}
+
+void sync_mount(const std::string& mnt) { (void)syncfs_mount(mnt); }
 
 }  // namespace plyfs::ctl

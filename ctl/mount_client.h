@@ -3,6 +3,7 @@
 // plyfs mount, a daemon of another protocol version).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "snap/model.h"
@@ -24,8 +25,18 @@ namespace plyfs::ctl {
 Result<model::Json> request(const std::string& mnt, const model::Json& req, Progress* progress = nullptr,
                             Progress* work = nullptr);
 
+// The mount point of the plyfs mount serving `image` (an image file or a
+// block device) in this mount namespace, from /proc/self/mountinfo: each
+// fuse.plyfs mount's source (the image as plyfs was given it) is stat'ed
+// and compared with `image` by device and inode (by device number for a
+// block device), so that any path to the same file matches. nullopt when
+// no such mount is visible here.
+std::optional<std::string> mount_of(const std::string& image);
+
 // Flushes what the kernel holds for the mount (syncfs), so that a snapshot
 // or diff of the daemon sees every write made before the command.
 void sync_mount(const std::string& mnt);
+// The same, with its error (an EIO of the writeback): plyctl sync.
+Result<void> syncfs_mount(const std::string& mnt);
 
 }  // namespace plyfs::ctl

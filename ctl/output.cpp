@@ -7,6 +7,8 @@
 #include <clocale>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <stdexcept>
 
 #include "util/text.h"
@@ -24,6 +26,65 @@ std::string in_quotes(std::string_view name) {
   o += shown(name);
   o += '"';
   return o;
+}
+
+namespace {
+std::string name_in(const Json& o, const char* key) {
+  auto n = model::get_name(o, key);
+  return n ? shown(*n) : "?";
+}
+uint64_t id_in(const Json& o) { return o.is_object() && o.contains("id") && o["id"].is_number_unsigned() ? o["id"].get<uint64_t>() : 0; }
+}  // namespace
+
+std::string stack_text(const Json& stack) {
+  std::string out;
+  if (!stack.is_array()) return out;
+  for (const auto& e : stack) {
+    if (!out.empty()) out += ':';
+    out += name_in(e, "branch");
+    out += e.is_object() && e.value("writable", false) ? "=rw" : "=ro";
+  }
+  return out;
+}
+
+std::string kind_text(const Json& b) {
+  if (!b.is_object()) return "?";
+  if (b.value("layer", false)) return "layer";
+  return b.contains("parent") && b["parent"].is_object() ? "clone" : "base";
+}
+
+void print_branch_table(const Json& branches) {
+  Table t({{"ID", true}, {"NAME"}, {"PARENT"}, {"KIND"}, {"MODE"}, {"CREATED", true}});
+  for (const auto& b : branches) {
+    const Json parent = b.is_object() ? b.value("parent", Json()) : Json();
+    t.add({std::to_string(id_in(b)), name_in(b, "name"), parent.is_object() ? name_in(parent, "branch") : "-",
+           kind_text(b), b.value("writable", false) ? "rw" : "ro",
+           std::to_string(b.value("created_generation", uint64_t(0)))});
+  }
+  t.print();
+}
+
+// Layers hang under the branch they are made on; bases and clones are roots.
+void print_layer_tree(const Json& branches) {
+  std::map<uint64_t, const Json*> by_id;
+  for (const auto& b : branches) by_id[id_in(b)] = &b;
+  Table t({{"NAME"}, {"ID", true}, {"KIND"}, {"MODE"}}, true);
+  std::function<void(const Json&, libscols_line*)> add = [&](const Json& b, libscols_line* parent) {
+    std::string kind = kind_text(b);
+    if (kind == "clone") {
+      kind += " of ";
+      kind += name_in(b["parent"], "branch");
+    }
+    libscols_line* ln = t.add({name_in(b, "name"), std::to_string(id_in(b)), kind,
+                               b.value("writable", false) ? "rw" : "ro"}, parent);
+    for (const auto& c : b.value("children", Json::array()))
+      if (auto it = by_id.find(id_in(c)); it != by_id.end()) add(*it->second, ln);
+  };
+  for (const auto& b : branches) {
+    const Json parent = b.is_object() ? b.value("parent", Json()) : Json();
+    if (!b.value("layer", false) || !parent.is_object() || !by_id.count(id_in(parent))) add(b, nullptr);
+  }
+  t.print();
 }
 
 Table::Table(std::vector<Column> cols, bool tree) : tb_(scols_new_table()), ncols_(cols.size()) {

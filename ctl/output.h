@@ -24,6 +24,16 @@ void print_json(const Json& j);
 // "NAME" in double quotes, shown: for the sentences of text output.
 std::string in_quotes(std::string_view name);
 
+// The text of a Stack ([StackEntry]): "top=rw:base=ro", names shown, the
+// same as model::Branches::stack_text.
+std::string stack_text(const Json& stack);
+// The KIND column of a Branch object: "layer", "clone" (made from a
+// branch) or "base".
+std::string kind_text(const Json& branch);
+// The tables of plyctl branch list and layer list, from [Branch].
+void print_branch_table(const Json& branches);
+void print_layer_tree(const Json& branches);
+
 // A table with a header line, printed whole to stdout. A tree table draws
 // its first column as a tree (add(parent)).
 class Table {

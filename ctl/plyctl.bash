@@ -4,15 +4,15 @@
 # Installed as share/bash-completion/completions/plyctl.
 
 # The names of an image's branches or views ("branch" or "view"), or of
-# the branches a mount point reaches. Names with JSON escapes are skipped:
+# the branches a mount point reaches (its views: from its daemon). Names with JSON escapes are skipped:
 # they would need quoting anyway.
 _plyctl_names() {
     local prog=$1 what=$2 where=$3
-    if [[ -d $where ]]; then
-        [[ $what == branch && -d $where/.plyfs/layers ]] && command ls -1 -- "$where/.plyfs/layers" 2>/dev/null
+    if [[ -d $where && $what == branch ]]; then
+        [[ -d $where/.plyfs/layers ]] && command ls -1 -- "$where/.plyfs/layers" 2>/dev/null
         return
     fi
-    [[ -e $where ]] || return
+    [[ -n $where && -e $where ]] || return
     "$prog" "$what" list "$where" --json 2>/dev/null |
         grep -o '"name":"[^"\\]*"' | sed -e 's/^"name":"//' -e 's/"$//'
 }
@@ -34,7 +34,7 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nimport\nexport\ntrim\nresize\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nsync\nimport\nexport\ntrim\nresize\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).
@@ -82,8 +82,10 @@ _plyctl() {
     local opts="--json"
     case "$cmd $sub" in
         "branch create") opts+=$'\n--clone\n--parent\n--ro' ;;
-        "branch set") opts+=$'\n--name\n--ro\n--rw' ;;
-        "branch add") opts+=$'\n--at\n--ro' ;;
+        "branch list") opts+=$'\n--all' ;;
+        "branch set") opts+=$'\n--name\n--ro\n--rw\n--save' ;;
+        "branch add") opts+=$'\n--at\n--ro\n--save' ;;
+        "branch remove" | "branch move") opts+=$'\n--save' ;;
         "layer create") opts+=$'\n--on\n--ro' ;;
         "view create") opts+=$'\n--default' ;;
         "debug corrupt"*) opts+=$'\n--set\n--flip\n--zero\n--add\n--keep-checksum' ;;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -166,8 +167,113 @@ Result<Json> clone_or_delete(const std::string& cmd, const Json& req) {
   return delete_online(PLY_TRY(arg_branch(req, "branch")));
 }
 
-// `add`, `remove`, `set` and `move`: the stack afterwards.
+// --- the image's own commands, answered from the mount (issue 24) ----------
+// plyctl reads no block of a mounted image: the daemon reuses the blocks a
+// generation freed once the next one is durable, so a second reader would
+// see torn trees. These answer from the daemon's Volume with the objects
+// plyctl prints offline.
+
+// `show`: the Image object of a durable generation, committed and read
+// while no operation runs (as `diff`), so that its trees are that
+// generation's. A mount that has committed since it opened has written its
+// newest superblock into slot G % 2 and the one before into the other
+// (format.md#commit, C2): both valid.
+Result<Json> show_answer() {
+  Json out;
+  auto views_held = g->ctl->hold();
+  PLY_CHECK(g->u->hold_still([&]() -> Result<void> {
+    // A volume an error turned read-only (C5, a bad data checksum) is shown
+    // too, as it stands, with its newest durable generation: a look at it
+    // is what is wanted then.
+    if (!g->read_only && !g->vol->failure()) PLY_CHECK(g->vol->commit());
+    const SuperChoice& rec = g->vol->recovery();
+    int slot = rec.slot;
+    SlotState slots[2] = {rec.reports[0].state, rec.reports[1].state};
+    const Generation durable = g->vol->durable_generation();
+    if (durable.v != rec.info.generation.v) {
+      slot = int(durable.v % 2);
+      slots[0] = slots[1] = SlotState::Valid;
+    }
+    out = PLY_TRY(model::image(*g->vol, slot, slots));
+    return ok();
+  }));
+  return out;
+}
+
+// `branches`, `views` and `default`: [Branch], [View] and the Stack a mount
+// without -o view= shows.
+Result<Json> catalog_answer(const std::string& cmd) {
+  auto bs = PLY_TRY(model::Branches::read(*g->vol));
+  Json a = Json::array();
+  if (cmd == "branches")
+    for (const auto& b : bs.all()) a.push_back(bs.branch(b));
+  if (cmd == "views")
+    for (const auto& w : PLY_TRY(list_views(*g->vol))) a.push_back(bs.view(w));
+  if (cmd == "default") a = bs.stack(PLY_TRY(default_stack(*g->vol)));
+  return a;
+}
+
+// `view-create`, `view-delete` and `view-default`: the View, as plyctl view
+// prints it offline; one durable generation each. The mount keeps the stack
+// it shows until it is remounted, whatever happens to its view.
+Result<Json> view_change(const std::string& cmd, const Json& req) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  const std::string name = PLY_TRY(model::get_name(req, "name"));
+  View result;
+  if (cmd == "view-create") {
+    PLY_CHECK(check_branch_name(name, "view"));
+    const std::string spec = PLY_TRY(model::get_name(req, "stack"));
+    result = View{name, PLY_TRY(arg_bool(req, "default", false)), PLY_TRY(parse_stack(*g->vol, spec))};
+    PLY_CHECK(put_view(*g->vol, result));
+  } else {
+    auto views = PLY_TRY(list_views(*g->vol));
+    auto it = std::find_if(views.begin(), views.end(), [&](const View& w) { return w.name == name; });
+    if (it == views.end()) {
+      std::string m = "no view named \"";
+      m += shown(name);
+      m += '"';
+      return Error::io(ENOENT, m);
+    }
+    result = *it;
+    if (cmd == "view-delete") {
+      PLY_CHECK(delete_view(*g->vol, name));
+    } else {
+      result.is_default = true;
+      PLY_CHECK(put_view(*g->vol, result));
+    }
+  }
+  PLY_CHECK(g->vol->commit());
+  return PLY_TRY(model::Branches::read(*g->vol)).view(result);
+}
+
+// `sync`: every operation that ended before it durable (what the kernel
+// held was flushed by plyctl's syncfs first); the Sync object.
+Result<Json> sync_answer() {
+  const Generation gen = g->read_only ? g->vol->durable_generation() : PLY_TRY(g->vol->commit());
+  return Json{{"generation", gen.v}};
+}
+
+// The view a restack with "save" rewrites: the one the mount shows, as
+// the catalog holds it now.
+Result<View> mounted_view() {
+  if (g->view.empty())
+    return Error::io(ENOENT, "this mount shows no view (-o branches=, -o layer=, or an image without views): "
+                             "save its stack with plyctl view create MOUNTPOINT NAME STACK");
+  for (auto& w : PLY_TRY(list_views(*g->vol)))
+    if (w.name == g->view) return w;
+  std::string m = "view \"";
+  m += shown(g->view);
+  m += "\", which this mount shows, was deleted: save the stack with plyctl view create MOUNTPOINT NAME STACK";
+  return Error::io(ENOENT, m);
+}
+
+// `add`, `remove`, `set` and `move`: the stack afterwards; with "save", it
+// is written into the mounted view too, in one more generation.
 Result<Json> restack(const std::string& cmd, const Json& req) {
+  const bool save = PLY_TRY(arg_bool(req, "save", false));
+  if (save && g->read_only) return Error::io(EROFS, "the mount is read-only: its view cannot be saved");
+  std::optional<View> view;
+  if (save) view = PLY_TRY(mounted_view());
   BranchMeta b = PLY_TRY(arg_branch(req, "branch"));
   std::vector<ViewLayer> next = g->stack;
   auto at = std::find_if(next.begin(), next.end(), [&](const ViewLayer& l) { return l.tree == b.tree; });
@@ -198,6 +304,15 @@ Result<Json> restack(const std::string& cmd, const Json& req) {
   PLY_CHECK(g->u->restack(PLY_TRY(union_branches(next))));
   g->stack = next;
   invalidate_all();
+  if (view) {
+    view->layers = next;
+    if (auto r = put_view(*g->vol, *view); !r) {
+      std::string m = "the stack changed, but saving it failed: ";
+      m += r.error().message();
+      return Error::io(r.error().code, m);
+    }
+    PLY_CHECK(g->vol->commit());
+  }
   return stack_answer();
 }
 
@@ -227,16 +342,22 @@ void RunningOp::update(uint64_t done, double fraction) {
 Result<Json> control(const Json& req, bool may_change) {
   static const std::vector<std::string> kCommands = {"list",     "add",   "remove", "set",    "move",
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff",
-                                                     "trim", "resize"};
+                                                     "trim", "resize", "show", "branches", "views", "default",
+                                                     "view-create", "view-delete", "view-default", "sync"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
   if (std::find(kCommands.begin(), kCommands.end(), cmd) == kCommands.end())
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
-                          "read, close, progress)");
+                          "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
+                          "sync)");
+  // Not behind a long merge: a commit is serialized with the others.
+  if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
   if (cmd == "list") return stack_answer();
+  if (cmd == "show") return show_answer();
+  if (cmd == "branches" || cmd == "views" || cmd == "default") return catalog_answer(cmd);
   // A diff names files in directories the caller may not be allowed to
   // list, and pauses every operation while it runs: root or the owner only.
   if (!may_change)
@@ -266,6 +387,7 @@ Result<Json> control(const Json& req, bool may_change) {
     return lifecycle(cmd, name, to);
   }
   if (cmd == "clone" || cmd == "delete") return clone_or_delete(cmd, req);
+  if (cmd.rfind("view-", 0) == 0) return view_change(cmd, req);
   return restack(cmd, req);
 }
 

@@ -7,16 +7,21 @@
 // as the JSON model carries them (snap/model.h, M1: "branch" and, for bytes
 // that are not UTF-8, "branch_bytes"), so any name passes, spaces included:
 //   {"command": "list"}                                   the stack
-//   {"command": "add", "branch": B, "position": P, "writable": W}
-//   {"command": "remove", "branch": B}
-//   {"command": "set", "branch": B, "writable": W}
-//   {"command": "move", "branch": B, "position": P}
+//   {"command": "add", "branch": B, "position": P, "writable": W[, "save": V]}
+//   {"command": "remove", "branch": B[, "save": V]}
+//   {"command": "set", "branch": B, "writable": W[, "save": V]}
+//   {"command": "move", "branch": B, "position": P[, "save": V]}
 //   {"command": "snapshot"[, "name": S]}, {"command": "merge", "branch": B},
 //   {"command": "rollback", "branch": B}, {"command": "delete", "branch": B},
 //   {"command": "clone", "source": B, "name": S, "writable": W},
 //   {"command": "diff", "from": B, "to": B}
 //   {"command": "read", "token": T, "offset": O}, {"command": "close", "token": T}
 //   {"command": "progress"}
+//   {"command": "show"}, {"command": "branches"}, {"command": "views"},
+//   {"command": "default"}                 the image's, as offline (below)
+//   {"command": "view-create", "name": N, "stack": S, "default": D},
+//   {"command": "view-delete", "name": N}, {"command": "view-default", "name": N}
+//   {"command": "sync"}
 // (B: a branch's name, or its id as a number.) The answer, with status 0,
 // is {"result": X}, X being exactly the object plyctl prints offline for
 // the same command (the stack: an array of StackEntry; a snapshot: a
@@ -41,9 +46,22 @@
 // 2 without a new version: a daemon without it refuses it alone (EINVAL,
 // unknown command), which plyctl takes as no progress to show.
 //
+// The image's own commands (issue 24), so that plyctl never reads the
+// blocks of a mounted image (the daemon reuses freed blocks after each
+// commit): `show` commits and answers the Image object of that durable
+// generation, `branches` [Branch], `views` [View], `default` the Stack a
+// mount without -o view= shows, `view-*` the View created, deleted or made
+// the default (S: the stack as plyctl view create takes it, "top=rw:base",
+// carried as a name; each one durable generation), and `sync` commits and
+// answers {"generation": G}, the durable generation. "save": true on a
+// stack change also writes the new stack into the view the mount shows
+// (-o view=, or the default view at mount time), ENOENT if it has none.
+// Daemons before these refuse them alone (EINVAL, unknown command).
+//
 // Changes need root or the mount's owner, and so does a diff (it names files
 // in directories the caller may not be allowed to list); `list`, `read`,
-// `close` and `progress` are anyone's. Each change is atomic for the user and lasts until
+// `close`, `progress`, `show`, `branches`, `views`, `default` and `sync`
+// (as sync(2)) are anyone's. Each change is atomic for the user and lasts until
 // unmount (plyctl view create saves a stack).
 //
 // Versions. ControlMsg keeps version 1's size, ioctl number and the offsets

@@ -50,6 +50,10 @@ struct Daemon {
   fuse_session* se = nullptr;
   std::mutex ctl_mu;                // one branch change at a time
   std::vector<ViewLayer> stack;     // what the union shows, under ctl_mu
+  // The view the mount shows (-o view=, or the default view at mount time),
+  // where plyctl branch ... --save writes the stack; empty: none (-o
+  // branches=, -o layer=, or an image without views).
+  std::string view;
   // Automatic snapshots (-o snapshot_interval, snapshot_keep).
   unsigned snap_interval = 0;
   Retention snap_keep;  // keeps all by default

@@ -152,6 +152,11 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
                : cfg.layer  ? layer_stack(*d.vol, cfg.layer)
                             : default_stack(*d.vol);
   if (!stack) return refuse(status_fd, 32, img + ": " + stack.error().user_message(img));
+  if (cfg.view) d.view = cfg.view;
+  else if (!cfg.branches && !cfg.layer)
+    if (auto views = list_views(*d.vol))
+      for (const auto& w : *views)
+        if (w.is_default) d.view = w.name;
   std::vector<UnionBranch> ub;
   for (const auto& l : *stack) {
     auto fsr = Filesystem::open(*d.vol, l.tree);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "fs/disk_fs.h"
 #include "util/text.h"
 
 namespace plyfs::model {
@@ -135,6 +136,55 @@ Json Branches::view(const View& w) const {
   put_name(o, "name", w.name);
   o["default"] = w.is_default;
   o["stack"] = stack(w.layers);
+  return o;
+}
+
+const char* slot_enum(SlotState s) {
+  switch (s) {
+    case SlotState::Valid: return "valid";
+    case SlotState::Empty: return "empty";
+    case SlotState::Foreign: return "foreign";
+    case SlotState::Torn: return "torn";
+    case SlotState::BadChecksum: return "bad_checksum";
+    case SlotState::BadFields: return "bad_fields";
+    case SlotState::Unsupported: return "unsupported";
+    case SlotState::Unreadable: return "unreadable";
+  }
+  return "unreadable";
+}
+
+Result<Json> image(Volume& v, int slot, const SlotState (&slots)[2]) {
+  const SuperInfo s = v.super();
+  const auto st = v.space_stats();
+  auto txn = PLY_TRY(v.begin());
+  auto trees = PLY_TRY(txn.list_trees());
+  const Json u = uuid_text(s.uuid);
+  Json o = Json::object();
+  o["uuid"] = u.is_null() ? "00000000-0000-0000-0000-000000000000" : u;
+  put_name(o, "label", s.label);
+  o["generation"] = s.generation.v;
+  o["slot"] = slot;
+  o["slots"] = {slot_enum(slots[0]), slot_enum(slots[1])};
+  o["block_size"] = s.block_size;
+  o["total_blocks"] = s.total_blocks;
+  o["first_block"] = s.first_block;
+  o["used_blocks"] = st.used_blocks;
+  o["meta_blocks"] = st.meta_blocks;
+  o["data_blocks"] = st.data_blocks;
+  o["free_blocks"] = st.free_blocks;
+  o["reserve_blocks"] = st.reserve_blocks;
+  Json ts = Json::array();
+  for (const auto& t : trees) {
+    Json x = Json::object();
+    x["id"] = t.id.v;
+    x["kind"] = t.kind == kKindPlain ? "plain" : t.kind == disk::kKindFs ? "filesystem" : "unknown";
+    x["root"] = t.root.block.v;
+    x["level"] = t.root.level;
+    x["created_generation"] = t.created.v;
+    x["cloned_from"] = t.cloned_from.v ? Json(t.cloned_from.v) : Json(nullptr);
+    ts.push_back(std::move(x));
+  }
+  o["trees"] = std::move(ts);
   return o;
 }
 

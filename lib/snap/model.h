@@ -57,6 +57,13 @@ class Branches {
   std::map<uint64_t, bool> layer_;
 };
 
+// Image (plyctl show): the newest durable superblock of `v`, its space and
+// its trees; `slot` holds that superblock, `slots` says what each slot
+// holds. Offline these come from the volume's recovery; a mount that has
+// committed since it opened has written both slots (format.md#commit, C2).
+Result<Json> image(Volume& v, int slot, const SlotState (&slots)[2]);
+const char* slot_enum(SlotState s);  // the SlotState enum of the schema
+
 Json snapshot(const Branches& bs, const Snapshot& s);  // Snapshot
 Json merge(const Branches& bs, const Merge& m);        // Merge
 Json rollback(const Branches& bs, const Rollback& r);  // Rollback

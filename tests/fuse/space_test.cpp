@@ -122,6 +122,13 @@ TEST_CASE("space: without -o discard, plyctl trim and fstrim give free space bac
   INFO(slurp(log));
   REQUIRE(slurp(log).find("trimmed") != std::string::npos);
   REQUIRE(read_file(fx / "keep") == keep);
+  // The image path of a mounted image: its daemon trims.
+  write_big(fx / "big", 16, 7);
+  const uint64_t full4 = allocated(fx.img);
+  remove_durably(fx / "big");
+  plyctl(fx, {"trim", fx.img}, &out);
+  REQUIRE(out.find("bytes) trimmed") != std::string::npos);
+  REQUIRE(full4 - std::min(full4, allocated(fx.img)) >= 16 * kMiB * 99 / 100);
 
   // Offline, on the image.
   write_big(fx / "big", 32, 6);
@@ -211,11 +218,16 @@ TEST_CASE("space: plyctl resize grows a mounted image and an unmounted one", "[s
   REQUIRE(uint64_t(v.f_blocks) * v.f_frsize > 250 * kMiB);
   const std::string b = random_bytes(rng, 150 * kMiB);
   write_file(fx / "b", b);  // more than the old size could hold
+  // The image path of a mounted image: its daemon grows it.
+  plyctl(fx, {"resize", fx.img, "300M"}, &out);
+  REQUIRE(out.find("resized from 256 MiB to 300 MiB") != std::string::npos);
+  REQUIRE(::statvfs(fx.root().c_str(), &v) == 0);
+  REQUIRE(uint64_t(v.f_blocks) * v.f_frsize > 290 * kMiB);
   fx.unmount();  // fsck -fn clean
 
   // Offline: to a size, extending the file.
   plyctl(fx, {"resize", fx.img, "1G"}, &out);
-  REQUIRE(out.find("resized from 256 MiB to 1.00 GiB") != std::string::npos);
+  REQUIRE(out.find("resized from 300 MiB to 1.00 GiB") != std::string::npos);
   struct stat st{};
   REQUIRE(::stat(fx.img.c_str(), &st) == 0);
   REQUIRE(uint64_t(st.st_size) == 1024 * kMiB);
