@@ -495,6 +495,13 @@ void Volume::discard_released() {
   space_->released(ranges);
 }
 
+bool Volume::reclaim() {
+  if (tl_group == this || opts_.read_only || failure()) return false;
+  const SpaceStats st = space_->stats();
+  if (st.pending_free == 0 && st.discarding == 0) return false;
+  return bool(commit());
+}
+
 Result<Generation> Volume::grow(uint64_t total_blocks) {
   PLY_CHECK(writable());
   const uint64_t bs = info_.block_size;

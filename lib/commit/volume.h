@@ -173,6 +173,11 @@ class Volume {
   // Makes every operation that ended before the call durable; returns the
   // generation that holds them. Concurrent callers are serialized.
   Result<Generation> commit() { return commit_for(CommitStats::Cause::Request); }
+  // After an operation failed with ENOSPC: when blocks freed by the open
+  // generation wait for its commit to become allocatable (A2), commits
+  // (outside any Txn or group of this thread), so that one retry may find
+  // them. Whether it committed.
+  bool reclaim();
 
   Generation durable_generation() const;
   Generation open_generation() const;

@@ -185,7 +185,12 @@ Result<size_t> Filesystem::write(uint64_t ino, uint64_t off, std::span<const std
   if (off + in.size() < off || off + in.size() > (kOffMask >> 1) * uint64_t(bs_))
     return Error::io(EFBIG, "file too large");
   std::lock_guard il(inode_lock(ino));
-  return write_locked(ino, off, in);
+  auto r = write_locked(ino, off, in);
+  // Out of space while blocks freed by the open generation (a truncate, a
+  // deleted snapshot's last references) wait for its commit (A2): one
+  // commit, one more try, as a user would expect of space just freed.
+  if (!r && r.error().code == ENOSPC && vol_.reclaim()) r = write_locked(ino, off, in);
+  return r;
 }
 
 Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in) {
