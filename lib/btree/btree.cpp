@@ -749,6 +749,9 @@ struct Dropper {
   const TreeConfig& cfg;
   MutCtx& m;
   const BTree::DropProgress& progress;
+  // A dry run (BTree::exclusive): m.space only counts, and the cache keeps
+  // what a real drop would evict.
+  bool dry = false;
   BTree::DropStats st{};
   uint64_t next_report = BTree::kDropProgressEvery;
 
@@ -787,15 +790,46 @@ struct Dropper {
         std::vector<ExtentRef> ext;
         for (uint32_t i = 0; i < v.n(); i++) cfg.value_refs(v.key(i), v.value(i), ext);
         for (const ExtentRef& e : ext)
-          if (PLY_TRY(m.space.dec_ref(e.start)) != NodeSpace::Freed::No) freed(st.extents);
+          if (PLY_TRY(m.space.dec_ref(e.start)) != NodeSpace::Freed::No) {
+            st.extent_blocks += e.nblocks;
+            freed(st.extents);
+          }
       }
     }
-    if (f == NodeSpace::Freed::Now) cache.discard(b);
-    else cache.drop_clean(b);
+    if (!dry) {
+      if (f == NodeSpace::Freed::Now) cache.discard(b);
+      else cache.drop_clean(b);
+    }
     freed(st.nodes);
     return ok();
   }
 };
+
+// Visits every node once and every extent reference of its leaves.
+struct Walker {
+  BlockCache& cache;
+  uint64_t fs_id;
+  const TreeConfig& cfg;
+  const BTree::ReachFn& fn;
+
+  Result<void> node(BlockNo b, Generation g, int level) {
+    ReadCtx ctx{fs_id, g, level};
+    Ref node = PLY_TRY(cache.get(b, BlockCache::Verifier{verify_cb, &ctx}));
+    NodeView v = view(node);
+    if (v.gen() != g || v.level() != level)
+      return Error::corrupt(b.v, "node does not match its parent");
+    fn(b, 1, true);
+    if (!v.leaf()) {
+      for (uint32_t i = 0; i < v.n(); i++) PLY_CHECK(this->node(v.child(i), v.child_gen(i), level - 1));
+    } else if (cfg.value_refs) {
+      std::vector<ExtentRef> ext;
+      for (uint32_t i = 0; i < v.n(); i++) cfg.value_refs(v.key(i), v.value(i), ext);
+      for (const ExtentRef& e : ext) fn(e.start, e.nblocks, false);
+    }
+    return ok();
+  }
+};
+
 }  // namespace
 
 Result<void> BTree::drop(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
@@ -805,6 +839,22 @@ Result<void> BTree::drop(BlockCache& cache, uint64_t fs_id, const TreeConfig& cf
   d.st.fraction = 1;
   if (progress) progress(d.st);
   return ok();
+}
+
+Result<BTree::DropStats> BTree::exclusive(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
+                                          const RootPtr& root, NodeSpace& counts) {
+  MutCtx m{Generation{0}, counts};
+  DropProgress none;
+  Dropper d{cache, fs_id, cfg, m, none, true};
+  PLY_CHECK(d.node(root.block, root.gen, root.level, 1.0));
+  d.st.fraction = 1;
+  return d.st;
+}
+
+Result<void> BTree::reach(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg, const RootPtr& root,
+                          const ReachFn& fn) {
+  Walker w{cache, fs_id, cfg, fn};
+  return w.node(root.block, root.gen, root.level);
 }
 
 }  // namespace plyfs

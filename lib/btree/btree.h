@@ -232,11 +232,26 @@ class BTree {
     // its parent's share over the parent's child count, so that a progress
     // line has a percentage and an ETA without a count of the nodes first.
     double fraction = 0;
+    uint64_t extent_blocks = 0;  // the extents' length: nodes + extent_blocks blocks freed
   };
   using DropProgress = std::function<void(const DropStats&)>;
   static constexpr uint64_t kDropProgressEvery = 1024;
   static Result<void> drop(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
                            const RootPtr& root, MutCtx& m, const DropProgress& progress = {});
+  // What drop() would free now, by the same walk with `counts` standing in
+  // for the space (its dec_ref must only count, over the real counts):
+  // nothing changes, the cache keeps every node. The basis of a branch's
+  // exclusive bytes (format.md#accounting): exact by construction, and its
+  // cost follows what would be freed, not the tree's size, since the walk
+  // stops at the first node another tree still reaches.
+  static Result<DropStats> exclusive(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
+                                     const RootPtr& root, NodeSpace& counts);
+  // Every node of a tree (once: a tree never reaches a node twice), then
+  // every extent reference its leaves' values hold (as often as held), in
+  // tree order. Reads the whole tree.
+  using ReachFn = std::function<void(BlockNo start, uint64_t nblocks, bool node)>;
+  static Result<void> reach(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg, const RootPtr& root,
+                            const ReachFn& fn);
 
  private:
   struct Split { Key key; BlockCache::Ref right; };

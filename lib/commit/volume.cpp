@@ -856,6 +856,45 @@ Result<void> Volume::Txn::diff(TreeId a, TreeId b, const BTree::DiffFn& fn,
   return BTree::diff(*sa->tree, *sb->tree, fn, nodes_read, progress);
 }
 
+namespace {
+// The counts a drop would leave, over the space's own (BTree::exclusive):
+// dec_ref only notes the decrement.
+struct DryCounts final : NodeSpace {
+  SpaceManager& space;
+  std::unordered_map<uint64_t, uint32_t> taken;
+  explicit DryCounts(SpaceManager& s) : space(s) {}
+  Result<BlockNo> alloc_node() override { return Error::invalid("a dry drop allocates nothing"); }
+  Result<uint32_t> refcount(BlockNo b) override {
+    uint32_t r = PLY_TRY(space.refcount(b));
+    auto it = taken.find(b.v);
+    return it == taken.end() ? r : r - it->second;
+  }
+  Result<void> inc_ref(BlockNo) override { return Error::invalid("a dry drop takes no reference"); }
+  Result<Freed> dec_ref(BlockNo b) override {
+    uint32_t r = PLY_TRY(refcount(b));
+    // A count that a drop would take below zero is damage (T6, A3).
+    if (r == 0) return Error::corrupt(b.v, "extent reached by more references than its count");
+    taken[b.v]++;
+    return r == 1 ? Freed::Deferred : Freed::No;
+  }
+};
+}  // namespace
+
+Result<BTree::DropStats> Volume::Txn::exclusive(TreeId id) {
+  Volume* v = s_.v;
+  Slot* s = PLY_TRY(v->slot(id));
+  std::shared_lock lk(s->mu);
+  DryCounts counts(*v->space_);
+  return BTree::exclusive(*v->cache_, v->info_.fs_id, s->tree->config(), s->tree->root(), counts);
+}
+
+Result<void> Volume::Txn::reach(TreeId id, const BTree::ReachFn& fn) {
+  Volume* v = s_.v;
+  Slot* s = PLY_TRY(v->slot(id));
+  std::shared_lock lk(s->mu);
+  return BTree::reach(*v->cache_, v->info_.fs_id, s->tree->config(), s->tree->root(), fn);
+}
+
 Result<void> Volume::Txn::put(TreeId t, Key k, std::span<const std::byte> val) {
   PLY_CHECK(s_.v->writable());
   PLY_CHECK(check_value(*s_.v, val));

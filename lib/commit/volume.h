@@ -368,6 +368,13 @@ class Volume::Txn {
   Result<void> diff(TreeId a, TreeId b, const BTree::DiffFn& fn, uint64_t* nodes_read = nullptr,
                     const BTree::DiffProgress& progress = {});
 
+  // What drop_tree(id) would free now (its DropStats), by the same walk
+  // over a copy of the counts: nothing changes (BTree::exclusive,
+  // format.md#accounting). The tree is locked for reading meanwhile.
+  Result<BTree::DropStats> exclusive(TreeId id);
+  // Every node of tree `id` and every extent reference of its values
+  // (BTree::reach), the tree locked for reading meanwhile.
+  Result<void> reach(TreeId id, const BTree::ReachFn& fn);
   // Extents that tree values reference (file data). Length in blocks.
   Result<BlockNo> alloc_extent(uint64_t nblocks);
   Result<void> inc_extent(BlockNo start);

@@ -26,6 +26,7 @@
 #include "union/union.h"
 #include "union/view.h"
 #include "test_util.h"
+#include "usage_check.h"
 
 namespace plyfs::test {
 namespace {
@@ -1762,7 +1763,8 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
           diffs++;
         }
         if (rng() % 2) {
-          must(delete_branch(*im.vol, sn));
+          // It frees exactly the exclusive bytes it reported (usage.h).
+          delete_checked(*im.vol, sn, [&](auto progress) { must(delete_branch(*im.vol, sn, progress)); });
           frozen.erase(it);
           deletes++;
         }
@@ -1777,10 +1779,13 @@ TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the u
         }
         must(im.vol->commit());  // what the view over the branch reads
         check_diff(*im.vol, c.tree, top, before, views ? raw_view(*im.vol, top) : raw(*im.fs[0]));
-        must(delete_branch(*im.vol, c.tree));
+        delete_checked(*im.vol, c.tree, [&](auto progress) { must(delete_branch(*im.vol, c.tree, progress)); });
         diffs++;
       }
       compare(*mt.u, m);
+      // Every branch's referenced and exclusive bytes, after every
+      // lifecycle step and the copy-ups of the operations before it.
+      check_accounting(*im.vol);
     }
     // Every snapshot left still shows what it was taken of, after a remount.
     mt.remount(mt.stack);
