@@ -109,6 +109,8 @@ void usage(FILE* out) {
                "                               the branch's view as a tarball, or a layer's own\n"
                "                               changes as an OCI layer\n"
                "Space:\n"
+               "  du IMAGE|MNT [BRANCH]        each branch's referenced and exclusive bytes, or one\n"
+               "                               branch's, with what it shares with each other branch\n"
                "  trim IMAGE|MNT [--minimum SIZE]  discard every free block (fstrim's job):\n"
                "                               punched out of an image file, BLKDISCARD on a device\n"
                "  resize IMAGE|MNT SIZE|max    grow the filesystem to SIZE (an image file is extended)\n"

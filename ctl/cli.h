@@ -72,6 +72,7 @@ int remove_branch(const std::string& image, const std::string& name, bool json);
 int cmd_import(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
 int cmd_trim(const std::vector<std::string>& args);
+int cmd_du(const std::vector<std::string>& args);
 int cmd_resize(const std::vector<std::string>& args);
 int cmd_tree(std::vector<std::string> args);
 int cmd_fields(std::vector<std::string> args);

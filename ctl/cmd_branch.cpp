@@ -113,7 +113,7 @@ int read_branches(const std::string& path, Json& out) {
     out = std::move(*r);
     return 0;
   }
-  auto bs = model::Branches::read(*t->o.vol);
+  auto bs = model::Branches::read(*t->o.vol, true);
   if (!bs) return fail_on(path, bs.error());
   out = Json::array();
   for (const auto& b : bs->all()) out.push_back(bs->branch(b));

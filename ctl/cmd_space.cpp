@@ -4,6 +4,8 @@
 // on the device (punched out of an image file, BLKDISCARD on a block
 // device); the text is fstrim -v's: "PATH: 1.2 GiB (1288490188 bytes) trimmed".
 // resize: grows the filesystem to a size or to its device's (format.md#resize).
+// du: each branch's referenced and exclusive bytes (format.md#accounting),
+// or one branch's in detail with what it shares with each other branch.
 #include "cli.h"
 
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include "output.h"
 #include "util/parse.h"
 #include "util/progress.h"
+#include "union/view.h"
 
 namespace plyfs::ctl {
 
@@ -41,6 +44,34 @@ Result<Json> offline_resize(Opened o, std::optional<uint64_t> bytes) {
 }
 
 }  // namespace
+
+int cmd_du(const std::vector<std::string>& args) {
+  auto p = parse(args, {}, {"--json"});
+  if (!p) return usage_error(p.error().message());
+  if (p->pos.empty() || p->pos.size() > 2) return usage_error("usage: plyctl du IMAGE|MOUNTPOINT [BRANCH] [--json]");
+  const std::string& path = p->pos[0];
+  auto t = open_target(path, false);
+  if (!t) return fail_on(path, t.error());
+  Result<Json> r = Error::invalid("");
+  if (!t->mnt.empty()) {
+    Json req{{"command", "du"}};
+    if (p->pos.size() == 2) model::put_name(req, "branch", p->pos[1]);
+    r = request(t->mnt, req);
+    if (!r) return fail(path + ": " + r.error().message());
+  } else {
+    std::optional<TreeId> b;
+    if (p->pos.size() == 2) {
+      auto m = find_branch(*t->o.vol, p->pos[1]);
+      if (!m) return fail(m.error().message());
+      b = m->tree;
+    }
+    r = model::du(*t->o.vol, b);
+    if (!r) return fail_on(path, r.error());
+  }
+  if (p->opt.count("--json")) print_json(*r);
+  else print_du(*r, p->pos.size() == 2);
+  return 0;
+}
 
 int cmd_resize(const std::vector<std::string>& args) {
   auto p = parse(args, {}, {"--json"});

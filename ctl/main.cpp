@@ -9,6 +9,7 @@
 //   plyctl snapshot|clone|merge|rollback|delete|diff IMAGE|MOUNTPOINT ...
 //   plyctl import IMAGE BRANCH SOURCE [--parent P] [--format F]
 //   plyctl export IMAGE|MOUNTPOINT BRANCH [-o FILE] [--format tar|oci-layer] [--compress zstd|gzip]
+//   plyctl du IMAGE|MOUNTPOINT [BRANCH]
 //   plyctl trim IMAGE|MOUNTPOINT [--minimum SIZE]
 //   plyctl resize IMAGE|MOUNTPOINT SIZE|max
 //   plyctl debug tree IMAGE TREE
@@ -54,6 +55,7 @@ int real_main(int argc, char** argv) {
   if (cmd == "import") return cmd_import(args);
   if (cmd == "export") return cmd_export(args);
   if (cmd == "trim") return cmd_trim(args);
+  if (cmd == "du") return cmd_du(args);
   if (cmd == "resize") return cmd_resize(args);
   if (cmd == "debug") {
     if (args.empty()) return usage_error("debug needs a subcommand: tree, fields or corrupt");

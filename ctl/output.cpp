@@ -11,6 +11,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "util/parse.h"
 #include "util/text.h"
 
 namespace plyfs::ctl {
@@ -63,6 +64,42 @@ void print_branch_table(const Json& branches) {
   }
   t.print();
 }
+
+namespace {
+std::string two_parts(const Json& u) {
+  return format_size(u.value("total", uint64_t(0))) + " (data " + format_size(u.value("data", uint64_t(0))) +
+         ", metadata " + format_size(u.value("metadata", uint64_t(0))) + ")";
+}
+
+}  // namespace
+
+void print_du(const Json& d, bool one) {
+  const Json& vol = d["volume"];
+  if (one) {
+    for (const auto& b : d["branches"]) {
+      std::printf("%s (id %llu)\n", ("\"" + name_in(b, "branch") + "\"").c_str(), (unsigned long long)id_in(b));
+      std::printf("  referenced: %s\n", two_parts(b["referenced"]).c_str());
+      std::printf("  exclusive:  %s, what deleting it frees\n", two_parts(b["exclusive"]).c_str());
+      if (b["shared"].empty()) std::printf("  shares nothing with another branch\n");
+      for (const auto& s : b["shared"])
+        std::printf("  shared with %s: %s\n", ("\"" + name_in(s, "branch") + "\"").c_str(),
+                    format_size(s.value("bytes", uint64_t(0))).c_str());
+    }
+    return;
+  }
+  Table t({{"NAME"}, {"ID", true}, {"REFERENCED", true}, {"EXCLUSIVE", true}});
+  for (const auto& b : d["branches"])
+    t.add({name_in(b, "branch"), std::to_string(id_in(b)), format_size(b["referenced"].value("total", uint64_t(0))),
+           format_size(b["exclusive"].value("total", uint64_t(0)))});
+  t.print();
+  const uint64_t used = vol.value("used", uint64_t(0)), excl = vol.value("exclusive", uint64_t(0));
+  std::printf("image: %s used of %s (data %s, metadata %s); %s held by one branch alone, %s shared or the "
+              "image's own\n",
+              format_size(used).c_str(), format_size(vol.value("size", uint64_t(0))).c_str(),
+              format_size(vol.value("data", uint64_t(0))).c_str(), format_size(vol.value("metadata", uint64_t(0))).c_str(),
+              format_size(excl).c_str(), format_size(used > excl ? used - excl : 0).c_str());
+}
+
 
 // Layers hang under the branch they are made on; bases and clones are roots.
 void print_layer_tree(const Json& branches) {

@@ -33,6 +33,9 @@ std::string kind_text(const Json& branch);
 // The tables of plyctl branch list and layer list, from [Branch].
 void print_branch_table(const Json& branches);
 void print_layer_tree(const Json& branches);
+// plyctl du's text, from a Du object: a table of the branches and the
+// image's totals, or (`one`) one branch in detail.
+void print_du(const Json& du, bool one);
 
 // A table with a header line, printed whole to stdout. A tree table draws
 // its first column as a tree (add(parent)).

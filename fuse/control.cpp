@@ -203,7 +203,7 @@ Result<Json> show_answer() {
 // `branches`, `views` and `default`: [Branch], [View] and the Stack a mount
 // without -o view= shows.
 Result<Json> catalog_answer(const std::string& cmd) {
-  auto bs = PLY_TRY(model::Branches::read(*g->vol));
+  auto bs = PLY_TRY(model::Branches::read(*g->vol, cmd == "branches"));
   Json a = Json::array();
   if (cmd == "branches")
     for (const auto& b : bs.all()) a.push_back(bs.branch(b));
@@ -343,7 +343,7 @@ Result<Json> control(const Json& req, bool may_change) {
   static const std::vector<std::string> kCommands = {"list",     "add",   "remove", "set",    "move",
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff",
                                                      "trim", "resize", "show", "branches", "views", "default",
-                                                     "view-create", "view-delete", "view-default", "sync"};
+                                                     "view-create", "view-delete", "view-default", "sync", "du"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -351,13 +351,19 @@ Result<Json> control(const Json& req, bool may_change) {
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
-                          "sync)");
+                          "sync, du)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
   if (cmd == "list") return stack_answer();
   if (cmd == "show") return show_answer();
   if (cmd == "branches" || cmd == "views" || cmd == "default") return catalog_answer(cmd);
+  // What a listing with --json shows (Branch.space), per branch or in detail.
+  if (cmd == "du") {
+    std::optional<TreeId> b;
+    if (req.contains("branch")) b = PLY_TRY(arg_branch(req, "branch")).tree;
+    return model::du(*g->vol, b);
+  }
   // A diff names files in directories the caller may not be allowed to
   // list, and pauses every operation while it runs: root or the owner only.
   if (!may_change)

@@ -160,6 +160,9 @@ Result<std::string> ControlFolder::info_json(TreeId tree) {
   auto bs = PLY_TRY(model::Branches::read(*h_.vol));
   const BranchMeta* b = bs.find(tree);
   if (!b) return Error::io(ESTALE, "the branch is gone");
+  // Its space (snap/usage.h): this branch's only, a read of info.json
+  // walks no other branch.
+  model::Json space = model::branch_space(PLY_TRY(branch_space(*h_.vol, tree)));
   model::Json o = bs.branch(*b);
   bool mounted = false;
   for (const auto& l : *h_.stack) mounted |= l.tree == b->tree;
@@ -171,6 +174,7 @@ Result<std::string> ControlFolder::info_json(TreeId tree) {
   o["stack"] = bs.stack(PLY_TRY(stack_of(b->tree)));
   o["mounted"] = mounted;
   o["view_open"] = view_open;
+  o["space"] = std::move(space);
   return model::dump(o, 2) + "\n";
 }
 

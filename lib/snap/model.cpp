@@ -41,12 +41,14 @@ Result<Json> parse(std::string_view text) {
 
 // --- branches -----------------------------------------------------------------------------
 
-Result<Branches> Branches::read(Volume& v) {
+Result<Branches> Branches::read(Volume& v, bool space) {
   Branches out;
   out.all_ = PLY_TRY(Filesystem::branches(v));
   std::erase_if(out.all_, [](const BranchMeta& b) { return b.doomed; });
   std::sort(out.all_.begin(), out.all_.end(), [](const BranchMeta& a, const BranchMeta& b) { return a.tree.v < b.tree.v; });
   for (const auto& b : out.all_) out.layer_[b.tree.v] = PLY_TRY(plyfs::is_layer(v, b));
+  if (space)
+    for (const auto& b : out.all_) out.space_[b.tree.v] = PLY_TRY(plyfs::branch_space(v, b.tree));
   return out;
 }
 
@@ -102,6 +104,66 @@ Json Branches::branch(const BranchMeta& b) const {
   Json kids = Json::array();
   for (const BranchMeta* c : children(b.tree)) kids.push_back(ref(c->tree));
   o["children"] = std::move(kids);
+  if (auto it = space_.find(b.tree.v); it != space_.end()) o["space"] = branch_space(it->second);
+  return o;
+}
+
+Json space_use(const SpaceUse& u) {
+  Json o = Json::object();
+  o["data"] = u.data;
+  o["metadata"] = u.metadata;
+  o["total"] = u.total();
+  return o;
+}
+
+Result<Json> du(Volume& v, std::optional<TreeId> branch) {
+  const Branches bs = PLY_TRY(Branches::read(v));
+  Json list = Json::array();
+  uint64_t exclusive = 0;
+  std::vector<TreeId> all;
+  for (const auto& b : bs.all()) all.push_back(b.tree);
+  for (const auto& b : bs.all()) {
+    if (branch && b.tree != *branch) continue;
+    Json o = bs.ref(b.tree);
+    BranchDu d;
+    if (branch) d = PLY_TRY(branch_du(v, b.tree, all));
+    else d.space = PLY_TRY(branch_space(v, b.tree));
+    o["referenced"] = space_use(d.space.referenced);
+    o["exclusive"] = space_use(d.space.exclusive);
+    exclusive += d.space.exclusive.total();
+    if (branch) {
+      Json sh = Json::array();
+      for (const auto& [t, bytes] : d.shared) {
+        Json e = bs.ref(t);
+        e["bytes"] = bytes;
+        sh.push_back(std::move(e));
+      }
+      o["shared"] = std::move(sh);
+    }
+    list.push_back(std::move(o));
+  }
+  if (branch && list.empty()) return Error::io(ENOENT, "no such branch");
+  // The volume: what the space map counts (its own trees, the catalog and
+  // every branch), and, for the whole list, what only sharing holds.
+  const auto st = v.space_stats();
+  const uint64_t bsz = v.block_size();
+  Json vol = Json::object();
+  vol["size"] = st.usable_blocks * bsz;
+  vol["used"] = st.used_blocks * bsz;
+  vol["free"] = st.free_blocks * bsz;
+  vol["data"] = st.data_blocks * bsz;
+  vol["metadata"] = st.meta_blocks * bsz;
+  vol["exclusive"] = branch ? Json(nullptr) : Json(exclusive);
+  Json o = Json::object();
+  o["branches"] = std::move(list);
+  o["volume"] = std::move(vol);
+  return o;
+}
+
+Json branch_space(const BranchSpace& s) {
+  Json o = Json::object();
+  o["referenced"] = space_use(s.referenced);
+  o["exclusive"] = space_use(s.exclusive);
   return o;
 }
 

@@ -15,11 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "snap/snap.h"
+#include "snap/usage.h"
 
 namespace plyfs::model {
 
@@ -39,7 +41,9 @@ Result<Json> parse(std::string_view text);
 // (layer flags, names of parents and children).
 class Branches {
  public:
-  static Result<Branches> read(Volume& v);
+  // With `space`, each branch's referenced and exclusive bytes too
+  // (snap/usage.h), which branch() then adds as "space".
+  static Result<Branches> read(Volume& v, bool space = false);
   const std::vector<BranchMeta>& all() const { return all_; }
   const BranchMeta* find(TreeId t) const;
   bool is_layer(TreeId t) const;
@@ -55,6 +59,7 @@ class Branches {
  private:
   std::vector<BranchMeta> all_;
   std::map<uint64_t, bool> layer_;
+  std::map<uint64_t, BranchSpace> space_;
 };
 
 // Image (plyctl show): the newest durable superblock of `v`, its space and
@@ -63,6 +68,12 @@ class Branches {
 // committed since it opened has written both slots (format.md#commit, C2).
 Result<Json> image(Volume& v, int slot, const SlotState (&slots)[2]);
 const char* slot_enum(SlotState s);  // the SlotState enum of the schema
+
+Json space_use(const SpaceUse& u);      // SpaceUse {data, metadata, total}
+Json branch_space(const BranchSpace& s);  // BranchSpace {referenced, exclusive}
+// Du (plyctl du): every live branch's space, or with `branch` that one's,
+// with the bytes of it each other branch shares; and the volume's totals.
+Result<Json> du(Volume& v, std::optional<TreeId> branch);
 
 Json snapshot(const Branches& bs, const Snapshot& s);  // Snapshot
 Json merge(const Branches& bs, const Merge& m);        // Merge

@@ -45,7 +45,7 @@ truncate -s 64M "$IMG"
 "$PLYCTL" view create "$IMG" dev work=rw:main=ro >/dev/null
 
 expect "commands" $'branch' br
-expect "commands starting with d" $'debug\ndelete\ndiff' d
+expect "commands starting with d" $'debug\ndelete\ndiff\ndu' d
 expect "branch subcommands" $'add\ncreate\nlist\nmove\nremove\nset' branch ''
 expect "layer subcommands" $'create\ndelete\nlist' layer ''
 expect "options of branch create" $'--clone\n--json\n--parent\n--ro' branch create "$IMG" x -
