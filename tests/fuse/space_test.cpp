@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuse_util.h"
+#include "json_schema.h"
 
 using namespace plyfs::fusetest;
 using Json = nlohmann::json;
@@ -242,4 +243,108 @@ TEST_CASE("space: plyctl resize grows a mounted image and an unmounted one", "[s
   REQUIRE(read_file(fx / "a") == a);
   REQUIRE(read_file(fx / "b") == b);
   fx.unmount();
+}
+
+// Space accounting (format.md#accounting): plyctl du, branch list --json and
+// info.json agree, on a mount and offline; a snapshot that alone holds a
+// deleted file reports exactly its data as exclusive; deleting it online
+// gives back those bytes (statfs), and the live branch's figures follow.
+TEST_CASE("space: du, branch list and info.json report referenced and exclusive bytes", "[space]") {
+  Fixture fx("256M", {"commit=1"});
+  const SchemaValidator schema(Json::parse(slurp(tool("PLYFS_SCHEMA"))));
+  auto json_of = [&](std::vector<std::string> args, const std::string& command) {
+    std::string out;
+    args.push_back("--json");
+    plyctl(fx, args, &out);
+    INFO(out);
+    Json j = Json::parse(out);
+    auto problems = schema.validate(j, schema.command(command));
+    for (const auto& p : problems) UNSCOPED_INFO(p);
+    CHECK(problems.empty());
+    return j;
+  };
+  write_big(fx / "f", 16, 11);
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  // 4 MiB of f rewritten, a new file, then f deleted: s1 alone reaches f's
+  // old 16 MiB; main reaches its 8 MiB of g.
+  {
+    std::mt19937_64 rng(12);
+    const std::string chunk = random_bytes(rng, 4 * kMiB);
+    const int fd = ::open((fx / "f").c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    pwrite_all(fd, chunk.data(), chunk.size(), 0);
+    REQUIRE(::fsync(fd) == 0);
+    ::close(fd);
+  }
+  write_big(fx / "g", 8, 13);
+  remove_durably(fx / "f");
+
+  Json one = json_of({"du", fx.root(), "s1"}, "du");
+  REQUIRE(one["branches"].size() == 1);
+  const Json s1 = one["branches"][0];
+  CHECK(s1["branch"] == "s1");
+  CHECK(s1["referenced"]["data"].get<uint64_t>() == 16 * kMiB);
+  CHECK(s1["exclusive"]["data"].get<uint64_t>() == 16 * kMiB);
+  CHECK(s1["exclusive"]["metadata"].get<uint64_t>() > 0);
+  CHECK(s1["referenced"]["total"].get<uint64_t>() ==
+        s1["referenced"]["data"].get<uint64_t>() + s1["referenced"]["metadata"].get<uint64_t>());
+  CHECK(one["volume"]["exclusive"].is_null());
+
+  Json all = json_of({"du", fx.root()}, "du");
+  Json main_du;
+  for (const auto& b : all["branches"])
+    if (b["branch"] == "main") main_du = b;
+  REQUIRE(main_du.is_object());
+  CHECK(main_du["referenced"]["data"].get<uint64_t>() == 8 * kMiB);
+  CHECK(main_du["exclusive"]["data"].get<uint64_t>() == 8 * kMiB);
+  CHECK(all["volume"]["exclusive"].get<uint64_t>() >=
+        main_du["exclusive"]["total"].get<uint64_t>() + s1["exclusive"]["total"].get<uint64_t>());
+  CHECK(all["volume"]["used"].get<uint64_t>() >= 24 * kMiB);
+
+  // branch list --json and info.json carry the same figures.
+  Json list = json_of({"branch", "list", fx.root(), "--all"}, "branch list IMAGE");
+  bool seen = false;
+  for (const auto& b : list)
+    if (b["name"] == "s1") {
+      seen = true;
+      CHECK(b["space"]["exclusive"] == s1["exclusive"]);
+      CHECK(b["space"]["referenced"] == s1["referenced"]);
+    }
+  CHECK(seen);
+  const Json info = Json::parse(slurp(fx / ".plyfs/layers/s1/info.json"));
+  CHECK(info["space"]["exclusive"] == s1["exclusive"]);
+
+  // The text forms.
+  std::string out;
+  plyctl(fx, {"du", fx.root()}, &out);
+  CHECK(out.find("REFERENCED") != std::string::npos);
+  CHECK(out.find("held by one branch alone") != std::string::npos);
+  plyctl(fx, {"du", fx.root(), "s1"}, &out);
+  INFO(out);
+  CHECK(out.find("what deleting it frees") != std::string::npos);
+  CHECK(out.find("exclusive:  16.") != std::string::npos);
+  CHECK(out.find("(data 16.0 MiB") != std::string::npos);
+
+  // Deleting s1 online frees its exclusive bytes: statfs's free blocks
+  // grow by them, give or take the catalog's and root tree's own nodes.
+  plyctl(fx, {"sync", fx.root()});
+  plyctl(fx, {"sync", fx.root()});
+  const uint64_t before = free_blocks(fx.root());
+  plyctl(fx, {"delete", fx.root(), "s1"});
+  plyctl(fx, {"sync", fx.root()});
+  plyctl(fx, {"sync", fx.root()});
+  const uint64_t after = free_blocks(fx.root());
+  const uint64_t excl = s1["exclusive"]["total"].get<uint64_t>() / 4096;
+  INFO("free blocks " << before << " -> " << after << ", exclusive blocks " << excl);
+  CHECK(after >= before + excl - 16);
+  CHECK(after <= before + excl + 16);
+
+  // Offline, the same figures for main; bad input is refused.
+  fx.unmount();
+  Json off = json_of({"du", fx.img, "main"}, "du");
+  CHECK(off["branches"][0]["referenced"]["data"].get<uint64_t>() == 8 * kMiB);
+  CHECK(off["branches"][0]["exclusive"]["data"].get<uint64_t>() == 8 * kMiB);
+  CHECK(plyctl_status(fx, {"du"}) == 2);
+  CHECK(plyctl_status(fx, {"du", fx.img, "main", "extra"}) == 2);
+  CHECK(plyctl_status(fx, {"du", fx.img, "nosuch"}) == 1);
 }
