@@ -1,6 +1,7 @@
 // Per-branch space accounting (usage.h, format.md#accounting).
 #include "snap/usage.h"
 
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -14,9 +15,15 @@ namespace {
 // (format.md#btree-cow), so a root block and generation name one content
 // for as long as the root is alive; a freed block handed out again comes
 // back with a newer generation, so a stale entry is never matched.
+// One entry per tree (its newest figure), so that a daemon listing a
+// changing branch for days keeps one entry for it, not one per root.
 struct ReferencedMemo {
+  struct Entry {
+    uint64_t block = 0, gen = 0;
+    SpaceUse use;
+  };
   std::mutex mu;
-  std::map<std::pair<uint64_t, uint64_t>, SpaceUse> by_root;
+  std::unordered_map<uint64_t, Entry> by_tree;
 };
 
 // Every block the tree reaches, once: nodes, and extents by their first
@@ -48,19 +55,20 @@ struct Reached {
 Result<SpaceUse> referenced(Volume& v, Volume::Txn& t, TreeId tree) {
   TreeInfo info = PLY_TRY(t.tree_info(tree));
   auto& memo = v.extension<ReferencedMemo>();
-  const auto key = std::make_pair(info.root.block.v, info.root.gen.v);
   // A root of the open generation may still change in place.
   const bool fixed = info.root.gen < t.gen();
   if (fixed) {
     std::lock_guard lk(memo.mu);
-    if (auto it = memo.by_root.find(key); it != memo.by_root.end()) return it->second;
+    auto it = memo.by_tree.find(tree.v);
+    if (it != memo.by_tree.end() && it->second.block == info.root.block.v && it->second.gen == info.root.gen.v)
+      return it->second.use;
   }
   Reached r;
   PLY_CHECK(t.reach(tree, r.fn()));
   SpaceUse u = r.use(v.block_size());
   if (fixed) {
     std::lock_guard lk(memo.mu);
-    memo.by_root[key] = u;
+    memo.by_tree[tree.v] = {info.root.block.v, info.root.gen.v, u};
   }
   return u;
 }
