@@ -857,4 +857,28 @@ Result<void> BTree::reach(BlockCache& cache, uint64_t fs_id, const TreeConfig& c
   return w.node(root.block, root.gen, root.level);
 }
 
+namespace {
+Result<uint64_t> count_rec(BlockCache& cache, uint64_t fs_id, BlockNo b, Generation g, int level, Generation open,
+                           BTree::CountMemo& memo) {
+  const bool fixed = g < open;
+  if (fixed)
+    if (auto it = memo.by_block.find(b.v); it != memo.by_block.end() && it->second.gen == g.v) return it->second.nodes;
+  ReadCtx ctx{fs_id, g, level};
+  Ref node = PLY_TRY(cache.get(b, BlockCache::Verifier{verify_cb, &ctx}));
+  NodeView v = view(node);
+  if (v.gen() != g || v.level() != level) return Error::corrupt(b.v, "node does not match its parent");
+  uint64_t n = 1;
+  if (!v.leaf())
+    for (uint32_t i = 0; i < v.n(); i++)
+      n += PLY_TRY(count_rec(cache, fs_id, v.child(i), v.child_gen(i), level - 1, open, memo));
+  if (fixed) memo.by_block[b.v] = {g.v, n};
+  return n;
+}
+}  // namespace
+
+Result<uint64_t> BTree::count_nodes(BlockCache& cache, uint64_t fs_id, const RootPtr& root, Generation open,
+                                    CountMemo& memo) {
+  return count_rec(cache, fs_id, root.block, root.gen, root.level, open, memo);
+}
+
 }  // namespace plyfs

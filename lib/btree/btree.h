@@ -252,6 +252,17 @@ class BTree {
   using ReachFn = std::function<void(BlockNo start, uint64_t nblocks, bool node)>;
   static Result<void> reach(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg, const RootPtr& root,
                             const ReachFn& fn);
+  // The number of nodes of a tree. `memo` keeps each subtree's count by its
+  // root block, for nodes older than `open` (the open generation: its nodes
+  // may still change in place, format.md#btree-cow), so that trees sharing
+  // subtrees read each shared subtree once: counting a snapshot of a
+  // counted tree reads about the nodes they do not share.
+  struct CountMemo {
+    struct Entry { uint64_t gen, nodes; };
+    std::unordered_map<uint64_t, Entry> by_block;
+  };
+  static Result<uint64_t> count_nodes(BlockCache& cache, uint64_t fs_id, const RootPtr& root, Generation open,
+                                      CountMemo& memo);
 
  private:
   struct Split { Key key; BlockCache::Ref right; };

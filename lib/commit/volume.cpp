@@ -888,6 +888,13 @@ Result<BTree::DropStats> Volume::Txn::exclusive(TreeId id) {
   return BTree::exclusive(*v->cache_, v->info_.fs_id, s->tree->config(), s->tree->root(), counts);
 }
 
+Result<uint64_t> Volume::Txn::count_nodes(TreeId id, BTree::CountMemo& memo) {
+  Volume* v = s_.v;
+  Slot* s = PLY_TRY(v->slot(id));
+  std::shared_lock lk(s->mu);
+  return BTree::count_nodes(*v->cache_, v->info_.fs_id, s->tree->root(), s_.gen, memo);
+}
+
 Result<void> Volume::Txn::reach(TreeId id, const BTree::ReachFn& fn) {
   Volume* v = s_.v;
   Slot* s = PLY_TRY(v->slot(id));

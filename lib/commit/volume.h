@@ -375,6 +375,8 @@ class Volume::Txn {
   // Every node of tree `id` and every extent reference of its values
   // (BTree::reach), the tree locked for reading meanwhile.
   Result<void> reach(TreeId id, const BTree::ReachFn& fn);
+  // The number of nodes of tree `id` (BTree::count_nodes, with `memo`).
+  Result<uint64_t> count_nodes(TreeId id, BTree::CountMemo& memo);
   // Extents that tree values reference (file data). Length in blocks.
   Result<BlockNo> alloc_extent(uint64_t nblocks);
   Result<void> inc_extent(BlockNo start);

@@ -47,8 +47,11 @@ Result<Branches> Branches::read(Volume& v, bool space) {
   std::erase_if(out.all_, [](const BranchMeta& b) { return b.doomed; });
   std::sort(out.all_.begin(), out.all_.end(), [](const BranchMeta& a, const BranchMeta& b) { return a.tree.v < b.tree.v; });
   for (const auto& b : out.all_) out.layer_[b.tree.v] = PLY_TRY(plyfs::is_layer(v, b));
-  if (space)
-    for (const auto& b : out.all_) out.space_[b.tree.v] = PLY_TRY(plyfs::branch_space(v, b.tree));
+  if (space) {
+    std::vector<TreeId> trees;
+    for (const auto& b : out.all_) trees.push_back(b.tree);
+    out.space_ = PLY_TRY(plyfs::branch_spaces(v, trees));
+  }
   return out;
 }
 
@@ -122,12 +125,14 @@ Result<Json> du(Volume& v, std::optional<TreeId> branch) {
   uint64_t exclusive = 0;
   std::vector<TreeId> all;
   for (const auto& b : bs.all()) all.push_back(b.tree);
+  std::map<uint64_t, BranchSpace> spaces;
+  if (!branch) spaces = PLY_TRY(branch_spaces(v, all));
   for (const auto& b : bs.all()) {
     if (branch && b.tree != *branch) continue;
     Json o = bs.ref(b.tree);
     BranchDu d;
     if (branch) d = PLY_TRY(branch_du(v, b.tree, all));
-    else d.space = PLY_TRY(branch_space(v, b.tree));
+    else d.space = spaces[b.tree.v];
     o["referenced"] = space_use(d.space.referenced);
     o["exclusive"] = space_use(d.space.exclusive);
     exclusive += d.space.exclusive.total();

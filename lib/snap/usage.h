@@ -37,6 +37,12 @@ struct BranchSpace {
 
 // The figures of tree `tree` now.
 Result<BranchSpace> branch_space(Volume& v, TreeId tree);
+// The figures of many trees, by tree id: what a listing needs. Each tree's
+// nodes are counted with a memo of shared subtrees (BTree::count_nodes),
+// and its data follows from the tree before it (by id) by a diff of the
+// two, which skips what they share: listing 1,000 snapshots of a branch
+// reads about one branch and what changed between them, not 1,000 trees.
+Result<std::map<uint64_t, BranchSpace>> branch_spaces(Volume& v, std::vector<TreeId> trees);
 
 // plyctl du BRANCH: its figures, and for every other tree in `others`, the
 // bytes of this branch that tree reaches too (what deleting the other tree

@@ -70,6 +70,14 @@ inline std::map<uint64_t, BranchSpace> check_accounting(Volume& v) {
     CHECK(got.exclusive == want.exclusive);
     out[info.id.v] = got;
   }
+  // The listing's way (each tree from the one before it by a diff) agrees.
+  std::vector<TreeId> ids;
+  for (const auto& [id, sp] : out) ids.push_back(TreeId{id});
+  for (const auto& [id, sp] : must(branch_spaces(v, ids))) {
+    INFO("tree " << id << " in a listing");
+    CHECK(sp.referenced == out[id].referenced);
+    CHECK(sp.exclusive == out[id].exclusive);
+  }
   return out;
 }
 
