@@ -178,9 +178,14 @@ TEST_CASE("holds: the automatic retention neither deletes nor counts a held snap
   Img im;
   std::vector<BranchMeta> s;
   for (int i = 0; i < 4; i++) {
-    s.push_back(must(snapshot(*im.vol, im.main, "main@2611" + std::to_string(10 + i))).frozen);
     usleep(20000);  // distinct creation times, even on a coarse clock
+    s.push_back(must(snapshot(*im.vol, im.main, "main@2611" + std::to_string(10 + i))).frozen);
   }
+  // Each has its own creation time, which the classes go by, not main's
+  // (a clone once copied its source's: hourly=N then kept one snapshot).
+  const uint64_t main_ns = must(Filesystem::branch(*im.vol, im.main)).created_ns;
+  CHECK(s[0].created_ns > main_ns);
+  for (size_t i = 1; i < s.size(); i++) CHECK(s[i].created_ns > s[i - 1].created_ns);
   // One that is no automatic snapshot (its name): never pruned.
   must(snapshot(*im.vol, im.main, "manual"));
   Retention keep2;
@@ -239,4 +244,13 @@ TEST_CASE("holds: fsck accepts HELD, reports an unknown branch flag and a hold w
   }
   im.reopen();
   im.check_clean();
+}
+
+TEST_CASE("holds: of two snapshots with one creation time, the retention keeps the later", "[snap][holds]") {
+  // A coarse clock gives snapshots taken within a tick one time; the
+  // callers list them oldest first (snapshots_of).
+  Retention r;
+  r.last = 1;
+  CHECK(prune({5, 5, 5}, r) == std::vector<size_t>{0, 1});
+  CHECK(prune({7, 5, 7}, r) == std::vector<size_t>{1, 0});
 }
