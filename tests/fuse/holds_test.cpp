@@ -156,6 +156,16 @@ TEST_CASE("holds: hold, release and delete through a mount point and the mounted
   Out ok = ctl(tmp, {"delete", fx.root(), "s1"});
   CHECK(ok.rc == 0);
   CHECK(ok.err.empty());
+
+  // A layer made and removed in the control folder: held, its rmdir is
+  // refused and it stays whole, its view still open.
+  REQUIRE(::mkdir((fx / ".plyfs/layers/l1").c_str(), 0755) == 0);
+  write_file(fx / ".plyfs/layers/l1/data/g", "in the layer");
+  REQUIRE(ctl(tmp, {"hold", fx.root(), "l1"}).rc == 0);
+  REQUIRE_ERRNO(::rmdir((fx / ".plyfs/layers/l1").c_str()), EBUSY);
+  CHECK(read_file(fx / ".plyfs/layers/l1/data/g") == "in the layer");
+  REQUIRE(ctl(tmp, {"release", fx.root(), "l1"}).rc == 0);
+  REQUIRE(::rmdir((fx / ".plyfs/layers/l1").c_str()) == 0);
   fx.unmount();
 }
 
