@@ -101,6 +101,8 @@ void usage(FILE* out) {
                "  rollback IMAGE|MNT BRANCH    discard a layer's changes\n"
                "  delete IMAGE|MNT BRANCH      delete a branch, freeing what only it used\n"
                "  diff IMAGE|MNT FROM TO [-z]  paths added (+), removed (-), modified (M), renamed (R)\n"
+               "  hold IMAGE|MNT BRANCH...     keep branches from delete, merge and snapshot_keep\n"
+               "  release IMAGE|MNT BRANCH...  take the hold off again\n"
                "Data in and out (offline, or export on a mount point too):\n"
                "  import IMAGE BRANCH SOURCE [--parent P] [--format dir|tar|oci-layer|oci|ext4] [--ro] [--force]\n"
                "                               a directory, tarball, OCI layer or image, or ext4\n"

@@ -67,6 +67,7 @@ int cmd_layer(const std::string& sub, const std::vector<std::string>& args);
 int cmd_view(const std::string& sub, const std::vector<std::string>& args);
 int cmd_lifecycle(const std::string& cmd, const std::vector<std::string>& args);
 int cmd_sync(const std::vector<std::string>& args);
+int cmd_hold(const std::string& cmd, const std::vector<std::string>& args);  // hold, release
 // Deletes branch `name` of `image` (branch remove, layer delete, delete).
 int remove_branch(const std::string& image, const std::string& name, bool json);
 int cmd_import(const std::vector<std::string>& args);

@@ -6,6 +6,7 @@
 //   plyctl view list|create|delete|default IMAGE|MOUNTPOINT ...
 //   plyctl layer list IMAGE|MOUNTPOINT, layer create|delete IMAGE ...
 //   plyctl sync IMAGE|MOUNTPOINT
+//   plyctl hold|release IMAGE|MOUNTPOINT BRANCH...
 //   plyctl snapshot|clone|merge|rollback|delete|diff IMAGE|MOUNTPOINT ...
 //   plyctl import IMAGE BRANCH SOURCE [--parent P] [--format F]
 //   plyctl export IMAGE|MOUNTPOINT BRANCH [-o FILE] [--format tar|oci-layer] [--compress zstd|gzip]
@@ -51,6 +52,7 @@ int real_main(int argc, char** argv) {
   if (cmd == "snapshot" || cmd == "clone" || cmd == "merge" || cmd == "rollback" || cmd == "delete" ||
       cmd == "diff")
     return cmd_lifecycle(cmd, args);
+  if (cmd == "hold" || cmd == "release") return cmd_hold(cmd, args);
   if (cmd == "sync") return cmd_sync(args);
   if (cmd == "import") return cmd_import(args);
   if (cmd == "export") return cmd_export(args);

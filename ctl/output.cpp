@@ -55,11 +55,11 @@ std::string kind_text(const Json& b) {
 }
 
 void print_branch_table(const Json& branches) {
-  Table t({{"ID", true}, {"NAME"}, {"PARENT"}, {"KIND"}, {"MODE"}, {"CREATED", true}});
+  Table t({{"ID", true}, {"NAME"}, {"PARENT"}, {"KIND"}, {"MODE"}, {"HELD"}, {"CREATED", true}});
   for (const auto& b : branches) {
     const Json parent = b.is_object() ? b.value("parent", Json()) : Json();
     t.add({std::to_string(id_in(b)), name_in(b, "name"), parent.is_object() ? name_in(parent, "branch") : "-",
-           kind_text(b), b.value("writable", false) ? "rw" : "ro",
+           kind_text(b), b.value("writable", false) ? "rw" : "ro", b.value("held", false) ? "held" : "-",
            std::to_string(b.value("created_generation", uint64_t(0)))});
   }
   t.print();

@@ -34,7 +34,7 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nsync\nimport\nexport\ndu\ntrim\nresize\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\ndu\ntrim\nresize\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).
@@ -130,6 +130,7 @@ _plyctl() {
     esac
     case $cmd in
         merge | rollback | delete) ((n == 1)) && names=branch ;;
+        hold | release) ((n >= 1)) && names=branch ;;
         clone) ((n == 1)) && names=branch ;;
         diff) ((n == 1 || n == 2)) && names=branch ;;
         export | du) ((n == 1)) && names=branch ;;

@@ -167,6 +167,24 @@ Result<Json> clone_or_delete(const std::string& cmd, const Json& req) {
   return delete_online(PLY_TRY(arg_branch(req, "branch")));
 }
 
+// `hold` and `release` (format.md#snapshots, "Holds"): every branch of
+// "branches" (an array of {"branch": NAME} or {"branch": ID}) is found
+// before any changes, so that a wrong name changes nothing; the answer is
+// the branches after, in that order, durable when it returns.
+Result<Json> hold_or_release(const std::string& cmd, const Json& req) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  if (!req.contains("branches") || !req["branches"].is_array() || req["branches"].empty())
+    return Error::invalid("\"branches\" must be a non-empty array");
+  std::vector<BranchMeta> bs;
+  for (const Json& one : req["branches"]) bs.push_back(PLY_TRY(arg_branch(one, "branch")));
+  for (const auto& b : bs) (void)PLY_TRY(set_held(*g->vol, b.tree, cmd == "hold"));
+  PLY_CHECK(g->vol->commit());
+  auto all = PLY_TRY(model::Branches::read(*g->vol));
+  Json out = Json::array();
+  for (const auto& b : bs) out.push_back(all.branch(*all.find(b.tree)));
+  return out;
+}
+
 // --- the image's own commands, answered from the mount (issue 24) ----------
 // plyctl reads no block of a mounted image: the daemon reuses the blocks a
 // generation freed once the next one is durable, so a second reader would
@@ -343,7 +361,8 @@ Result<Json> control(const Json& req, bool may_change) {
   static const std::vector<std::string> kCommands = {"list",     "add",   "remove", "set",    "move",
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff",
                                                      "trim", "resize", "show", "branches", "views", "default",
-                                                     "view-create", "view-delete", "view-default", "sync", "du"};
+                                                     "view-create", "view-delete", "view-default", "sync", "du",
+                                                     "hold", "release"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -351,7 +370,7 @@ Result<Json> control(const Json& req, bool may_change) {
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
-                          "sync, du)");
+                          "sync, du, hold, release)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -393,6 +412,7 @@ Result<Json> control(const Json& req, bool may_change) {
     return lifecycle(cmd, name, to);
   }
   if (cmd == "clone" || cmd == "delete") return clone_or_delete(cmd, req);
+  if (cmd == "hold" || cmd == "release") return hold_or_release(cmd, req);
   if (cmd.rfind("view-", 0) == 0) return view_change(cmd, req);
   return restack(cmd, req);
 }

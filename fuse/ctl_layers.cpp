@@ -81,6 +81,8 @@ Result<void> ControlFolder::delete_layer(std::string_view name) {
       return Error::io(EBUSY, "the mount shows \"" + shown(b.name) +
                                   "\": take it out of the mount's stack first (plyctl branch remove MOUNTPOINT "
                                   "NAME), or unmount and delete it on the image");
+  // Before any view of it closes (delete_branch refuses it too).
+  if (b.held) return Error::io(EBUSY, "\"" + shown(b.name) + "\" is held: release it first (plyctl release)");
   for (const auto& c : PLY_TRY(Filesystem::branches(*h_.vol)))
     if (!c.doomed && c.parent == b.tree)
       return Error::io(EBUSY, "branch \"" + shown(c.name) + "\" is made on \"" + shown(b.name) +

@@ -192,7 +192,8 @@ void cleaner_loop() {
 
 // Automatic snapshots: every interval, a snapshot of the stack's writable
 // branch; of the snapshots of it made this way (named LIVE@...), those the
-// retention (-o snapshot_keep: the newest N, or classes, snap/retention.h)
+// retention (-o snapshot_keep: the newest N, or classes, snap/retention.h;
+// held snapshots neither go nor count)
 // does not keep are deleted: their blocks that newer snapshots or the
 // branch share stay, the rest is freed (format.md#snapshots).
 void snapper_loop() {
@@ -208,13 +209,13 @@ void snapper_loop() {
         std::lock_guard cl(g->ctl_mu);
         auto top = snapshot_target(g->stack);
         auto live = top ? Filesystem::branch(*g->vol, *top) : Result<BranchMeta>(top.error());
-        auto snaps = live ? snapshots_of(*g->vol, live->tree) : Result<std::vector<BranchMeta>>(live.error());
-        if (snaps) {
-          std::erase_if(*snaps, [&](const BranchMeta& b) { return b.name.rfind(snapshot_prefix(live->name), 0) != 0; });
-          std::vector<uint64_t> times;
-          for (const auto& b : *snaps) times.push_back(b.created_ns);
-          for (size_t i : prune(times, g->snap_keep)) old.push_back((*snaps)[i].name);
-        }
+        // Held snapshots are skipped and not counted (plyfs.8).
+        auto gone = live ? expired_snapshots(*g->vol, live->tree, g->snap_keep)
+                         : Result<std::vector<BranchMeta>>(live.error());
+        if (gone)
+          for (const auto& b : *gone) old.push_back(b.name);
+        else
+          log_error("choosing the snapshots to prune: %s", gone.error().user_message(g->image).c_str());
       }
       for (const auto& name : old) {
         model::Json req = {{"command", "delete"}};

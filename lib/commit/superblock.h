@@ -22,8 +22,12 @@ inline constexpr uint64_t kIncompatLargeXattr = 1ull << 0;
 // SNAPSHOT flag; lib/fs, format.md#fs-info). An older reader refuses a
 // version 4 tree, and its fsck would rewrite the item as version 3.
 inline constexpr uint64_t kIncompatBranchInfoV4 = 1ull << 1;
+// ro_compat bit 0: some branch was held (FsInfo's HELD flag; lib/fs,
+// format.md#fs-info). An older build reads such an image correctly, but
+// would delete a held branch and clear the flag when it rewrites the item.
+inline constexpr uint64_t kRoCompatHeldBranches = 1ull << 0;
 inline constexpr uint64_t kCompatKnown = 0;
-inline constexpr uint64_t kRoCompatKnown = 0;
+inline constexpr uint64_t kRoCompatKnown = kRoCompatHeldBranches;
 inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr | kIncompatBranchInfoV4;
 // next_tree_id and next_inode stay below this (format.md#superblock).
 inline constexpr uint64_t kCounterLimit = 1ull << 63;

@@ -413,6 +413,7 @@ Result<void> Volume::freeze(Generation g, std::vector<BlockCache::Ref>& dirty, S
   sb.next_inode = next_inode_.load();
   // A Txn of this generation that added a bit ended before the gate closed.
   sb.incompat |= incompat_added_.load();
+  sb.ro_compat |= ro_compat_added_.load();
   sb.commit_time_ns = now_ns();
   return ok();
 }
@@ -1009,6 +1010,17 @@ void Volume::Txn::add_incompat(uint64_t bits) {
   if ((s_.v->incompat() & bits) == bits) return;
   s_.v->incompat_added_.fetch_or(bits);
   s_.v->changed_ = true;
+}
+
+void Volume::Txn::add_ro_compat(uint64_t bits) {
+  if ((s_.v->ro_compat() & bits) == bits) return;
+  s_.v->ro_compat_added_.fetch_or(bits);
+  s_.v->changed_ = true;
+}
+
+uint64_t Volume::ro_compat() const {
+  std::lock_guard lk(state_mu_);
+  return info_.ro_compat | ro_compat_added_.load();
 }
 
 uint64_t Volume::incompat() const {

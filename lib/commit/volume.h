@@ -210,6 +210,7 @@ class Volume {
   // The incompat feature bits the next superblock carries: the durable
   // ones and those a Txn added since (format.md#features).
   uint64_t incompat() const;
+  uint64_t ro_compat() const;  // the same for the ro_compat bits
 
   // File data (format.md#fs-data): whole blocks of extents that tree values
   // reference, read and written straight to the device, not through the
@@ -294,6 +295,7 @@ class Volume {
   void discard_released();
   std::atomic<uint64_t> next_tree_id_{0}, next_inode_{0};
   std::atomic<uint64_t> incompat_added_{0};  // Txn::add_incompat, folded in at each freeze
+  std::atomic<uint64_t> ro_compat_added_{0};  // Txn::add_ro_compat, the same
   std::atomic<uint64_t> tree_epoch_{1};      // tree_epoch()
   std::mutex shared_nodes_mu_;               // NodeSpace::shared_nodes_mutex
   std::mutex ext_mu_;
@@ -393,6 +395,8 @@ class Volume::Txn {
   // so an older build refuses the image before it could misread them. A
   // bit is never cleared.
   void add_incompat(uint64_t bits);
+  // The same for ro_compat bits: an older build then opens read-only only.
+  void add_ro_compat(uint64_t bits);
 
  private:
   friend class Volume;

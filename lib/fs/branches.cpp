@@ -51,6 +51,7 @@ BranchMeta meta_of(TreeId tree, const disk::FsInfo& fi, const TreeInfo& ti) {
   m.read_only = fi.branch_flags.get() & disk::kBranchReadOnly;
   m.doomed = fi.branch_flags.get() & disk::kBranchDoomed;
   m.snapshot = fi.branch_flags.get() & disk::kBranchSnapshot;
+  m.held = fi.branch_flags.get() & disk::kBranchHeld;
   m.root = fi.root_ino.get();
   m.created_ns = fi.created_ns.get();
   m.created = ti.created;
@@ -178,6 +179,9 @@ Result<void> write_info(Volume::Txn& t, TreeId tree, disk::FsInfo fi) {
   // The superblock that makes this durable tells older readers to stay
   // away (format.md#features).
   t.add_incompat(kIncompatBranchInfoV4);
+  // An older build would delete a held branch, and drop HELD when it
+  // rewrote the item: from the first hold on it may only read the image.
+  if (fi.branch_flags.get() & disk::kBranchHeld) t.add_ro_compat(kRoCompatHeldBranches);
   note_info(t, tree, fi);
   return ok();
 }
@@ -314,7 +318,7 @@ static void fill(disk::FsInfo& fi, const BranchMeta& m) {
   std::memcpy(fi.name, m.name.data(), m.name.size());
   fi.parent.set(m.parent.v);
   fi.branch_flags.set((m.read_only ? disk::kBranchReadOnly : 0) | (m.doomed ? disk::kBranchDoomed : 0) |
-                      (m.snapshot ? disk::kBranchSnapshot : 0));
+                      (m.snapshot ? disk::kBranchSnapshot : 0) | (m.held ? disk::kBranchHeld : 0));
   std::array<uint8_t, 16> u;
   std::memcpy(u.data(), fi.uuid, 16);
   if (is_nil(u)) {
@@ -340,6 +344,10 @@ Result<BranchMeta> Filesystem::clone(Volume::Txn& t, TreeId src, BranchMeta m) {
   std::memset(fi.uuid, 0, sizeof fi.uuid);
   m.uuid = random_uuid();
   fill(fi, m);
+  // Its own creation time, not its source's: the retention of automatic
+  // snapshots sorts and classes them by it (snap/retention.h).
+  const timespec n = now();
+  fi.created_ns.set(uint64_t(n.tv_sec) * 1000000000ull + uint64_t(n.tv_nsec));
   PLY_CHECK(write_info(t, m.tree, fi));
   adopt(t);
   return branch(t, m.tree);

@@ -54,7 +54,8 @@ std::vector<Finding> scan_tree(Volume& vol, TreeId id, bool data, uint64_t* root
   };
   auto t = vol.begin();
   if (!t) return fail(t.error(), "cannot read: ");
-  Checker c(id, vol.block_size(), data ? &vol : nullptr, t->next_inode_number(), vol.incompat());
+  Checker c(id, vol.block_size(), data ? &vol : nullptr, t->next_inode_number(), vol.incompat(),
+            vol.ro_compat());
   auto r = t->scan(id, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
     c.item(k, v);
     return true;
@@ -301,7 +302,7 @@ class FedCheck : public ObjectChecker {
       Tree& t = *ch.tree;
       if (!c)
         c = std::make_unique<Checker>(t.id, vol_->block_size(), data_ ? vol_.get() : nullptr, next_inode_,
-                                      vol_->incompat());
+                                      vol_->incompat(), vol_->ro_compat());
       for (size_t p = 0; p < ch.bytes.size();) {
         Key k;
         uint32_t len;

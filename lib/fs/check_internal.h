@@ -177,8 +177,8 @@ Result<void> renumber(RepairCtx& c, uint64_t ino, const std::vector<NameRec>& na
 // finish(), then findings().
 class Checker {
  public:
-  Checker(TreeId t, uint32_t bs, Volume* data, uint64_t next_inode, uint64_t incompat)
-      : tree_(t), bs_(bs), data_(data), next_inode_(next_inode), incompat_(incompat) {}
+  Checker(TreeId t, uint32_t bs, Volume* data, uint64_t next_inode, uint64_t incompat, uint64_t ro_compat)
+      : tree_(t), bs_(bs), data_(data), next_inode_(next_inode), incompat_(incompat), ro_compat_(ro_compat) {}
 
   std::vector<Finding>& findings() { return out_; }
   uint64_t root() const { return root_; }
@@ -262,6 +262,7 @@ class Checker {
   std::vector<std::pair<std::string_view, size_t>> seen_;
   std::vector<std::tuple<uint64_t, uint64_t, Key>> inline_;  // ino, offset, key
   uint64_t incompat_;  // the superblock's incompat features
+  uint64_t ro_compat_;  // and its ro_compat ones
   struct Outline {     // an out-of-line xattr record
     uint64_t ino, id, hash;
     uint32_t length;

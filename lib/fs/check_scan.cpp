@@ -106,6 +106,12 @@ void Checker::info(std::span<const std::byte> v) {
                 i.branch_flags.set(i.branch_flags.get() & disk::kBranchFlagsKnown);
               });
             });
+  // A held branch on an image an older build may write would lose its
+  // hold there (format.md#features, HELD_BRANCHES).
+  if ((d->branch_flags.get() & disk::kBranchHeld) && !(ro_compat_ & kRoCompatHeldBranches))
+    problem("F-held-feature", 0, "the branch is held, but the image lacks the HELD_BRANCHES feature flag",
+            Repair::Safe, 2, "set the HELD_BRANCHES feature flag",
+            [](RepairCtx& c) { return c.t.add_ro_compat(kRoCompatHeldBranches), ok(); });
   if (d->name[0] == 0)
     problem("U3-branch", 0, "the branch has no name", Repair::Lossy, 2, "named branches that had no name",
             [tree = tree_](RepairCtx& c) {

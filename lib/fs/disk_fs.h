@@ -47,7 +47,13 @@ inline constexpr uint32_t kBranchDoomed = 2;
 // Version 4: a snapshot, an O(1) clone of the branch its root record's
 // cloned_from names, taken by `snapshot` (format.md#snapshots).
 inline constexpr uint32_t kBranchSnapshot = 4;
-inline constexpr uint32_t kBranchFlagsKnown = kBranchReadOnly | kBranchDoomed | kBranchSnapshot;
+// Held (plyctl hold, zfs hold): no delete, merge or automatic retention may
+// make the branch go away until it is released. Written only under the
+// superblock's HELD_BRANCHES ro_compat bit, so that an older build, which
+// would delete the branch and drop the bit when it rewrites the item, only
+// reads the image (format.md#features, format.md#snapshots).
+inline constexpr uint32_t kBranchHeld = 8;
+inline constexpr uint32_t kBranchFlagsKnown = kBranchReadOnly | kBranchDoomed | kBranchSnapshot | kBranchHeld;
 
 // Versions 1-3 store the first 72 bytes only; version 4 all 128.
 struct FsInfo {

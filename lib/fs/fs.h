@@ -78,6 +78,9 @@ struct BranchMeta {
   bool doomed = false;  // left by an unfinished merge or rollback: dropped at the next open
   // Taken by `snapshot` of `origin` (format.md#snapshots): an O(1) clone.
   bool snapshot = false;
+  // Held (plyctl hold): no delete, merge or retention makes it go away
+  // (format.md#snapshots, "Holds"). A clone or snapshot is not held.
+  bool held = false;
   uint64_t root = 0, created_ns = 0;
   Generation created;   // generation of its root record
   TreeId origin;        // the tree it was cloned from (its root record's cloned_from); 0: none

@@ -105,6 +105,8 @@ Result<void> make_live(Volume& v, std::vector<BranchMeta>& made, bool replace) {
     auto old = PLY_TRY(live_named(t, m.name));
     if (old && !(replace && &m == &made.back()))
       return Error::io(EEXIST, "a branch named \"" + shown(m.name) + "\" exists");
+    if (old && old->held)  // a held branch goes only once released (format.md#snapshots)
+      return Error::io(EBUSY, "\"" + shown(old->name) + "\" is held: release it first (plyctl release)");
     if (old) {
       old->doomed = true;
       PLY_CHECK(Filesystem::set_branch(t, *old));

@@ -99,6 +99,7 @@ Json Branches::branch(const BranchMeta& b) const {
   o["layer"] = is_layer(b.tree);
   o["writable"] = !b.read_only;
   o["snapshot"] = b.snapshot;
+  o["held"] = b.held;  // plyctl hold: no delete or retention takes it
   // A snapshot's or clone's origin: the branch it was taken of (null once
   // that branch is gone, or for a branch made empty).
   o["origin"] = b.origin.v ? ref(b.origin) : Json(nullptr);

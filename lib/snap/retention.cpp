@@ -68,7 +68,11 @@ std::vector<size_t> prune(const std::vector<uint64_t>& created_ns, const Retenti
   if (r.keeps_all()) return {};
   std::vector<size_t> order(created_ns.size());  // newest first
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return created_ns[a] > created_ns[b]; });
+  // Equal times (a coarse clock): the later index is the newer, as callers
+  // list snapshots oldest first (snapshots_of).
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return created_ns[a] != created_ns[b] ? created_ns[a] > created_ns[b] : a > b;
+  });
   std::vector<bool> keep(created_ns.size(), false);
   for (size_t i = 0; i < order.size() && i < r.last; i++) keep[order[i]] = true;
   const uint32_t counts[] = {r.hourly, r.daily, r.weekly, r.monthly};

@@ -25,7 +25,8 @@ struct Retention {
 Result<Retention> parse_retention(std::string_view s);
 
 // The snapshots to delete, as indices into `created_ns` (their creation
-// times, any order), oldest first.
+// times, any order; of two equal times the later index counts as the
+// newer), oldest first.
 std::vector<size_t> prune(const std::vector<uint64_t>& created_ns, const Retention& r);
 
 }  // namespace plyfs

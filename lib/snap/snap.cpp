@@ -12,6 +12,7 @@
 #include <set>
 
 #include "fs/disk_fs.h"
+#include "snap/retention.h"
 #include "union/union.h"
 #include "util/text.h"
 
@@ -48,6 +49,13 @@ Result<void> no_layers_on(Volume::Txn& t, const BranchMeta& b, TreeId except) {
     if (!x.doomed && x.tree != except && x.tree != b.tree && layer(x))
       return Error::io(EBUSY, "layer \"" + shown(x.name) + "\" is made on \"" + shown(b.name) +
                                   "\": merge or delete that layer first");
+  return ok();
+}
+
+// Refuses to make a held branch go away (format.md#snapshots, "Holds").
+Result<void> not_held(const BranchMeta& b) {
+  if (b.held)
+    return Error::io(EBUSY, "\"" + shown(b.name) + "\" is held: release it first (plyctl release)");
   return ok();
 }
 
@@ -92,6 +100,7 @@ Result<TreeId> replace_content(Volume::Txn& t, const BranchMeta& b, TreeId src) 
   BranchMeta old = b;
   old.doomed = true;
   old.snapshot = false;
+  old.held = false;  // the hold stays with the branch
   old.received_uuid = {};
   const TreeId keep = PLY_TRY(Filesystem::clone(t, b.tree, old)).tree;
   PLY_CHECK(Filesystem::reset(t, b.tree, src));
@@ -163,6 +172,7 @@ Result<BranchMeta> clone_branch(Volume& v, TreeId src, std::string_view name, bo
   m.parent = layer(s) ? s.parent : src;
   m.read_only = read_only;
   m.snapshot = false;
+  m.held = false;  // a hold is the branch's own, as in ZFS
   m.received_uuid = {};
   return Filesystem::clone(t, src, m);
 }
@@ -206,6 +216,7 @@ Result<Snapshot> snapshot(Volume& v, TreeId tree, std::string_view snap_name) {
   m.name = std::string(snap_name);
   m.read_only = true;
   m.snapshot = true;
+  m.held = false;  // a hold is the branch's own, as in ZFS
   m.received_uuid = {};
   // As a clone: a snapshot of a layer is a layer on its parent.
   m.parent = layer(s.live) ? s.live.parent : tree;
@@ -222,6 +233,28 @@ Result<std::vector<BranchMeta>> snapshots_of(Volume& v, TreeId tree) {
     return a.created != b.created ? a.created < b.created : a.tree.v < b.tree.v;
   });
   return out;
+}
+
+Result<std::vector<BranchMeta>> expired_snapshots(Volume& v, TreeId live, const Retention& r) {
+  const BranchMeta b = PLY_TRY(Filesystem::branch(v, live));
+  auto snaps = PLY_TRY(snapshots_of(v, live));
+  // Held ones are neither deleted nor counted: a hold does not take the
+  // place of a snapshot the classes keep (plyfs.8, "snapshot_keep").
+  std::erase_if(snaps, [&](const BranchMeta& s) { return s.held || s.name.rfind(snapshot_prefix(b.name), 0) != 0; });
+  std::vector<uint64_t> times;
+  for (const auto& s : snaps) times.push_back(s.created_ns);
+  std::vector<BranchMeta> out;
+  for (size_t i : prune(times, r)) out.push_back(snaps[i]);
+  return out;
+}
+
+Result<BranchMeta> set_held(Volume& v, TreeId tree, bool held) {
+  auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kSetBranchBlocks}));
+  BranchMeta b = PLY_TRY(live_branch(t, tree));
+  if (b.held == held) return b;  // idempotent: nothing is written
+  b.held = held;
+  PLY_CHECK(Filesystem::set_branch(t, b));
+  return Filesystem::branch(t, tree);
 }
 
 // --- merge --------------------------------------------------------------------------------
@@ -409,6 +442,8 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
                                       shown(low.name) + "\" right below it: change or delete that view first "
                                       "(plyctl view create|delete)");
       }
+    // The lower branch goes unless other layers keep it.
+    if (!low_stays) PLY_CHECK(not_held(low));
   }
   const uint64_t swap = PLY_TRY(swap_blocks(v));
   // The scratch tree: a doomed clone of the lower branch (dropped by the
@@ -418,6 +453,7 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
     auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kCloneBlocks}));
     res.doomed = true;
     res.snapshot = false;
+    res.held = false;
     res = PLY_TRY(Filesystem::clone(t, low.tree, res));
   }
   std::unique_ptr<Filesystem> own_up;
@@ -523,6 +559,7 @@ Result<uint64_t> delete_blocks(Volume& v, TreeId branch) {
 Result<void> delete_branch(Volume& v, TreeId branch, const BTree::DropProgress& progress) {
   auto t = PLY_TRY(v.begin({.for_delete = true, .reserve_blocks = PLY_TRY(delete_blocks(v, branch))}));
   BranchMeta b = PLY_TRY(live_branch(t, branch));
+  PLY_CHECK(not_held(b));
   if (PLY_TRY(Filesystem::live_branches(t)) <= 1)
     return Error::io(EBUSY, "\"" + shown(b.name) + "\" is the image's only branch: create another first");
   PLY_CHECK(no_layers_on(t, b, TreeId{0}));

@@ -31,6 +31,8 @@
 
 namespace plyfs {
 
+struct Retention;  // snap/retention.h
+
 // Drops every doomed tree: what an unfinished merge or rollback left, or
 // the branches a finished one replaced. Read-write opens call it before
 // anything else (plyctl, the daemon). Returns how many it dropped.
@@ -61,6 +63,19 @@ Result<Snapshot> snapshot(Volume& v, TreeId tree, std::string_view snap_name);
 Result<TreeId> snapshot_target(const std::vector<ViewLayer>& stack);
 // The snapshots of branch `tree`, oldest first.
 Result<std::vector<BranchMeta>> snapshots_of(Volume& v, TreeId tree);
+
+// The automatic snapshots of branch `live` (those named
+// snapshot_prefix(its name)...) that retention `r` does not keep, oldest
+// first. Held ones are neither returned nor counted against the classes.
+Result<std::vector<BranchMeta>> expired_snapshots(Volume& v, TreeId live, const Retention& r);
+
+// Holds (held: true) or releases branch `tree` (zfs hold/release, format.md
+// #snapshots, "Holds"): while held, delete_branch, a merge that would
+// consume it and the automatic retention refuse or skip it (EBUSY). A
+// rename, a rollback and changes to its content are fine: the hold follows
+// the branch (its tree id). Idempotent: holding a held branch or releasing
+// an unheld one succeeds and writes nothing. Returns the branch after.
+Result<BranchMeta> set_held(Volume& v, TreeId tree, bool held);
 
 struct MergeStats {
   uint64_t entries = 0;    // entries of the upper branch applied

@@ -53,6 +53,9 @@ expect "options of diff" $'--json\n-z' diff "$IMG" a b -
 expect "the image as a file" "$IMG" branch list "$T/di"
 expect "branch names of the image" $'main\nmy\\ branch\nwork' branch remove "$IMG" ''
 expect "branch names by prefix" 'my\ branch' delete "$IMG" m'y'
+expect "hold and release take branch names, one after another" 'my\ branch' hold "$IMG" work m'y'
+expect "commands starting with r" $'release\nresize\nrollback' r
+expect "commands starting with h" $'hold' h
 expect "--parent takes a branch" $'work' branch create "$IMG" new --parent w
 expect "diff: both names are branches" $'main\nmy\\ branch\nwork' diff "$IMG" main ''
 expect "view names" $'dev' view delete "$IMG" ''
