@@ -351,6 +351,40 @@ inline void plyctl(const Fixture& fx, std::vector<std::string> args, std::string
   REQUIRE(plyctl_status(fx, std::move(args), out) == 0);
 }
 
+// plyctl's exit status, stdout and stderr apart (plyctl_status merges them):
+// for checks that JSON is alone on stdout and errors are one line on stderr.
+struct CtlOut {
+  int rc;
+  std::string out, err;
+};
+inline CtlOut ctl(const TempDir& tmp, std::vector<std::string> args) {
+  args.insert(args.begin(), plyctl_bin());
+  const std::string o = tmp / "ctl.out", e = tmp / "ctl.err";
+  ::unlink(o.c_str());
+  ::unlink(e.c_str());
+  std::vector<char*> av;
+  for (auto& a : args) av.push_back(a.data());
+  av.push_back(nullptr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int fo = ::open(o.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fe = ::open(e.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fo < 0 || fe < 0) _exit(126);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    execv(av[0], av.data());
+    _exit(127);
+  }
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  CtlOut r{WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), slurp(o), slurp(e)};
+  std::string line;
+  for (size_t i = 1; i < args.size(); i++) line += " " + args[i];
+  UNSCOPED_INFO("plyctl" << line << " -> " << r.rc << "\nstdout: " << r.out << "\nstderr: " << r.err);
+  return r;
+}
+
 // --- file helpers ------------------------------------------------------------
 
 // Threads that are told to stop and joined when the scope ends, also when a

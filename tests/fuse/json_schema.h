@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "fuse_util.h"
+
 namespace plyfs::fusetest {
 
 class SchemaValidator {
@@ -101,5 +103,11 @@ class SchemaValidator {
 
   nlohmann::json root_;
 };
+
+// docs/plyctl.schema.json, read once.
+inline const SchemaValidator& schema() {
+  static SchemaValidator v(nlohmann::json::parse(slurp(tool("PLYFS_SCHEMA"))));
+  return v;
+}
 
 }  // namespace plyfs::fusetest

@@ -20,39 +20,7 @@ using nlohmann::json;
 
 namespace {
 
-struct Out {
-  int rc;
-  std::string out, err;
-};
-
-// Runs plyctl with stdout and stderr apart.
-Out ctl(const TempDir& tmp, std::vector<std::string> args) {
-  args.insert(args.begin(), plyctl_bin());
-  const std::string o = tmp / "ctl.out", e = tmp / "ctl.err";
-  ::unlink(o.c_str());
-  ::unlink(e.c_str());
-  std::vector<char*> av;
-  for (auto& a : args) av.push_back(a.data());
-  av.push_back(nullptr);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    const int fo = ::open(o.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int fe = ::open(e.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fo < 0 || fe < 0) _exit(126);
-    dup2(fo, 1);
-    dup2(fe, 2);
-    execv(av[0], av.data());
-    _exit(127);
-  }
-  int st = 0;
-  REQUIRE(waitpid(pid, &st, 0) == pid);
-  Out r{WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), slurp(o), slurp(e)};
-  std::string line;
-  for (size_t i = 1; i < args.size(); i++) line += " " + args[i];
-  UNSCOPED_INFO("plyctl" << line << " -> " << r.rc << "\nstdout: " << r.out << "\nstderr: " << r.err);
-  return r;
-}
+using Out = CtlOut;
 
 // Output of a command that must succeed with nothing on stderr.
 std::string ok_out(const TempDir& tmp, std::vector<std::string> args) {
@@ -60,11 +28,6 @@ std::string ok_out(const TempDir& tmp, std::vector<std::string> args) {
   REQUIRE(o.rc == 0);
   CHECK(o.err.empty());
   return o.out;
-}
-
-const SchemaValidator& schema() {
-  static SchemaValidator v(json::parse(slurp(tool("PLYFS_SCHEMA"))));
-  return v;
 }
 
 // A command's --json output, valid by the schema of `command`.

@@ -26,14 +26,19 @@ uint64_t settled_free(Volume& v) {
   return v.space_stats().free_blocks;
 }
 
+// A new filesystem on `dev`, opened.
+std::unique_ptr<Volume> fresh_fs(MemDevice& dev) {
+  must(format_filesystem(dev, FormatOptions{}, FsCreateOptions{}));
+  VolumeOptions vo;
+  vo.kinds = fs_kinds();
+  return must(Volume::open(dev, vo));
+}
+
 }  // namespace
 
 TEST_CASE("usage: referenced and exclusive bytes follow snapshots, overwrites and deletes", "[snap][usage]") {
   MemDevice dev(256 * kMiB);
-  must(format_filesystem(dev, FormatOptions{}, FsCreateOptions{}));
-  VolumeOptions vo;
-  vo.kinds = fs_kinds();
-  auto vol = must(Volume::open(dev, vo));
+  auto vol = fresh_fs(dev);
   const TreeId main = must(Filesystem::default_tree(*vol));
   auto fs = must(Filesystem::open(*vol, main));
   const uint64_t f = must(fs->mknod(fs->root(), "f", S_IFREG | 0644, 0, 0, 0)).ino;
@@ -94,10 +99,7 @@ TEST_CASE("usage: referenced and exclusive bytes follow snapshots, overwrites an
 
 TEST_CASE("usage: a clone's exclusive bytes match a brute-force count and its delete", "[snap][usage]") {
   MemDevice dev(256 * kMiB);
-  must(format_filesystem(dev, FormatOptions{}, FsCreateOptions{}));
-  VolumeOptions vo;
-  vo.kinds = fs_kinds();
-  auto vol = must(Volume::open(dev, vo));
+  auto vol = fresh_fs(dev);
   const TreeId main = must(Filesystem::default_tree(*vol));
   const uint64_t s = seed("usage");
   std::mt19937_64 rng(s);
