@@ -11,6 +11,7 @@
 #include "mount_client.h"
 #include "output.h"
 #include "snap/model.h"
+#include "snap/snap.h"
 #include "union/view.h"
 #include "util/parse.h"
 #include "util/text.h"
@@ -43,6 +44,8 @@ int close_and_print(const std::string& image, Volume& v, TreeId tree, bool json,
 }
 
 int list_branches(const std::string& path, bool json);
+Result<QuotaChange> quota_options(const Parsed& p);
+int set_quota_cmd(const std::string& path, const std::string& name, const QuotaChange& q, bool json);
 
 // The branch commands on a mount point: the daemon answers with the stack.
 int mounted_branch(const std::string& sub, const Parsed& p) {
@@ -65,8 +68,15 @@ int mounted_branch(const std::string& sub, const Parsed& p) {
     if (pos.size() != 2 || p.opt.size() > size_t(has("--json") + has("--save")))
       return usage_error("usage: plyctl branch remove MOUNTPOINT NAME [--save] [--json]");
   } else if (sub == "set") {
-    if (pos.size() != 2 || has("--ro") == has("--rw") || has("--name"))
-      return usage_error("usage: plyctl branch set MOUNTPOINT NAME --ro | --rw [--save] [--json]");
+    const bool quota = has("--quota") || has("--exclusive-quota");
+    if (quota && !has("--ro") && !has("--rw") && !has("--save") && !has("--name") && pos.size() == 2) {
+      auto q = quota_options(p);
+      if (!q) return usage_error(q.error().message());
+      return set_quota_cmd(pos[0], pos[1], *q, has("--json"));
+    }
+    if (pos.size() != 2 || has("--ro") == has("--rw") || has("--name") || quota)
+      return usage_error("usage: plyctl branch set MOUNTPOINT NAME --ro | --rw [--save] [--json], or "
+                         "NAME --quota SIZE|none [--exclusive-quota SIZE|none] [--json]");
     req["writable"] = has("--rw");
   } else if (sub == "move") {
     if (pos.size() != 3) return usage_error("usage: plyctl branch move MOUNTPOINT NAME POS [--save] [--json]");
@@ -179,13 +189,58 @@ int remove_branch_cmd(const std::string& image, const std::string& name, bool js
   return 0;
 }
 
+// --quota and --exclusive-quota (format.md#quotas): a size, or none (0).
+Result<QuotaChange> quota_options(const Parsed& p) {
+  QuotaChange q;
+  for (const char* k : {"--quota", "--exclusive-quota"}) {
+    auto it = p.opt.find(k);
+    if (it == p.opt.end()) continue;
+    const uint64_t n = it->second == "none" ? 0 : PLY_TRY(parse_size(it->second, "quota"));
+    (k[2] == 'q' ? q.referenced : q.exclusive) = n;
+  }
+  return q;
+}
+
+// A quota alone, on an image or through the daemon of the mount serving it:
+// the Branch after.
+int set_quota_cmd(const std::string& path, const std::string& name, const QuotaChange& q, bool json) {
+  auto t = open_target(path, true);
+  if (!t) return fail_on(path, t.error());
+  Result<Json> r = Json();
+  if (!t->mnt.empty()) {
+    Json req{{"command", "quota"}};
+    model::put_name(req, "branch", name);
+    if (q.referenced) req["referenced"] = *q.referenced;
+    if (q.exclusive) req["exclusive"] = *q.exclusive;
+    r = request(t->mnt, req);
+    if (!r) return fail(r.error().message());
+  } else {
+    Volume& v = *t->o.vol;
+    auto b = find_branch(v, name);
+    if (!b) return fail(b.error().message());
+    if (auto s = set_quota(v, b->tree, q); !s) return fail_on(path, s.error());
+    return close_and_print(path, v, b->tree, json, "changed branch");
+  }
+  if (json) print_json(*r);
+  else if (auto n = model::get_name(*r, "name"))
+    std::printf("changed branch %s (id %llu)\n", in_quotes(*n).c_str(), (unsigned long long)r->value("id", uint64_t(0)));
+  return 0;
+}
+
 int set_branch_cmd(const Parsed& p) {
   const auto& pos = p.pos;
   auto has = [&](const char* o) { return p.opt.count(o) > 0; };
   if (pos.size() != 2 || (has("--ro") && has("--rw")) || has("--clone") || has("--parent"))
-    return usage_error("usage: plyctl branch set IMAGE NAME [--name NEW] [--ro | --rw] [--json]");
+    return usage_error("usage: plyctl branch set IMAGE NAME [--name NEW] [--ro | --rw] [--quota SIZE|none] "
+                       "[--exclusive-quota SIZE|none] [--json]");
   if (has("--name"))
     if (auto n = check_branch_name(p.opt.at("--name")); !n) return fail(n.error().message());
+  auto q = quota_options(p);
+  if (!q) return usage_error(q.error().message());
+  // A quota alone may go to a mounted image's daemon; a rename or a flag
+  // changes the catalog offline only.
+  if ((q->referenced || q->exclusive) && !has("--name") && !has("--ro") && !has("--rw"))
+    return set_quota_cmd(pos[0], pos[1], *q, has("--json"));
   auto o = open_volume(pos[0], true);
   if (!o) return fail_on(pos[0], o.error());
   Volume& v = *o->vol;
@@ -202,6 +257,8 @@ int set_branch_cmd(const Parsed& p) {
   }
   if (has("--ro")) b->read_only = true;
   if (has("--rw")) b->read_only = false;
+  if (q->referenced) b->quota_referenced = *q->referenced;
+  if (q->exclusive) b->quota_exclusive = *q->exclusive;
   if (b->read_only) {
     auto used = view_using(v, b->tree, true);
     if (!used) return fail(used.error().message());
@@ -221,10 +278,13 @@ int remove_branch(const std::string& image, const std::string& name, bool json) 
 }
 
 int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
-  auto p = parse(args, {"--clone", "--parent", "--name", "--at"}, {"--json", "--ro", "--rw", "--save", "--all"});
+  auto p = parse(args, {"--clone", "--parent", "--name", "--at", "--quota", "--exclusive-quota"},
+                 {"--json", "--ro", "--rw", "--save", "--all"});
   if (!p) return usage_error(p.error().message());
   const auto& pos = p->pos;
   auto has = [&](const char* o) { return p->opt.count(o) > 0; };
+  if ((has("--quota") || has("--exclusive-quota")) && sub != "set")
+    return usage_error("--quota and --exclusive-quota are for branch set");
   if (!pos.empty() && is_directory(pos[0])) return mounted_branch(sub, *p);
   if (has("--save"))
     return usage_error("--save is for a mount point; on an image, plyctl view create IMAGE VIEW STACK saves a stack");

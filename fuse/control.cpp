@@ -185,6 +185,24 @@ Result<Json> hold_or_release(const std::string& cmd, const Json& req) {
   return out;
 }
 
+// `quota` (format.md#quotas): {"branch": B, "referenced": N, "exclusive":
+// N}, each limit optional (kept when absent), 0 removing it; the answer is
+// the Branch after, durable when it returns.
+Result<Json> quota_answer(const Json& req) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  const BranchMeta b = PLY_TRY(arg_branch(req, "branch"));
+  QuotaChange q;
+  for (const char* k : {"referenced", "exclusive"}) {
+    if (!req.contains(k)) continue;
+    if (!req[k].is_number_unsigned()) return Error::invalid(std::string("\"") + k + "\" must be a number of bytes");
+    (k[0] == 'r' ? q.referenced : q.exclusive) = req[k].get<uint64_t>();
+  }
+  (void)PLY_TRY(set_quota(*g->vol, b.tree, q));
+  PLY_CHECK(g->vol->commit());
+  auto all = PLY_TRY(model::Branches::read(*g->vol));
+  return all.branch(*all.find(b.tree));
+}
+
 // --- the image's own commands, answered from the mount (issue 24) ----------
 // plyctl reads no block of a mounted image: the daemon reuses the blocks a
 // generation freed once the next one is durable, so a second reader would
@@ -362,7 +380,7 @@ Result<Json> control(const Json& req, bool may_change) {
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff",
                                                      "trim", "resize", "show", "branches", "views", "default",
                                                      "view-create", "view-delete", "view-default", "sync", "du",
-                                                     "hold", "release"};
+                                                     "hold", "release", "quota"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -370,7 +388,7 @@ Result<Json> control(const Json& req, bool may_change) {
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
-                          "sync, du, hold, release)");
+                          "sync, du, hold, release, quota)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -413,6 +431,7 @@ Result<Json> control(const Json& req, bool may_change) {
   }
   if (cmd == "clone" || cmd == "delete") return clone_or_delete(cmd, req);
   if (cmd == "hold" || cmd == "release") return hold_or_release(cmd, req);
+  if (cmd == "quota") return quota_answer(req);
   if (cmd.rfind("view-", 0) == 0) return view_change(cmd, req);
   return restack(cmd, req);
 }

@@ -22,6 +22,8 @@
 //   {"command": "view-create", "name": N, "stack": S, "default": D},
 //   {"command": "view-delete", "name": N}, {"command": "view-default", "name": N}
 //   {"command": "sync"}
+//   {"command": "hold"|"release", "branches": [{"branch": B}...]}
+//   {"command": "quota", "branch": B[, "referenced": N][, "exclusive": N]}
 // (B: a branch's name, or its id as a number.) The answer, with status 0,
 // is {"result": X}, X being exactly the object plyctl prints offline for
 // the same command (the stack: an array of StackEntry; a snapshot: a

@@ -27,7 +27,10 @@ inline constexpr uint64_t kIncompatBranchInfoV4 = 1ull << 1;
 // would delete a held branch and clear the flag when it rewrites the item.
 inline constexpr uint64_t kRoCompatHeldBranches = 1ull << 0;
 inline constexpr uint64_t kCompatKnown = 0;
-inline constexpr uint64_t kRoCompatKnown = kRoCompatHeldBranches;
+// Some FsInfo may carry a quota (format.md#quotas): an older build would
+// neither enforce it nor keep it when it rewrote the item.
+inline constexpr uint64_t kRoCompatBranchQuotas = 1ull << 1;
+inline constexpr uint64_t kRoCompatKnown = kRoCompatHeldBranches | kRoCompatBranchQuotas;
 inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr | kIncompatBranchInfoV4;
 // next_tree_id and next_inode stay below this (format.md#superblock).
 inline constexpr uint64_t kCounterLimit = 1ull << 63;

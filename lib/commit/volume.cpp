@@ -575,11 +575,13 @@ Result<BlockNo> Volume::Txn::State::alloc_node() {
     reserved = 1;
   }
   reserved--;
+  v->allocated_.fetch_add(1, std::memory_order_relaxed);
   return v->space_->alloc(1, ExtentKind::Meta, true);
 }
 Result<uint32_t> Volume::Txn::State::refcount(BlockNo b) { return v->space_->refcount(b); }
 Result<void> Volume::Txn::State::inc_ref(BlockNo b) { return v->space_->inc_ref(b); }
 Result<NodeSpace::Freed> Volume::Txn::State::dec_ref(BlockNo b) {
+  v->released_.fetch_add(1, std::memory_order_relaxed);
   return v->space_->dec_ref(b, gen);
 }
 
@@ -986,6 +988,7 @@ Result<BlockNo> Volume::Txn::alloc_extent(uint64_t nblocks) {
   BlockNo b = PLY_TRY(v->space_->alloc(nblocks, ExtentKind::Data, true));
   s_.reserved -= nblocks;
   v->changed_ = true;
+  v->allocated_.fetch_add(nblocks, std::memory_order_relaxed);
   return b;
 }
 
@@ -996,6 +999,7 @@ Result<void> Volume::Txn::inc_extent(BlockNo start) {
 
 Result<void> Volume::Txn::dec_extent(BlockNo start) {
   PLY_CHECK(s_.v->writable());
+  s_.v->released_.fetch_add(1, std::memory_order_relaxed);
   auto r = s_.v->space_->dec_ref(start, s_.gen);
   if (!r) return mutated(r.error(), nullptr);
   return mutated(ok(), nullptr);

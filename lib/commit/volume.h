@@ -230,6 +230,14 @@ class Volume {
   // have missed one. Txn::tree_change() says which count a Txn's own last
   // change made.
   uint64_t tree_epoch() const { return tree_epoch_.load(std::memory_order_acquire); }
+  // Blocks handed out (nodes and extents), and references dropped (node
+  // and extent counts decremented, freeing or not), since the volume was
+  // opened. Both only grow: a higher layer that knew a tree's size at one
+  // count bounds its growth since by the blocks allocated, and knows that
+  // nothing can have shrunk while nothing was released (quotas,
+  // lib/fs/quota.h).
+  uint64_t blocks_allocated() const { return allocated_.load(std::memory_order_relaxed); }
+  uint64_t refs_released() const { return released_.load(std::memory_order_relaxed); }
   // State a higher layer keeps per volume (a cache it maintains itself),
   // made on first use and destroyed with the volume.
   template <class T>
@@ -297,6 +305,7 @@ class Volume {
   std::atomic<uint64_t> incompat_added_{0};  // Txn::add_incompat, folded in at each freeze
   std::atomic<uint64_t> ro_compat_added_{0};  // Txn::add_ro_compat, the same
   std::atomic<uint64_t> tree_epoch_{1};      // tree_epoch()
+  std::atomic<uint64_t> allocated_{0}, released_{0};  // blocks_allocated(), refs_released()
   std::mutex shared_nodes_mu_;               // NodeSpace::shared_nodes_mutex
   std::mutex ext_mu_;
   std::map<std::type_index, std::shared_ptr<void>> ext_;

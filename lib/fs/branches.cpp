@@ -12,6 +12,7 @@
 
 #include "fs/fs.h"
 #include "fs/fs_internal.h"
+#include "fs/quota.h"
 
 namespace plyfs {
 
@@ -58,6 +59,8 @@ BranchMeta meta_of(TreeId tree, const disk::FsInfo& fi, const TreeInfo& ti) {
   m.origin = ti.cloned_from;
   std::memcpy(m.uuid.data(), fi.uuid, 16);
   std::memcpy(m.received_uuid.data(), fi.received_uuid, 16);
+  m.quota_referenced = fi.quota_referenced.get();
+  m.quota_exclusive = fi.quota_exclusive.get();
   return m;
 }
 
@@ -182,7 +185,10 @@ Result<void> write_info(Volume::Txn& t, TreeId tree, disk::FsInfo fi) {
   // An older build would delete a held branch, and drop HELD when it
   // rewrote the item: from the first hold on it may only read the image.
   if (fi.branch_flags.get() & disk::kBranchHeld) t.add_ro_compat(kRoCompatHeldBranches);
+  // Likewise a quota: an older build would neither enforce nor keep it.
+  if (fi.quota_referenced.get() || fi.quota_exclusive.get()) t.add_ro_compat(kRoCompatBranchQuotas);
   note_info(t, tree, fi);
+  note_quota(t, tree, fi.quota_referenced.get(), fi.quota_exclusive.get());
   return ok();
 }
 
@@ -326,6 +332,8 @@ static void fill(disk::FsInfo& fi, const BranchMeta& m) {
     std::memcpy(fi.uuid, u.data(), 16);
   }
   std::memcpy(fi.received_uuid, m.received_uuid.data(), 16);
+  fi.quota_referenced.set(m.quota_referenced);
+  fi.quota_exclusive.set(m.quota_exclusive);
 }
 
 Result<void> Filesystem::set_branch(Volume::Txn& t, const BranchMeta& m) {

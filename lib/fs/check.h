@@ -18,7 +18,8 @@ namespace plyfs {
 // F4-blocks, F5-inline, F6-orphan-item, F6-orphan-named, F8-ino, F-item (an
 // item that does not decode or has an unknown type), F-xattr-value,
 // F-xattr-chunk, F-xattr-feature (F9, out-of-line xattr values),
-// F-held-feature (a held branch without HELD_BRANCHES), U1-whiteout,
+// F-held-feature (a held branch without HELD_BRANCHES), F-quota-feature (a
+// quota without BRANCH_QUOTAS), U1-whiteout,
 // U1-conflict, U2-opaque, U3-branch; with `data`, also F7-data: every data
 // block is read and compared with its checksum (fsck -c). Each problem says
 // what its repair costs (Problem::repair).

@@ -112,6 +112,12 @@ void Checker::info(std::span<const std::byte> v) {
     problem("F-held-feature", 0, "the branch is held, but the image lacks the HELD_BRANCHES feature flag",
             Repair::Safe, 2, "set the HELD_BRANCHES feature flag",
             [](RepairCtx& c) { return c.t.add_ro_compat(kRoCompatHeldBranches), ok(); });
+  // Likewise a quota, which an older build would neither enforce nor keep
+  // (format.md#quotas, BRANCH_QUOTAS).
+  if ((d->quota_referenced.get() || d->quota_exclusive.get()) && !(ro_compat_ & kRoCompatBranchQuotas))
+    problem("F-quota-feature", 0, "the branch has a quota, but the image lacks the BRANCH_QUOTAS feature flag",
+            Repair::Safe, 2, "set the BRANCH_QUOTAS feature flag",
+            [](RepairCtx& c) { return c.t.add_ro_compat(kRoCompatBranchQuotas), ok(); });
   if (d->name[0] == 0)
     problem("U3-branch", 0, "the branch has no name", Repair::Lossy, 2, "named branches that had no name",
             [tree = tree_](RepairCtx& c) {

@@ -25,7 +25,8 @@ struct Field {
 const std::vector<Field>& fields_of(FsStruct s) {
   static const std::vector<Field> info{F(FsInfo, magic),  F(FsInfo, version), F(FsInfo, root_ino),
                                        F(FsInfo, created_ns), Field{"name", offsetof(disk::FsInfo, name), 1},
-                                       F(FsInfo, parent), F(FsInfo, branch_flags), F(FsInfo, reserved)};
+                                       F(FsInfo, parent), F(FsInfo, branch_flags), F(FsInfo, reserved),
+                                       F(FsInfo, quota_referenced), F(FsInfo, quota_exclusive)};
   static const std::vector<Field> inode{F(Inode, mode),   F(Inode, uid),    F(Inode, gid),       F(Inode, nlink),
                                         F(Inode, size),   F(Inode, blocks), F(Inode, rdev),      F(Inode, parent),
                                         F(Inode, generation), F(Inode, flags), F(Inode, reserved0),

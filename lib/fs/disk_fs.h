@@ -67,7 +67,12 @@ struct FsInfo {
   le32 reserved;
   uint8_t uuid[16];           // version 4: the branch's identity (random); all zero: none
   uint8_t received_uuid[16];  // version 4: the uuid of the branch a receive copied; zero otherwise
-  uint8_t reserved2[24];
+  // Version 4, under the BRANCH_QUOTAS ro_compat bit: the most bytes the
+  // branch may reference, and hold exclusively; 0: no limit
+  // (format.md#quotas).
+  le64 quota_referenced;
+  le64 quota_exclusive;
+  uint8_t reserved2[8];
 };
 static_assert(sizeof(FsInfo) == 128);
 inline constexpr size_t kFsInfoV3Size = 72;

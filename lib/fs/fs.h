@@ -88,6 +88,9 @@ struct BranchMeta {
   // written before version 4 until its info is next written); and for a
   // received branch, the uuid of the branch it copies.
   std::array<uint8_t, 16> uuid{}, received_uuid{};
+  // Quotas (plyctl branch set --quota): the most bytes the branch may
+  // reference, and hold exclusively; 0: no limit (format.md#quotas).
+  uint64_t quota_referenced = 0, quota_exclusive = 0;
 };
 
 struct DirEntry {

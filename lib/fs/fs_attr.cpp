@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "fs/fs_internal.h"
+#include "fs/quota.h"
 
 namespace plyfs {
 
@@ -77,6 +78,7 @@ Result<void> Filesystem::setxattr(uint64_t ino, std::string_view name,
   PLY_CHECK(check_xattr_name(name));
   if (value.size() > disk::kXattrSizeMax) return Error::io(E2BIG, "xattr value larger than 64 KiB");
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  const QuotaCharge quota = PLY_TRY(charge_quota(vol_, tree_, name.size() + value.size()));
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = 4 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
   std::unique_lock lk(mu_);

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "fs/fs_internal.h"
+#include "fs/quota.h"
 #include "util/checksum.h"
 
 namespace plyfs {
@@ -184,6 +185,8 @@ Result<size_t> Filesystem::write(uint64_t ino, uint64_t off, std::span<const std
   if (in.empty()) return size_t{0};
   if (off + in.size() < off || off + in.size() > (kOffMask >> 1) * uint64_t(bs_))
     return Error::io(EFBIG, "file too large");
+  // Every block the write touches may be new (format.md#quotas).
+  const QuotaCharge quota = PLY_TRY(charge_quota(vol_, tree_, (off + in.size() - 1) / bs_ * bs_ + bs_ - off / bs_ * bs_));
   std::lock_guard il(inode_lock(ino));
   auto r = write_locked(ino, off, in);
   // Out of space while blocks freed by the open generation (a truncate, a
@@ -335,6 +338,11 @@ Result<void> Filesystem::fallocate(uint64_t ino, int mode, uint64_t off, uint64_
   if (len == 0) return Error::invalid("zero length");
   const uint64_t end = off + len;
   if (end < off || end > (kOffMask >> 1) * uint64_t(bs_)) return Error::io(EFBIG, "file too large");
+  // Preallocating may take every block of the range; punching a hole takes
+  // none, and is never refused (format.md#quotas).
+  std::optional<QuotaCharge> quota;
+  if (!(mode & FALLOC_FL_PUNCH_HOLE))
+    quota.emplace(PLY_TRY(charge_quota(vol_, tree_, (end - 1) / bs_ * bs_ + bs_ - off / bs_ * bs_)));
   std::lock_guard il(inode_lock(ino));
   Attr a = PLY_TRY(getattr(ino));
   if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
@@ -482,6 +490,9 @@ Result<uint64_t> Filesystem::copy_range(uint64_t in, uint64_t off_in, uint64_t o
     }
     return done;
   }
+  // Sharing blocks this tree already reaches adds none to its figures, only
+  // the items that map them (format.md#quotas).
+  const QuotaCharge quota = PLY_TRY(charge_quota(vol_, tree_, bs_));
   // Share: lock both files, lower stripe first.
   std::mutex* m1 = &inode_lock(in);
   std::mutex* m2 = &inode_lock(out);

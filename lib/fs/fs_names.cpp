@@ -9,6 +9,7 @@
 
 #include "fs/acl.h"
 #include "fs/fs_internal.h"
+#include "fs/quota.h"
 
 namespace plyfs {
 
@@ -60,6 +61,8 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
                                    std::string_view target, uint32_t umask) {
   PLY_CHECK(check_name(name));
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  // A new inode may take a node; a symlink's target is data (format.md#quotas).
+  const QuotaCharge quota = PLY_TRY(charge_quota(vol_, tree_, bs_ + target.size()));
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = 16 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
   std::unique_lock lk(mu_);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "fs/fs_internal.h"
+#include "fs/quota.h"
 
 namespace plyfs {
 
@@ -43,6 +44,10 @@ Result<Attr> Filesystem::copy_in(Filesystem& src, uint64_t ino, uint64_t dir,
   PLY_CHECK(check_name(name));
   if (&src == this || &src.vol_ != &vol_) return Error::invalid("copy_in from the same tree or another volume");
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  // A copy-up takes the file's blocks by reference: this tree reaches
+  // them from now on (format.md#quotas).
+  const auto sa = src.getattr(ino);
+  const QuotaCharge quota = PLY_TRY(charge_quota(vol_, tree_, (sa ? sa->blocks * 512 : 0) + bs_, true));
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = 16 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
   // Two tree locks: taken in tree-id order, so two copies in opposite

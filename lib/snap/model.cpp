@@ -91,6 +91,14 @@ static Json uuid_text(const std::array<uint8_t, 16>& u) {
   return std::string(b);
 }
 
+// A branch's limits (format.md#quotas): bytes, or null for none.
+Json quota(const BranchMeta& b) {
+  Json o = Json::object();
+  o["referenced"] = b.quota_referenced ? Json(b.quota_referenced) : Json(nullptr);
+  o["exclusive"] = b.quota_exclusive ? Json(b.quota_exclusive) : Json(nullptr);
+  return o;
+}
+
 Json Branches::branch(const BranchMeta& b) const {
   Json o = Json::object();
   put_name(o, "name", b.name);
@@ -100,6 +108,7 @@ Json Branches::branch(const BranchMeta& b) const {
   o["writable"] = !b.read_only;
   o["snapshot"] = b.snapshot;
   o["held"] = b.held;  // plyctl hold: no delete or retention takes it
+  o["quota"] = quota(b);
   // A snapshot's or clone's origin: the branch it was taken of (null once
   // that branch is gone, or for a branch made empty).
   o["origin"] = b.origin.v ? ref(b.origin) : Json(nullptr);

@@ -71,6 +71,7 @@ const char* slot_enum(SlotState s);  // the SlotState enum of the schema
 
 Json space_use(const SpaceUse& u);      // SpaceUse {data, metadata, total}
 Json branch_space(const BranchSpace& s);  // BranchSpace {referenced, exclusive}
+Json quota(const BranchMeta& b);          // Quota {referenced, exclusive}: bytes or null
 // Du (plyctl du): every live branch's space, or with `branch` that one's,
 // with the bytes of it each other branch shares; and the volume's totals.
 Result<Json> du(Volume& v, std::optional<TreeId> branch);

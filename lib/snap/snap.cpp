@@ -101,6 +101,7 @@ Result<TreeId> replace_content(Volume::Txn& t, const BranchMeta& b, TreeId src) 
   old.doomed = true;
   old.snapshot = false;
   old.held = false;  // the hold stays with the branch
+  old.quota_referenced = old.quota_exclusive = 0;  // so does a quota
   old.received_uuid = {};
   const TreeId keep = PLY_TRY(Filesystem::clone(t, b.tree, old)).tree;
   PLY_CHECK(Filesystem::reset(t, b.tree, src));
@@ -173,6 +174,7 @@ Result<BranchMeta> clone_branch(Volume& v, TreeId src, std::string_view name, bo
   m.read_only = read_only;
   m.snapshot = false;
   m.held = false;  // a hold is the branch's own, as in ZFS
+  m.quota_referenced = m.quota_exclusive = 0;  // so is a quota (btrfs, ZFS)
   m.received_uuid = {};
   return Filesystem::clone(t, src, m);
 }
@@ -217,6 +219,7 @@ Result<Snapshot> snapshot(Volume& v, TreeId tree, std::string_view snap_name) {
   m.read_only = true;
   m.snapshot = true;
   m.held = false;  // a hold is the branch's own, as in ZFS
+  m.quota_referenced = m.quota_exclusive = 0;  // so is a quota (btrfs, ZFS)
   m.received_uuid = {};
   // As a clone: a snapshot of a layer is a layer on its parent.
   m.parent = layer(s.live) ? s.live.parent : tree;
@@ -253,6 +256,17 @@ Result<BranchMeta> set_held(Volume& v, TreeId tree, bool held) {
   BranchMeta b = PLY_TRY(live_branch(t, tree));
   if (b.held == held) return b;  // idempotent: nothing is written
   b.held = held;
+  PLY_CHECK(Filesystem::set_branch(t, b));
+  return Filesystem::branch(t, tree);
+}
+
+Result<BranchMeta> set_quota(Volume& v, TreeId tree, const QuotaChange& q) {
+  auto t = PLY_TRY(v.begin({.reserve_blocks = Filesystem::kSetBranchBlocks}));
+  BranchMeta b = PLY_TRY(live_branch(t, tree));
+  const uint64_t ref = q.referenced.value_or(b.quota_referenced), excl = q.exclusive.value_or(b.quota_exclusive);
+  if (ref == b.quota_referenced && excl == b.quota_exclusive) return b;  // nothing is written
+  b.quota_referenced = ref;
+  b.quota_exclusive = excl;
   PLY_CHECK(Filesystem::set_branch(t, b));
   return Filesystem::branch(t, tree);
 }
@@ -454,6 +468,7 @@ Result<Merge> merge(Volume& v, TreeId upper, Filesystem* upper_fs,
     res.doomed = true;
     res.snapshot = false;
     res.held = false;
+    res.quota_referenced = res.quota_exclusive = 0;  // the scratch tree is not charged
     res = PLY_TRY(Filesystem::clone(t, low.tree, res));
   }
   std::unique_ptr<Filesystem> own_up;

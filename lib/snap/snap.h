@@ -77,6 +77,15 @@ Result<std::vector<BranchMeta>> expired_snapshots(Volume& v, TreeId live, const 
 // an unheld one succeeds and writes nothing. Returns the branch after.
 Result<BranchMeta> set_held(Volume& v, TreeId tree, bool held);
 
+// Sets branch `tree`'s quotas (format.md#quotas): the most bytes it may
+// reference and hold exclusively; 0 removes a limit, nullopt keeps it.
+// A limit below what the branch holds now is taken: the branch can only
+// shrink until it is under it. Snapshots and clones do not inherit it.
+struct QuotaChange {
+  std::optional<uint64_t> referenced, exclusive;
+};
+Result<BranchMeta> set_quota(Volume& v, TreeId tree, const QuotaChange& q);
+
 struct MergeStats {
   uint64_t entries = 0;    // entries of the upper branch applied
   uint64_t objects = 0;    // files and directories copied or replaced

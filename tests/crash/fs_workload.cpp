@@ -199,6 +199,14 @@ struct Mount {
         (void)PLY_TRY(rename_branch(vol, b.tree, op.path2));
         return ok();
       }
+      case FsOpKind::Quota: {
+        // As plyctl branch set --quota and plyctl hold/release: each one
+        // generation, the feature bit (BRANCH_QUOTAS, HELD_BRANCHES) in it.
+        const BranchMeta b = PLY_TRY(find_branch(vol, p));
+        (void)PLY_TRY(set_quota(vol, b.tree, QuotaChange{op.arg, std::nullopt}));
+        if (op.off) (void)PLY_TRY(set_held(vol, b.tree, op.off == 1));
+        return ok();
+      }
       case FsOpKind::Commit:
         return ok();
     }
@@ -349,7 +357,7 @@ std::string FsOp::str() const {
                                 "unlink",   "mkdir",    "rmdir",    "setxattr", "fallocate",
                                 "copy-up",  "snapshot", "clone",    "merge",   "rollback",
                                 "add-branch", "delete-branch", "fill", "commit", "split-rename",
-                                "rename-branch"};
+                                "rename-branch", "quota"};
   std::string s = names[int(kind)];
   if (!path.empty()) s += " " + path;
   if (!path2.empty()) s += " " + path2;
@@ -707,6 +715,8 @@ std::vector<FsOp> fs_instances() {
       {K::CopyUp, "frag"},                     // 26 copy-up grafting whole leaves
       {K::Write, "frag", "", 200 * 4096 + 7, 9000},  // 27 copy-up, then a write that copies
                                                //    a shared leaf
+      {K::Quota, "top", "", 0, 64 << 20},      // 28 a quota on the mounted writable branch
+                                               //    (BRANCH_QUOTAS with it); later writes charge it
   };
 }
 
@@ -755,6 +765,17 @@ std::vector<FsWorkload> fs_scenarios() {
     w.ops = {{K::Create, "more"},   {K::Write, "more", "", 0, 256 << 10}, {K::Commit},
              {K::Unlink, "fill"},   {K::Commit},
              {K::Write, "more", "", 0, 64 << 10}, {K::Commit}};
+    out.push_back(w);
+  }
+  {  // A quota: a write past it is refused (EDQUOT) with nothing changed,
+     // removing makes room; a hold and a release beside it.
+    FsWorkload w;
+    w.id = "fs-scenario/quota";
+    w.image = "base";
+    w.ops = {{K::Create, "q"},         {K::Write, "q", "", 0, 64 << 10},   {K::Quota, "top", "", 1, 200 << 10},
+             {K::Commit},              {K::Write, "q", "", 64 << 10, 256 << 10}, {K::Commit},
+             {K::Unlink, "q"},         {K::Create, "q2"},                  {K::Write, "q2", "", 0, 96 << 10},
+             {K::Quota, "top", "", 2, 0}, {K::Commit}};
     out.push_back(w);
   }
   {  // Branch operations on a full device: refused cleanly or done.

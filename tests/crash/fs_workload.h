@@ -44,6 +44,8 @@ enum class FsOpKind : uint8_t {
   Commit,
   SplitRename, // test-only planted bug: a rename made of link, commit, unlink
   RenameBranch, // the branch named path gets the name path2
+  Quota,       // the branch named path gets a referenced quota of arg bytes (0: none) and,
+               // with off 1, a hold (off 2: released): one FsInfo write each
 };
 
 struct FsOp {
