@@ -15,33 +15,14 @@
 #include "snap/retention.h"
 #include "snap/snap.h"
 #include "union/view.h"
-#include "test_util.h"
+#include "fs_image.h"
 
 using namespace plyfs;
 using namespace plyfs::test;
 
 namespace {
 
-struct Img {
-  std::unique_ptr<MemDevice> dev = std::make_unique<MemDevice>(64ull << 20);
-  std::unique_ptr<Volume> vol;
-  TreeId main;
-
-  Img() {
-    must(format_filesystem(*dev, FormatOptions{}, FsCreateOptions{}));
-    open();
-    main = must(Filesystem::default_tree(*vol));
-  }
-  void open() {
-    VolumeOptions vo;
-    vo.kinds = fs_kinds();
-    vol = must(Volume::open(*dev, vo));
-  }
-  void reopen() {
-    must(vol->close());
-    vol.reset();
-    open();
-  }
+struct Img : FsImage {
   // A file "f" holding `text` in branch `tree`.
   void put_file(TreeId tree, const std::string& text) {
     auto fs = must(Filesystem::open(*vol, tree));

@@ -19,7 +19,7 @@
 #include "snap/snap.h"
 #include "snap/usage.h"
 #include "union/view.h"
-#include "test_util.h"
+#include "fs_image.h"
 
 using namespace plyfs;
 using namespace plyfs::test;
@@ -30,26 +30,8 @@ constexpr uint64_t kKiB = 1024, kMiB = 1024 * 1024;
 // What quota.cpp charges an operation besides its data (kOpNodes blocks).
 constexpr uint64_t kAllowance = 4 * 4096;
 
-struct Img {
-  std::unique_ptr<MemDevice> dev = std::make_unique<MemDevice>(128ull << 20);
-  std::unique_ptr<Volume> vol;
-  TreeId main;
-
-  Img() {
-    must(format_filesystem(*dev, FormatOptions{}, FsCreateOptions{}));
-    open();
-    main = must(Filesystem::default_tree(*vol));
-  }
-  void open() {
-    VolumeOptions vo;
-    vo.kinds = fs_kinds();
-    vol = must(Volume::open(*dev, vo));
-  }
-  void reopen() {
-    must(vol->close());
-    vol.reset();
-    open();
-  }
+struct Img : FsImage {
+  Img() : FsImage(128ull << 20) {}
   BranchSpace space(TreeId t) { return must(branch_space(*vol, t)); }
 };
 

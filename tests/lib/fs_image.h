@@ -1,0 +1,33 @@
+// An image with one filesystem branch in memory, opened read-write: what
+// the library tests of branches, holds and quotas start from.
+#pragma once
+
+#include "fs/fs.h"
+#include "test_util.h"
+
+namespace plyfs::test {
+
+struct FsImage {
+  std::unique_ptr<MemDevice> dev;
+  std::unique_ptr<Volume> vol;
+  TreeId main;  // the branch mkfs makes
+
+  explicit FsImage(uint64_t bytes = 64ull << 20) : dev(std::make_unique<MemDevice>(bytes)) {
+    must(format_filesystem(*dev, FormatOptions{}, FsCreateOptions{}));
+    open();
+    main = must(Filesystem::default_tree(*vol));
+  }
+  void open() {
+    VolumeOptions vo;
+    vo.kinds = fs_kinds();
+    vol = must(Volume::open(*dev, vo));
+  }
+  // Commits, closes and opens again, as an unmount and a mount would.
+  void reopen() {
+    must(vol->close());
+    vol.reset();
+    open();
+  }
+};
+
+}  // namespace plyfs::test
