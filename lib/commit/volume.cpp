@@ -685,6 +685,7 @@ Result<void> Volume::Txn::mutated(const Result<void>& r, Slot* s) {
   }
   if (s && !s->dirty) s_.v->touch(*s);  // s->mu is held exclusively
   s_.v->changed_ = true;
+  s_.v->mutations_.fetch_add(1, std::memory_order_acq_rel);
   return ok();
 }
 

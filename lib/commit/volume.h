@@ -237,6 +237,12 @@ class Volume {
   // nothing can have shrunk while nothing was released (quotas,
   // lib/fs/quota.h).
   uint64_t blocks_allocated() const { return allocated_.load(std::memory_order_relaxed); }
+  // Changes made to any tree through a Txn (an item put, inserted or
+  // erased, a graft, a tree cloned, dropped or reset, a reference count
+  // changed), counted after each is made: a higher layer's cache of what a
+  // tree held is still true while this stands still (the union's
+  // resolutions, union.h).
+  uint64_t mutations() const { return mutations_.load(std::memory_order_acquire); }
   uint64_t refs_released() const { return released_.load(std::memory_order_relaxed); }
   // State a higher layer keeps per volume (a cache it maintains itself),
   // made on first use and destroyed with the volume.
@@ -306,6 +312,7 @@ class Volume {
   std::atomic<uint64_t> ro_compat_added_{0};  // Txn::add_ro_compat, the same
   std::atomic<uint64_t> tree_epoch_{1};      // tree_epoch()
   std::atomic<uint64_t> allocated_{0}, released_{0};  // blocks_allocated(), refs_released()
+  std::atomic<uint64_t> mutations_{0};                 // mutations()
   std::mutex shared_nodes_mu_;               // NodeSpace::shared_nodes_mutex
   std::mutex ext_mu_;
   std::map<std::type_index, std::shared_ptr<void>> ext_;

@@ -7,6 +7,7 @@
 #include "union/union.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "union/union_internal.h"
 
@@ -234,6 +235,43 @@ Result<bool> Union::below_has(const Node& dir, int b, std::string_view name) {
   return false;
 }
 
+uint64_t Union::mutations() const { return br_.empty() ? 0 : br_[0].fs->volume().mutations(); }
+
+namespace {
+std::string resolved_key(uint64_t dir, std::string_view name) {
+  std::string k(sizeof dir, '\0');
+  std::memcpy(k.data(), &dir, sizeof dir);
+  k += name;
+  return k;
+}
+}  // namespace
+
+std::optional<Union::Resolved> Union::cached(uint64_t dir, std::string_view name, uint64_t mutations,
+                                             uint64_t changes) {
+  std::lock_guard lk(rc_mu_);
+  if (rc_mutations_ != mutations || rc_changes_ != changes) {
+    rc_.clear();
+    rc_mutations_ = mutations;
+    rc_changes_ = changes;
+    return std::nullopt;
+  }
+  auto it = rc_.find(resolved_key(dir, name));
+  if (it == rc_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Union::cache(uint64_t dir, std::string_view name, const std::optional<Found>& f, uint64_t mutations,
+                  uint64_t changes) {
+  std::lock_guard lk(rc_mu_);
+  // Counted before the resolution: if anything changed since, the entry
+  // may be stale, and the cache has moved on (or will at its next use).
+  if (rc_mutations_ != mutations || rc_changes_ != changes) return;
+  if (rc_.size() >= kResolvedMax) rc_.clear();
+  Resolved r;
+  if (f) r = Resolved{true, f->inst, f->top_branch};
+  rc_[resolved_key(dir, name)] = std::move(r);
+}
+
 Result<Attr> Union::lookup(uint64_t dir, std::string_view name) {
   if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
   std::shared_lock lk(mu_);
@@ -241,7 +279,22 @@ Result<Attr> Union::lookup(uint64_t dir, std::string_view name) {
   if (!d.is_dir) return Error::io(ENOTDIR, "not a directory");
   if (name == ".") return attr_of(dir);
   if (name == "..") return attr_of(d.parent);
-  auto f = PLY_TRY(resolve(d, name));
+  // Both counts before anything is read (mu_'s is exact under mu_).
+  const uint64_t muts = mutations(), changes = mu_.changes();
+  std::optional<Found> f;
+  if (auto c = cached(dir, name, muts, changes)) {
+    if (!c->found) return Error::io(ENOENT, "no such entry");
+    const auto [b, i] = c->inst.front();
+    if (b >= 0 && size_t(b) < br_.size())
+      if (auto a = br_[size_t(b)].fs->getattr(i)) {
+        f = Found{*a, std::move(c->inst), c->top_branch};
+        merged_nlink(f->attr, f->inst.size());
+      }
+  }
+  if (!f) {
+    f = PLY_TRY(resolve(d, name));
+    cache(dir, name, f, muts, changes);
+  }
   if (!f) return Error::io(ENOENT, "no such entry");
   remember(f->attr.ino, dir, name, *f, true);
   return entry_of(f->attr);

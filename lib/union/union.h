@@ -303,6 +303,25 @@ class Union {
   void remember(uint64_t ino, uint64_t parent, std::string_view name, const Found& f,
                 bool count = false);
   Result<std::optional<Found>> resolve(const Node& dir, std::string_view name);
+  // What lookups resolved (format.md#fs-union, "Resolution cache"): a name
+  // looked up again costs one attribute read, not an item lookup in every
+  // branch of its directory (a miss in each branch above the one holding
+  // it, a part in each for a merged directory). True while no tree of the
+  // volume changed (Volume::mutations) and this union ran no change or
+  // restack (mu_.changes()): emptied at the first use after either.
+  struct Resolved {
+    bool found = false;
+    std::vector<std::pair<int, uint64_t>> inst;  // branch indices, as Found
+    int top_branch = 0;
+  };
+  static constexpr size_t kResolvedMax = size_t(1) << 16;
+  std::mutex rc_mu_;  // a leaf
+  uint64_t rc_mutations_ = 0, rc_changes_ = 0;
+  std::unordered_map<std::string, Resolved> rc_;
+  uint64_t mutations() const;
+  std::optional<Resolved> cached(uint64_t dir, std::string_view name, uint64_t mutations, uint64_t changes);
+  void cache(uint64_t dir, std::string_view name, const std::optional<Found>& f, uint64_t mutations,
+             uint64_t changes);
   // For a hard-linked file found in f.top_branch: its copy in a branch of
   // another lineage further left, if one holds it (see resolve).
   void leftmost_copy(Found& f);

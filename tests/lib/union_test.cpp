@@ -2925,3 +2925,44 @@ TEST_CASE("snap: writers snapshots clones and deletions of trees that share node
 
 }  // namespace
 }  // namespace plyfs::test
+
+namespace plyfs::test {
+
+// Lookups keep what they resolved (format.md#fs-union, "Resolution cache"):
+// every change to a branch, made through this union or not (here: straight
+// into the branches' trees, through other Filesystem objects, as the control
+// folder's views and other stacks do), must show in the next lookup.
+TEST_CASE("union: a lookup answered from the resolution cache sees every change to any branch", "[union]") {
+  Image im = make_image(3);
+  const Attr x2 = must(im.fs[2]->mknod(im.fs[2]->root(), "x", S_IFREG | 0644, 0, 0, 0));
+  (void)must(im.fs[2]->mkdir(im.fs[2]->root(), "d", 0755, 0, 0));
+  Union u({{im.fs[0].get(), true}, {im.fs[1].get(), false}, {im.fs[2].get(), false}});
+  for (int i = 0; i < 2; i++) {  // the second from the cache
+    CHECK(must(u.lookup(u.root(), "x")).ino == x2.ino);
+    auto y = u.lookup(u.root(), "y");
+    REQUIRE(!y);
+    CHECK(y.error().code == ENOENT);
+  }
+  // Another object of a branch's tree: the change is the volume's.
+  auto other1 = must(Filesystem::open(*im.vol, im.trees[1]));
+  const Attr x1 = must(other1->mknod(other1->root(), "x", S_IFREG | 0600, 0, 0, 0));
+  CHECK(must(u.lookup(u.root(), "x")).ino == x1.ino);
+  const Attr y2 = must(im.fs[2]->mknod(im.fs[2]->root(), "y", S_IFREG | 0644, 0, 0, 0));
+  CHECK(must(u.lookup(u.root(), "y")).ino == y2.ino);
+  must(im.fs[0]->whiteout(im.fs[0]->root(), "x"));
+  auto gone = u.lookup(u.root(), "x");
+  REQUIRE(!gone);
+  CHECK(gone.error().code == ENOENT);
+  // A merged directory gains a part on top: its number is the new part's.
+  const Attr d2 = must(u.lookup(u.root(), "d"));
+  CHECK(must(u.lookup(u.root(), "d")).ino == d2.ino);
+  const Attr d0 = must(im.fs[0]->mkdir(im.fs[0]->root(), "d", 0755, 0, 0));
+  CHECK(must(u.lookup(u.root(), "d")).ino == d0.ino);
+  // Attributes are read fresh on every hit: a size changed below shows.
+  SetAttr sa;
+  sa.size = 12345;
+  (void)must(im.fs[2]->setattr(y2.ino, sa));
+  CHECK(must(u.lookup(u.root(), "y")).size == 12345);
+}
+
+}  // namespace plyfs::test
