@@ -158,6 +158,7 @@ Result<Opened> open_volume(const std::string& image, bool write) {
   o.dev = std::move(*dev);
   VolumeOptions vo;
   vo.kinds = fs_kinds();
+  vo.movers = fs_movers();
   vo.read_only = !write;
   vo.cache_bytes = 64ull << 20;
   // A long merge commits as it goes, so that its dirty metadata never has

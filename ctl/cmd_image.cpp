@@ -19,6 +19,7 @@ namespace {
 Result<Json> offline_image(FileDevice& dev) {
   VolumeOptions vo;
   vo.kinds = fs_kinds();
+  vo.movers = fs_movers();
   vo.read_only = true;
   auto vol = PLY_TRY(Volume::open(dev, vo));
   const auto& rec = vol->recovery();

@@ -136,6 +136,7 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
   VolumeOptions vo;
   vo.read_only = cfg.ro;
   vo.kinds = fs_kinds();
+  vo.movers = fs_movers();
   vo.cache_bytes = cfg.cache_bytes;
   vo.commit_interval_ms = cfg.commit * 1000;
   vo.dirty_limit_bytes = cfg.cache_bytes / 4;

@@ -174,6 +174,101 @@ Result<void> SpaceManager::grow(uint64_t total_blocks, uint64_t reserve_blocks) 
   return ok();
 }
 
+Result<void> SpaceManager::limit(uint64_t end) {
+  std::lock_guard lk(mu_);
+  if (end >= geo_.total_blocks) {  // lifted: what was hidden is free again
+    limit_ = ~0ull;
+    auto runs = std::exchange(beyond_, {});
+    beyond_blocks_ = 0;
+    for (auto [s, n] : runs) free_range_locked(s, n);
+    return ok();
+  }
+  if (end <= geo_.first_block) return Error::invalid("a shrink cannot end before the first usable block");
+  limit_ = end;
+  // Every group from the one holding the limit on is loaded and cut, so
+  // that free_now_locked() knows exactly what is out of reach.
+  for (size_t g = (end - geo_.first_block) / kGroupBlocks; g < groups_.size(); g++) {
+    if (groups_[g].loaded) hide_beyond_locked(groups_[g].free);
+    else PLY_CHECK(load_group_locked(g));
+  }
+  if (cursor_ >= end) cursor_ = geo_.first_block;
+  return ok();
+}
+
+uint64_t SpaceManager::alloc_limit() const {
+  std::lock_guard lk(mu_);
+  return std::min(limit_, geo_.total_blocks);
+}
+
+Result<std::vector<SpaceManager::Placed>> SpaceManager::extents_from(uint64_t from) {
+  std::lock_guard lk(mu_);
+  std::vector<Placed> out;
+  // No extent is longer than a group: one that reaches `from` starts at
+  // most kGroupBlocks before it.
+  const uint64_t lo = from > kGroupBlocks ? from - kGroupBlocks : 0;
+  Result<void> bad = ok();
+  PLY_CHECK(tree_->scan(item_key(lo), Key::max(), [&](Key k, std::span<const std::byte> v) {
+    if (v.size() != sizeof(disk::SpaceItem)) {
+      bad = Error::corrupt(k.hi, "space item of the wrong size");
+      return false;
+    }
+    const auto* it = reinterpret_cast<const disk::SpaceItem*>(v.data());
+    const uint64_t n = it->nblocks.get();
+    if (k.hi + n <= from) return true;
+    int64_t refs = it->refs.get();
+    if (auto p = pending_.find(k.hi); p != pending_.end() && !p->second.is_new) refs += p->second.refs;
+    if (refs > 0) out.push_back(Placed{k.hi, n, uint32_t(refs), static_cast<ExtentKind>(it->kind.get())});
+    return true;
+  }));
+  PLY_CHECK(std::move(bad));
+  for (const auto& [start, d] : pending_)
+    if (d.is_new && d.refs > 0 && start + d.nblocks > from)
+      out.push_back(Placed{start, d.nblocks, uint32_t(d.refs), d.kind});
+  std::sort(out.begin(), out.end(), [](const Placed& a, const Placed& b) { return a.start < b.start; });
+  return out;
+}
+
+Result<void> SpaceManager::relocate_tree(uint64_t end, Generation gen) {
+  fold_gen_ = gen;
+  MutCtx m{gen, *unshared_};
+  BTree::RelocMemo memo;
+  auto r = PLY_TRY(BTree::relocate(cache_, fs_id_, tree_->config(), tree_->root(), m,
+                                   [end](BlockNo b) { return b.v >= end; }, {}, memo));
+  if (r) tree_ = std::make_unique<BTree>(cache_, fs_id_, tree_->config(), *r);
+  return ok();
+}
+
+Result<void> SpaceManager::shrink(uint64_t total_blocks, uint64_t reserve_blocks) {
+  std::lock_guard lk(mu_);
+  if (total_blocks >= geo_.total_blocks) return Error::invalid("shrink() cannot grow");
+  if (limit_ != total_blocks) return Error::invalid("shrink() to an end other than the limit");
+  for (const auto& [start, d] : pending_)
+    if (start + d.nblocks > total_blocks)
+      return Error::io(EBUSY, "an extent past the new end has queued changes");
+  for (auto it = deferred_.begin(); it != deferred_.end(); ++it)
+    if (it->first + it->second > total_blocks)
+      return Error::io(EBUSY, "blocks past the new end were freed by a generation not yet durable");
+  const uint64_t lo = total_blocks > kGroupBlocks ? total_blocks - kGroupBlocks : 0;
+  bool past = false;
+  PLY_CHECK(tree_->scan(item_key(lo), Key::max(), [&](Key k, std::span<const std::byte> v) {
+    if (v.size() == sizeof(disk::SpaceItem) &&
+        k.hi + reinterpret_cast<const disk::SpaceItem*>(v.data())->nblocks.get() <= total_blocks)
+      return true;
+    past = true;
+    return false;
+  }));
+  if (past) return Error::io(EBUSY, "an extent still lies past the new end");
+  geo_.total_blocks = total_blocks;
+  geo_.reserve_blocks = reserve_blocks;
+  groups_.resize((total_blocks - geo_.first_block + kGroupBlocks - 1) / kGroupBlocks);
+  // Every free run past the limit is in beyond_, none in the free maps.
+  beyond_.clear();
+  beyond_blocks_ = 0;
+  limit_ = ~0ull;
+  if (cursor_ >= total_blocks) cursor_ = geo_.first_block;
+  return ok();
+}
+
 uint64_t SpaceManager::pending_changes() const {
   return pending_size_.load(std::memory_order_relaxed);
 }
@@ -187,7 +282,8 @@ uint64_t SpaceManager::free_now_locked() const {
   uint64_t usable = geo_.total_blocks - geo_.first_block;
   // Blocks trim() holds out of the free map count as free: an allocation
   // that finds nothing else waits for them (alloc_locked).
-  uint64_t taken = counters_.used_blocks + deferred_blocks_;
+  // Free blocks past a shrink's limit are not free to anyone.
+  uint64_t taken = counters_.used_blocks + deferred_blocks_ + beyond_blocks_;
   return usable > taken ? usable - taken : 0;
 }
 
@@ -266,6 +362,7 @@ Result<void> SpaceManager::load_group_locked(size_t g) {
   }));
   PLY_CHECK(std::move(bad));
   if (ge > pos) free[pos] = ge - pos;
+  hide_beyond_locked(free);
   // Extents freed by generations not yet durable are not in the tree any more
   // but must not be handed out (A2).
   for (auto it = deferred_.lower_bound(gs); it != deferred_.end() && it->first < ge; ++it) {
@@ -283,7 +380,32 @@ Result<void> SpaceManager::load_group_locked(size_t g) {
   return ok();
 }
 
+void SpaceManager::hide_beyond_locked(std::map<uint64_t, uint64_t>& fm) {
+  if (limit_ == ~0ull) return;
+  auto it = fm.upper_bound(limit_);
+  if (it != fm.begin() && std::prev(it)->first + std::prev(it)->second > limit_) {
+    auto p = std::prev(it);
+    const uint64_t end = p->first + p->second;
+    p->second = limit_ - p->first;
+    beyond_[limit_] = end - limit_;
+    beyond_blocks_ += end - limit_;
+    if (p->second == 0) fm.erase(p);
+  }
+  while (it != fm.end()) {
+    beyond_[it->first] = it->second;
+    beyond_blocks_ += it->second;
+    it = fm.erase(it);
+  }
+}
+
 void SpaceManager::free_range_locked(uint64_t start, uint64_t len) {
+  if (start + len > limit_) {  // past a shrink's limit: out of reach (limit())
+    const uint64_t from = std::max(start, limit_);
+    beyond_[from] = start + len - from;
+    beyond_blocks_ += start + len - from;
+    if (start >= limit_) return;
+    len = limit_ - start;
+  }
   Group& grp = groups_[(start - geo_.first_block) / kGroupBlocks];
   if (!grp.loaded) return;  // it will be derived from the tree when loaded
   auto& fm = grp.free;

@@ -157,6 +157,27 @@ class SpaceManager {
   // `reserve_blocks` (plyctl resize, format.md#resize): the blocks past the
   // old end are free at once; the next superblock records the new end.
   Result<void> grow(uint64_t total_blocks, uint64_t reserve_blocks);
+  // Shrinking (format.md#relocation). limit(): no block at or past `end` is
+  // handed out from now on; free blocks there leave the free map (and stop
+  // counting as free, so reservations cannot promise them), and blocks
+  // freed there later stay out. limit(total_blocks) lifts it. Then, once
+  // the blocks past `end` were moved and what freed them is durable,
+  // shrink() makes `end` the filesystem's end: it fails (EBUSY) while any
+  // extent, queued change or pending free still lies past it.
+  Result<void> limit(uint64_t end);
+  Result<void> shrink(uint64_t total_blocks, uint64_t reserve_blocks);
+  uint64_t alloc_limit() const;
+  // The extents that reach `from` or past it, with their references now
+  // (queued changes included; extents whose count fell to 0 left out).
+  struct Placed {
+    uint64_t start, nblocks;
+    uint32_t refs;
+    ExtentKind kind;
+  };
+  Result<std::vector<Placed>> extents_from(uint64_t from);
+  // Copies every node of the space tree at or past `end` below it
+  // (BTree::relocate), in generation `gen`, before its fold.
+  Result<void> relocate_tree(uint64_t end, Generation gen);
   // A read-only view of the space tree for checks.
   const BTree& tree() const { return *tree_; }
 
@@ -179,6 +200,7 @@ class SpaceManager {
   Result<BlockNo> find_locked(uint64_t nblocks, ExtentKind kind);
   Result<std::optional<disk::SpaceItem>> item_locked(BlockNo start);
   void free_range_locked(uint64_t start, uint64_t len);
+  void hide_beyond_locked(std::map<uint64_t, uint64_t>& fm);
   void account_locked(ExtentKind kind, int64_t nblocks);
   Result<NodeSpace::Freed> free_unshared_locked(BlockNo b, Generation gen);
   uint64_t free_now_locked() const;
@@ -206,6 +228,9 @@ class SpaceManager {
   uint64_t trim_returns_ = 0;           // counts trim()'s returns, for alloc_locked's wait
   std::condition_variable trim_cv_;
   bool early_reuse_ = false;
+  uint64_t limit_ = ~0ull;                  // limit(): nothing at or past it is handed out
+  std::map<uint64_t, uint64_t> beyond_;     // free runs past limit_, out of the free maps
+  uint64_t beyond_blocks_ = 0;
 };
 
 }  // namespace plyfs

@@ -55,6 +55,13 @@ class BlockDevice {
     (void)at_least;
     return size_bytes();
   }
+  // After a shrink (format.md#relocation): an image file longer than
+  // `bytes` is cut to it, giving the space back to its host; a device keeps
+  // its size. Returns the size now.
+  virtual Result<uint64_t> truncate(uint64_t bytes) {
+    (void)bytes;
+    return size_bytes();
+  }
 };
 
 // EINVAL for a misaligned request, EIO for one past the end of the device.
@@ -83,6 +90,7 @@ class FileDevice final : public BlockDevice {
   uint32_t logical_sector_size() const override { return lss_; }
   uint32_t physical_sector_size() const override { return pss_; }
   Result<uint64_t> resize(uint64_t at_least) override;
+  Result<uint64_t> truncate(uint64_t bytes) override;
 
   bool is_block_device() const { return is_bdev_; }
   const std::string& path() const { return path_; }

@@ -97,6 +97,15 @@ Result<uint64_t> FileDevice::resize(uint64_t at_least) {
   return size_.load();
 }
 
+Result<uint64_t> FileDevice::truncate(uint64_t bytes) {
+  if (is_bdev_ || bytes >= size_.load()) return size_.load();
+  if (read_only_) return Error::io(EROFS, path_ + " is open read-only");
+  if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0)
+    return Error::sys(errno, "cannot cut " + path_ + " to " + std::to_string(bytes) + " bytes");
+  size_ = bytes / lss_ * lss_;
+  return size_.load();
+}
+
 FileDevice::~FileDevice() {
   if (fd_ >= 0) ::close(fd_);
 }

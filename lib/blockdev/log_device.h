@@ -79,6 +79,7 @@ class LogDevice final : public BlockDevice {
   }
   uint64_t size_bytes() const override { return inner_->size_bytes(); }
   Result<uint64_t> resize(uint64_t at_least) override { return inner_->resize(at_least); }
+  Result<uint64_t> truncate(uint64_t bytes) override { return inner_->truncate(bytes); }
   uint32_t logical_sector_size() const override { return inner_->logical_sector_size(); }
   uint32_t physical_sector_size() const override { return inner_->physical_sector_size(); }
 

@@ -881,4 +881,77 @@ Result<uint64_t> BTree::count_nodes(BlockCache& cache, uint64_t fs_id, const Roo
   return count_rec(cache, fs_id, root.block, root.gen, root.level, open, memo);
 }
 
+// Moving blocks (format.md#relocation): a post-order walk over the node
+// graph, each node visited once per move thanks to the memo.
+namespace {
+struct Relocator {
+  BlockCache& cache;
+  uint64_t fs_id;
+  const TreeConfig& cfg;
+  MutCtx& m;
+  const BTree::MovesNode& moves;
+  const BTree::MoveValue& move_value;
+  BTree::RelocMemo& memo;
+
+  Result<std::optional<BTree::RelocMemo::Copy>> node(BlockNo b, Generation g, int level) {
+    if (auto it = memo.nodes.find(b.v); it != memo.nodes.end()) return it->second;
+    ReadCtx ctx{fs_id, g, level};
+    Ref old = PLY_TRY(cache.get(b, BlockCache::Verifier{verify_cb, &ctx}));
+    NodeView v = view(old);
+    if (v.gen() != g || v.level() != level)
+      return Error::corrupt(b.v, "node generation or level does not match its parent");
+    std::vector<std::pair<uint32_t, BTree::RelocMemo::Copy>> kids;
+    std::vector<std::pair<uint32_t, std::vector<std::byte>>> vals;
+    if (!v.leaf()) {
+      for (uint32_t i = 0; i < v.n(); i++) {
+        auto c = PLY_TRY(node(v.child(i), v.child_gen(i), level - 1));
+        if (c) kids.emplace_back(i, *c);
+      }
+    } else if (move_value) {
+      for (uint32_t i = 0; i < v.n(); i++) {
+        std::vector<std::byte> val(v.value(i).begin(), v.value(i).end());
+        if (move_value(v.key(i), val)) vals.emplace_back(i, std::move(val));
+      }
+    }
+    if (kids.empty() && vals.empty() && !moves(b)) {
+      memo.nodes.emplace(b.v, std::nullopt);
+      return std::optional<BTree::RelocMemo::Copy>();
+    }
+    const uint32_t refs = cfg.shareable ? PLY_TRY(m.space.refcount(b)) : 1u;
+    if (refs == 0) return Error::corrupt(b.v, "reachable node has refcount zero");
+    const BlockNo nb = PLY_TRY(m.space.alloc_node());
+    Ref copy = cache.create(nb, m.gen);
+    std::memcpy(copy->data(), old->data(), old->size);
+    NodeView cv = view(copy);
+    cv.h().generation.set(m.gen.v);
+    cv.h().blockno.set(nb.v);
+    for (const auto& [i, c] : kids) cv.set_child(i, c.block, c.gen);
+    for (const auto& [i, val] : vals) std::memcpy(copy->data() + cv.litem(i).value_offset.get(), val.data(), val.size());
+    // The copy takes every reference of the original (a new node has one).
+    for (uint32_t r = 1; r < refs; r++) PLY_CHECK(m.space.inc_ref(nb));
+    for (uint32_t r = 0; r < refs; r++) {
+      auto f = PLY_TRY(m.space.dec_ref(b));
+      if ((f != NodeSpace::Freed::No) != (r + 1 == refs))
+        return Error::corrupt(b.v, "node's reference count changed while it moved");
+      if (f == NodeSpace::Freed::Now) cache.discard(b);
+      else if (f == NodeSpace::Freed::Deferred) cache.drop_clean(b);
+    }
+    const BTree::RelocMemo::Copy c{nb, m.gen};
+    memo.nodes.emplace(b.v, c);
+    memo.nodes.emplace(nb.v, std::nullopt);  // a copy never moves again in this walk
+    memo.copied++;
+    return std::optional<BTree::RelocMemo::Copy>(c);
+  }
+};
+}  // namespace
+
+Result<std::optional<RootPtr>> BTree::relocate(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
+                                               const RootPtr& root, MutCtx& m, const MovesNode& moves,
+                                               const MoveValue& move_value, RelocMemo& memo) {
+  Relocator r{cache, fs_id, cfg, m, moves, move_value, memo};
+  auto c = PLY_TRY(r.node(root.block, root.gen, root.level));
+  if (!c) return std::optional<RootPtr>();
+  return std::optional<RootPtr>(RootPtr{c->block, c->gen, root.level});
+}
+
 }  // namespace plyfs

@@ -92,6 +92,13 @@ struct ExtentRef {
 // after the tree change, because the change may first copy a shared leaf,
 // which takes references for the copy.
 using ValueRefs = std::function<void(Key, std::span<const std::byte>, std::vector<ExtentRef>&)>;
+// Moving extents (format.md#relocation): rewrites, in place, every extent
+// reference a value holds whose extent moved (`moved` gives an extent's new
+// first block, nullopt if it stays), and says whether it changed any. Each
+// tree kind whose values reference extents has one, or its trees' extents
+// cannot move.
+using ValueMove = std::function<bool(Key, std::span<std::byte> value,
+                                     const std::function<std::optional<BlockNo>(BlockNo start)>& moved)>;
 
 struct TreeConfig {
   TreeId id;
@@ -263,6 +270,31 @@ class BTree {
   };
   static Result<uint64_t> count_nodes(BlockCache& cache, uint64_t fs_id, const RootPtr& root, Generation open,
                                       CountMemo& memo);
+
+  // Moving blocks (format.md#relocation): rewrites a tree so that it reaches
+  // no node `moves` names and no extent reference `move_value` changes. A
+  // node that moves, or reaches something that does, is copied to a new
+  // block once, whichever trees reach it: the copy takes the original's
+  // reference count and the original loses all of it, so every parent that
+  // pointed at the original points at the copy after its own rewrite, and
+  // what was shared stays shared. Children and extents keep their counts
+  // (the copy holds exactly the references the original held). `memo`
+  // carries the copies across the trees of one move; `move_value` rewrites
+  // a value's references in place (its length never changes) and says
+  // whether it changed any. Returns the tree's new root, or nullopt when
+  // nothing in it moved. The caller raises the last_shared generation of
+  // every tree whose root changed to the open one (copies with several
+  // references are new nodes that are shared, format.md#btree-cow).
+  struct RelocMemo {
+    struct Copy { BlockNo block; Generation gen; };
+    std::unordered_map<uint64_t, std::optional<Copy>> nodes;  // nullopt: nothing below moves
+    uint64_t copied = 0;
+  };
+  using MovesNode = std::function<bool(BlockNo)>;
+  using MoveValue = std::function<bool(Key, std::span<std::byte>)>;
+  static Result<std::optional<RootPtr>> relocate(BlockCache& cache, uint64_t fs_id, const TreeConfig& cfg,
+                                                 const RootPtr& root, MutCtx& m, const MovesNode& moves,
+                                                 const MoveValue& move_value, RelocMemo& memo);
 
  private:
   struct Split { Key key; BlockCache::Ref right; };

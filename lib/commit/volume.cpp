@@ -24,11 +24,11 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+}  // namespace
+
 // The reserve (A5) must cover the metadata a commit of a full filesystem
 // writes: about one space-tree leaf per 64 blocks if every extent changed.
-uint64_t reserve_for(uint64_t usable) { return std::clamp<uint64_t>(usable / 64, 64, 262144); }
-
-}  // namespace
+uint64_t Volume::reserve_for(uint64_t usable) { return std::clamp<uint64_t>(usable / 64, 64, 262144); }
 
 std::vector<std::byte> encode_root_record(const TreeInfo& t) {
   std::vector<std::byte> out(sizeof(disk::RootRecord));
@@ -509,10 +509,7 @@ Result<Generation> Volume::grow(uint64_t total_blocks) {
   {
     std::lock_guard cl(commit_mu_);  // a freeze sees the old size or the new one, whole
     const uint64_t now = total_blocks_.load();
-    if (total_blocks < now)
-      return Error::io(EOPNOTSUPP, "shrinking a plyfs image is not supported yet (it needs the blocks above the "
-                                   "new end moved first); it spans " +
-                                       std::to_string(now * bs) + " bytes");
+    if (total_blocks < now) return Error::invalid("grow() cannot shrink: shrink() moves blocks first");
     if (total_blocks > dev_.size_bytes() / bs)
       return Error::invalid("the device holds " + std::to_string(dev_.size_bytes()) + " bytes, not " +
                             std::to_string(total_blocks * bs));
@@ -524,11 +521,18 @@ Result<Generation> Volume::grow(uint64_t total_blocks) {
   return commit();
 }
 
-Result<Generation> Volume::resize(std::optional<uint64_t> bytes) {
+Result<Generation> Volume::resize(std::optional<uint64_t> bytes,
+                                  const std::function<void(uint64_t, uint64_t)>& progress) {
   PLY_CHECK(writable());
+  std::lock_guard rl(resize_mu_);
   const uint64_t bs = info_.block_size;
-  // Refused before the file is extended: a shrink changes nothing.
-  if (bytes && *bytes / bs < total_blocks()) return grow(*bytes / bs);
+  if (bytes && *bytes / bs < total_blocks()) {
+    const Generation g = PLY_TRY(shrink(*bytes / bs, progress));
+    // Both superblock slots now describe the new end: nothing recovery
+    // could select reaches past it (format.md#relocation).
+    (void)PLY_TRY(dev_.truncate(*bytes / bs * bs));
+    return g;
+  }
   const uint64_t dev_bytes = PLY_TRY(dev_.resize(bytes.value_or(0)));
   return grow((bytes ? std::min(*bytes, dev_bytes) : dev_bytes) / bs);
 }
@@ -588,7 +592,7 @@ Result<NodeSpace::Freed> Volume::Txn::State::dec_ref(BlockNo b) {
 // The space changes one generation may queue: their fold must fit in half
 // the reserve (A5). A space-tree leaf holds at least 25 items (T4), and a
 // fold shadows each leaf once; 16 changes per block leaves ample margin.
-static uint64_t change_budget(uint64_t reserve_blocks) {
+uint64_t Volume::change_budget(uint64_t reserve_blocks) {
   return std::max<uint64_t>(64, (reserve_blocks / 2 > 16 ? reserve_blocks / 2 - 16 : 0) * 16);
 }
 

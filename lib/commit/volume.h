@@ -96,6 +96,10 @@ struct VolumeOptions {
   uint32_t commit_interval_ms = 0;  // periodic commits; 0: none
   uint64_t dirty_limit_bytes = 0;   // commit when this much metadata is dirty; 0: none
   std::map<uint8_t, ValueRefs> kinds;  // what the values of each tree kind reference
+  // How to move those references (shrinking, format.md#relocation); a kind
+  // without one keeps its extents where they are, so a shrink that would
+  // move one of them is refused.
+  std::map<uint8_t, ValueMove> movers = {};
   PlantedBug planted_bug = PlantedBug::None;
   // Commit at the end of every transaction that changed something, on the
   // caller's thread, so that each operation of the layers above is its own
@@ -198,7 +202,25 @@ class Volume {
   Result<Generation> grow(uint64_t total_blocks);
   // plyctl resize: to `bytes` (whole blocks), an image file extended to
   // it first; nullopt: to the device's size now (a device or file that grew).
-  Result<Generation> resize(std::optional<uint64_t> bytes);
+  // A size below the filesystem's shrinks it (shrink()), and an image file
+  // is then cut to it. `progress`: shrink()'s.
+  Result<Generation> resize(std::optional<uint64_t> bytes,
+                            const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
+  // Shrinks the filesystem to `total_blocks` (format.md#relocation): every
+  // node and extent at or past the new end is moved below it, shared ones
+  // staying shared (BTree::relocate), in batches of at most
+  // kRelocateBatchBytes of data, each its own generation, with operations
+  // held while a batch runs and going on between batches; then two
+  // generations record the new end, so that both superblock slots describe
+  // it before the caller cuts the device. Refused, changing nothing, when
+  // what is used does not fit below the end with the reserve (ENOSPC) or
+  // a tree kind's references cannot be moved (EOPNOTSUPP). `progress`
+  // hears the blocks moved and the blocks to move. Interrupted (an error,
+  // a crash), the filesystem keeps its size and every block it had, some
+  // of them moved.
+  static constexpr uint64_t kRelocateBatchBytes = 64ull << 20;
+  Result<Generation> shrink(uint64_t total_blocks,
+                            const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr);
   uint64_t total_blocks() const { return total_blocks_.load(std::memory_order_acquire); }
   // Bytes discarded since open, by commits (-o discard) and trim().
   uint64_t discarded_bytes() const { return discarded_bytes_.load(); }
@@ -288,6 +310,13 @@ class Volume {
   TreeConfig config_for(const TreeInfo& info) const;
   void committer_loop();
   Result<Generation> commit_for(CommitStats::Cause cause);
+  // One batch of shrink(): with the gate closed, moves up to a batch of what
+  // lies at or past `end`; false when nothing is left there.
+  Result<bool> relocate_batch(uint64_t end, uint64_t& moved_blocks);
+  Result<void> check_movable();
+  static uint64_t reserve_for(uint64_t usable);
+  static uint64_t change_budget(uint64_t reserve_blocks);
+  std::mutex resize_mu_;  // one resize at a time
 
   BlockDevice& dev_;
   VolumeOptions opts_;

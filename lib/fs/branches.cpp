@@ -243,6 +243,7 @@ Result<SuperInfo> format_filesystem(BlockDevice& dev, const FormatOptions& f,
   (void)PLY_TRY(Volume::format(dev, f));
   VolumeOptions vo;
   vo.kinds = fs_kinds();
+  vo.movers = fs_movers();
   vo.cache_bytes = 8 << 20;
   auto v = PLY_TRY(Volume::open(dev, vo));
   (void)PLY_TRY(Filesystem::create(*v, o));

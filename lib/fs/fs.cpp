@@ -23,6 +23,25 @@ ValueRefs fs_value_refs() {
 
 std::map<uint8_t, ValueRefs> fs_kinds() { return {{disk::kKindFs, fs_value_refs()}}; }
 
+// An Extent item names its space extent by disk_start alone (format.md#fs-extent):
+// moving the extent rewrites that field; offset, lengths and the block
+// checksums stay, since the bytes move unchanged (format.md#relocation).
+std::map<uint8_t, ValueMove> fs_movers() {
+  ValueMove mv = [](Key k, std::span<std::byte> v,
+                    const std::function<std::optional<BlockNo>(BlockNo)>& moved) {
+    if (type_of(k) != ItemType::Extent || k.hi == 0 || v.size() < sizeof(disk::Extent)) return false;
+    disk::Extent d;
+    std::memcpy(&d, v.data(), sizeof d);
+    if (d.disk_start.get() == 0) return false;
+    const auto to = moved(BlockNo{d.disk_start.get()});
+    if (!to) return false;
+    d.disk_start.set(to->v);
+    std::memcpy(v.data(), &d, sizeof d);
+    return true;
+  };
+  return {{disk::kKindFs, mv}};
+}
+
 // --- creation and opening -------------------------------------------------
 
 Result<TreeId> Filesystem::create(Volume& v, const FsCreateOptions& o) {

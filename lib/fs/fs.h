@@ -42,6 +42,8 @@ namespace plyfs {
 // What VolumeOptions::kinds needs to open an image with filesystem trees.
 ValueRefs fs_value_refs();
 std::map<uint8_t, ValueRefs> fs_kinds();
+// How to move those references when their extents move (shrinking).
+std::map<uint8_t, ValueMove> fs_movers();
 
 struct Attr {
   uint64_t ino = 0;

@@ -490,6 +490,7 @@ void set_object_passes(FsckOptions& fo, bool data) {
   fo.object_repair = [data](BlockDevice& d, bool lossy) -> Result<FsckOptions::ObjectRepair> {
     VolumeOptions vo;
     vo.kinds = fs_kinds();
+    vo.movers = fs_movers();
     vo.cache_bytes = 256ull << 20;
     auto vol = PLY_TRY(Volume::open(d, vo));
     FsckOptions::ObjectRepair r;

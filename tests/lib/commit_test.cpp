@@ -12,67 +12,6 @@ using namespace plyfs::test;
 
 namespace {
 
-constexpr uint64_t kSlotBytes[2] = {64 * 1024, 128 * 1024};
-
-bool is_super_write(uint64_t off) { return off == kSlotBytes[0] || off == kSlotBytes[1]; }
-
-// A device that enforces C3: no write may touch a block that the newest
-// durable generation reaches. The reachable set is recomputed from the
-// device's content at each flush that follows a superblock write, i.e. each
-// time a new generation becomes durable.
-class ReachCheckDevice final : public BlockDevice {
- public:
-  explicit ReachCheckDevice(MemDevice& inner) : inner_(inner) { refresh(); }
-  Result<void> read(uint64_t o, std::span<std::byte> out) override { return inner_.read(o, out); }
-  Result<void> write(uint64_t o, std::span<const std::byte> in) override {
-    if (is_super_write(o)) {
-      super_pending_ = true;
-    } else {
-      for (const auto& [start, len] : reach_) {
-        const uint64_t s = start * bs_, e = (start + len) * bs_;
-        if (o < e && s < o + in.size())
-          violations.push_back("write at byte " + std::to_string(o) + " hits block " +
-                               std::to_string(start) + " of durable generation " +
-                               std::to_string(gen_));
-      }
-    }
-    writes++;
-    return inner_.write(o, in);
-  }
-  Result<void> flush() override {
-    PLY_CHECK(inner_.flush());
-    if (super_pending_) refresh();
-    super_pending_ = false;
-    return ok();
-  }
-  Result<void> discard(uint64_t o, uint64_t l) override { return inner_.discard(o, l); }
-  uint64_t size_bytes() const override { return inner_.size_bytes(); }
-  uint32_t logical_sector_size() const override { return inner_.logical_sector_size(); }
-  uint32_t physical_sector_size() const override { return inner_.physical_sector_size(); }
-
-  std::vector<std::string> violations;
-  uint64_t writes = 0, refreshes = 0;
-  std::map<uint8_t, ValueRefs> kinds;
-
- private:
-  void refresh() {
-    VerifyOptions vo;
-    vo.collect_reachable = true;
-    vo.kinds = kinds;
-    auto rep = verify_image(inner_, vo);
-    REQUIRE(rep);
-    REQUIRE(rep->clean());
-    reach_ = rep->reachable;
-    bs_ = rep->choice.info.block_size;
-    gen_ = rep->choice.info.generation.v;
-    refreshes++;
-  }
-  MemDevice& inner_;
-  std::vector<std::pair<uint64_t, uint64_t>> reach_;
-  uint64_t bs_ = 4096, gen_ = 0;
-  bool super_pending_ = false;
-};
-
 // Deterministic changes for a given seed: puts, erases, a new tree, a clone.
 struct Workload {
   uint64_t seed;

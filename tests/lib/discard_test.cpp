@@ -176,7 +176,7 @@ TEST_CASE("discard: trim and -o discard beside writers and commits lose nothing"
   REQUIRE(dump(*again, t) == model);
 }
 
-TEST_CASE("resize: a full filesystem grows into its device in one generation; shrinking is refused",
+TEST_CASE("resize: a full filesystem grows into its device in one generation; a shrink that cannot fit is refused",
           "[alloc][resize]") {
   auto mem = std::make_unique<MemDevice>(32 << 20);
   FormatOptions fo;
@@ -205,10 +205,11 @@ TEST_CASE("resize: a full filesystem grows into its device in one generation; sh
     must(txn.put(t, Key{100000 + i, 0}, big));
     model[Key{100000 + i, 0}] = big;
   }
-  // Shrinking and growing past the device are refused, and change nothing.
+  // Shrinking below what is used and growing past the device are refused,
+  // and change nothing.
   auto s = vol->resize(8 << 20);
   REQUIRE_FALSE(s);
-  REQUIRE(s.error().code == EOPNOTSUPP);
+  REQUIRE(s.error().code == ENOSPC);
   auto past = vol->grow(100000);
   REQUIRE_FALSE(past);
   REQUIRE(past.error().code == EINVAL);

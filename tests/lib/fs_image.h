@@ -20,6 +20,7 @@ struct FsImage {
   void open() {
     VolumeOptions vo;
     vo.kinds = fs_kinds();
+    vo.movers = fs_movers();
     vol = must(Volume::open(*dev, vo));
   }
   // Commits, closes and opens again, as an unmount and a mount would.
