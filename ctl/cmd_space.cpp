@@ -3,7 +3,8 @@
 // trim: fstrim(8)'s job (format.md#discard): every free block is discarded
 // on the device (punched out of an image file, BLKDISCARD on a block
 // device); the text is fstrim -v's: "PATH: 1.2 GiB (1288490188 bytes) trimmed".
-// resize: grows the filesystem to a size or to its device's (format.md#resize).
+// resize: grows the filesystem to a size or to its device's (format.md#resize),
+// or shrinks it, moving what lies past the new end first (format.md#relocation).
 // du: each branch's referenced and exclusive bytes (format.md#accounting),
 // or one branch's in detail with what it shares with each other branch.
 #include "cli.h"
@@ -37,10 +38,18 @@ Result<Json> mounted_trim(const std::string& mnt, uint64_t min_bytes) {
 Result<Json> offline_resize(Opened o, std::optional<uint64_t> bytes) {
   const uint64_t bs = o.vol->block_size();
   const uint64_t old = o.vol->total_blocks() * bs;
-  const Generation gen = PLY_TRY(o.vol->resize(bytes));
+  // A shrink moves what lies past the new end first (format.md#relocation).
+  Progress prog("moving blocks below the new end", 0, Progress::Unit::Bytes);
+  uint64_t moved = 0;
+  const Generation gen = PLY_TRY(o.vol->resize(bytes, [&](uint64_t done, uint64_t total) {
+    prog.set_total(total * bs);
+    prog.update(done * bs);
+    moved = done * bs;
+  }));
+  if (prog.shown()) prog.finish();
   const uint64_t now = o.vol->total_blocks() * bs;
   PLY_CHECK(o.vol->close());
-  return Json{{"old_bytes", old}, {"size_bytes", now}, {"generation", gen.v}};
+  return Json{{"old_bytes", old}, {"size_bytes", now}, {"generation", gen.v}, {"moved_bytes", moved}};
 }
 
 }  // namespace
@@ -91,7 +100,8 @@ int cmd_resize(const std::vector<std::string>& args) {
   if (!t->mnt.empty()) {
     Json req{{"command", "resize"}};
     req["size"] = bytes ? Json(*bytes) : Json("max");
-    r = request(t->mnt, req);
+    Progress work("moving blocks below the new end", 0, Progress::Unit::Bytes);
+    r = request(t->mnt, req, nullptr, &work);
   } else {
     r = offline_resize(std::move(t->o), bytes);
   }
@@ -102,9 +112,12 @@ int cmd_resize(const std::vector<std::string>& args) {
   }
   const uint64_t old = r->value("old_bytes", uint64_t(0)), now = r->value("size_bytes", uint64_t(0));
   if (old == now) std::printf("%s: already %s (%llu bytes)\n", path.c_str(), format_size(now).c_str(), (unsigned long long)now);
-  else
-    std::printf("%s: resized from %s to %s (%llu bytes), generation %llu\n", path.c_str(), format_size(old).c_str(),
-                format_size(now).c_str(), (unsigned long long)now, (unsigned long long)r->value("generation", uint64_t(0)));
+  else {
+    const uint64_t moved = r->value("moved_bytes", uint64_t(0));
+    std::printf("%s: resized from %s to %s (%llu bytes), generation %llu%s\n", path.c_str(), format_size(old).c_str(),
+                format_size(now).c_str(), (unsigned long long)now, (unsigned long long)r->value("generation", uint64_t(0)),
+                now < old ? ("; " + format_size(moved) + " moved").c_str() : "");
+  }
   return 0;
 }
 

@@ -2,7 +2,7 @@
 // control request "trim") and fstrim(8)'s FITRIM ioctl on the mount point,
 // both telling the device that every free block is unused (Volume::trim,
 // A6) -- and `plyctl resize MOUNTPOINT` (the request "resize",
-// format.md#resize).
+// format.md#resize; a shrink relocates first, format.md#relocation).
 #include <linux/fs.h>
 #include <unistd.h>
 
@@ -26,9 +26,18 @@ Result<nlohmann::ordered_json> resize_online(std::optional<uint64_t> bytes) {
   if (g->read_only) return Error::io(EROFS, "the mount is read-only");
   const uint64_t bs = g->vol->block_size();
   const uint64_t old = g->vol->total_blocks() * bs;
-  const Generation gen = PLY_TRY(g->vol->resize(bytes));
-  return nlohmann::ordered_json{
-      {"old_bytes", old}, {"size_bytes", g->vol->total_blocks() * bs}, {"generation", gen.v}};
+  // A shrink moves blocks first (format.md#relocation): `plyctl status`
+  // and the waiting plyctl see how far it got.
+  RunningOp op("resize", "moving blocks below the new end", "bytes");
+  uint64_t moved = 0;
+  const Generation gen = PLY_TRY(g->vol->resize(bytes, [&](uint64_t done, uint64_t total) {
+    op.update(done * bs, total ? double(done) / double(total) : 1.0);
+    moved = done * bs;
+  }));
+  return nlohmann::ordered_json{{"old_bytes", old},
+                                {"size_bytes", g->vol->total_blocks() * bs},
+                                {"generation", gen.v},
+                                {"moved_bytes", moved}};
 }
 
 // FITRIM: struct fstrim_range in and out; on return `len` holds the bytes

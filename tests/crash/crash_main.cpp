@@ -456,6 +456,9 @@ int main(int argc, char** argv) {
   if (engine && (d.args.only.empty() || d.args.only.find("/fault-") != std::string::npos)) {
     std::vector<Workload> faulty = ace(1, d.args.seed, 0);
     faulty.resize(4);
+    // And a relocation: a fault while blocks move (issue 24).
+    for (const Workload& w : scenarios())
+      if (w.id == "scenario/shrink") faulty.push_back(w);
     fault_suite(d, faulty, light);
   }
   // The filesystem suites' fixed part: seq-1 whole and the full devices.

@@ -167,6 +167,32 @@ std::vector<Workload> scenarios() {
     w.ops.push_back(commit());
     out.push_back(w);
   }
+  {  // A filesystem shrinks to half its size (plyctl resize SIZE): the
+     // extents and nodes past the new end, some shared by a clone, move
+     // below it over several generations, then the end moves; work goes on.
+    Workload w;
+    w.id = "scenario/shrink";
+    w.setup = {Op{OpKind::Create, 0, 0, kKindPlain}, Op{OpKind::Create, 0, 0, kKindExtents}};
+    for (uint64_t k = 0; k < 300; k++) w.setup.push_back(put(0, k, 900));
+    for (uint64_t k = 0; k < 120; k++) w.setup.push_back(Op{OpKind::PutExtent, 1, k, 1 + k % 5});
+    w.setup.push_back(Op{OpKind::Clone, 1});                           // slot 2
+    w.setup.push_back(Op{OpKind::Create, 0, 0, kKindExtents});         // slot 3, dropped below
+    for (uint64_t k = 0; k < 150; k++) w.setup.push_back(Op{OpKind::PutExtent, 3, k, 4});
+    // Past 5 MiB: extents written last, then shared with a clone.
+    for (uint64_t k = 2000; k < 2100; k++) w.setup.push_back(Op{OpKind::PutExtent, 2, k, 4});
+    w.setup.push_back(Op{OpKind::Clone, 2});                           // slot 4
+    w.setup.push_back(Op{OpKind::Drop, 3});
+    for (uint64_t k = 2000; k < 2100; k += 3) w.setup.push_back(Op{OpKind::Erase, 4, k});
+    for (uint64_t k = 0; k < 120; k += 2) w.setup.push_back(Op{OpKind::Erase, 1, k});
+    for (uint64_t k = 0; k < 300; k += 3) w.setup.push_back(Op{OpKind::Erase, 0, k});
+    w.ops.push_back(Op{OpKind::Shrink, 0, 0, 5ull << 20});
+    for (uint64_t k = 0; k < 30; k++) w.ops.push_back(Op{OpKind::PutExtent, 1, 1000 + k, 2});
+    w.ops.push_back(commit());
+    for (uint64_t k = 3; k < 120; k += 4) w.ops.push_back(Op{OpKind::Erase, 2, k});
+    for (uint64_t k = 2000; k < 2100; k += 2) w.ops.push_back(Op{OpKind::Erase, 2, k});
+    w.ops.push_back(commit());
+    out.push_back(w);
+  }
   // The same freeing scenarios with discard on (A6, P7): what each
   // generation frees is discarded once it is durable, and the crash
   // states read discarded blocks as zeros.

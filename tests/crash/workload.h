@@ -13,6 +13,7 @@ namespace plyfs::crash {
 
 inline constexpr uint8_t kKindExtents = 7;  // values: (extent start, length)
 std::map<uint8_t, ValueRefs> kinds();
+std::map<uint8_t, ValueMove> movers();  // the same kinds' movers (Shrink)
 
 enum class OpKind : uint8_t {
   Put,        // tree slot, key, value size: insert or replace
@@ -24,6 +25,7 @@ enum class OpKind : uint8_t {
   Commit,
   Fill,       // puts of large values into slot `tree` until ENOSPC
   Grow,       // the filesystem grows to the whole device (plyctl resize max), one commit
+  Shrink,     // the filesystem shrinks to `arg` bytes (plyctl resize), relocating: many commits
 };
 
 struct Op {
@@ -40,6 +42,10 @@ using Items = std::map<Key, std::vector<std::byte>>;
 struct Model {
   std::map<uint64_t, Items> trees;
   std::map<uint64_t, uint8_t> kind;  // tree id -> kind
+  // A shrink ran: extent values may name their extents anywhere, so they
+  // compare by length (the shrink itself checks that the moves are one to
+  // one; fsck checks every crash state's references).
+  bool moved = false;
   bool operator==(const Model&) const = default;
 };
 std::string describe_difference(const Model& want, const Model& got);

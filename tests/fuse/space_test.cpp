@@ -196,8 +196,8 @@ TEST_CASE("space: deleting a snapshot online gets a full mount out of ENOSPC", "
 
 // An image file that was enlarged shows its new size only after plyctl
 // resize: online (max: the file's size) and offline (a size: the file is
-// extended), each in one generation; shrinking is refused and changes
-// nothing.
+// extended), each in one generation; a shrink below what is used is
+// refused and changes nothing.
 TEST_CASE("space: plyctl resize grows a mounted image and an unmounted one", "[space]") {
   Fixture fx("64M");
   std::mt19937_64 rng(10);
@@ -232,8 +232,11 @@ TEST_CASE("space: plyctl resize grows a mounted image and an unmounted one", "[s
   struct stat st{};
   REQUIRE(::stat(fx.img.c_str(), &st) == 0);
   REQUIRE(uint64_t(st.st_size) == 1024 * kMiB);
-  REQUIRE(plyctl_status(fx, {"resize", fx.img, "128M"}, &out) == 1);  // shrink: refused
-  REQUIRE(out.find("not supported yet") != std::string::npos);
+  // A shrink below what is used: refused, nothing changed.
+  REQUIRE(plyctl_status(fx, {"resize", fx.img, "128M"}, &out) == 1);
+  REQUIRE(out.find("in use") != std::string::npos);
+  REQUIRE(::stat(fx.img.c_str(), &st) == 0);
+  REQUIRE(uint64_t(st.st_size) == 1024 * kMiB);
   REQUIRE(plyctl_status(fx, {"resize", fx.img, "lots"}) == 2);
   REQUIRE(plyctl_status(fx, {"resize", fx.img}) == 2);
   require_fsck_clean(fx.img, fx.tmp / "fsck2.log");
@@ -242,6 +245,65 @@ TEST_CASE("space: plyctl resize grows a mounted image and an unmounted one", "[s
   REQUIRE(uint64_t(v.f_blocks) * v.f_frsize > 1000 * kMiB);
   REQUIRE(read_file(fx / "a") == a);
   REQUIRE(read_file(fx / "b") == b);
+  fx.unmount();
+}
+
+// Shrinking (format.md#relocation), as a user would: files written in
+// order, the first deleted, a snapshot holding the rest, one more written
+// past where the image will end; `plyctl resize MOUNTPOINT SIZE` moves it
+// below the new end while the mount goes on, the image file is cut, every
+// file and the snapshot read back, fsck is clean; then offline again.
+TEST_CASE("space: plyctl resize shrinks a mounted image and an unmounted one, moving what lies past the end",
+          "[space]") {
+  Fixture fx("512M", {"commit=1"});
+  std::mt19937_64 rng(12);
+  const std::string a = random_bytes(rng, 40 * kMiB), b = random_bytes(rng, 100 * kMiB),
+                    c = random_bytes(rng, 100 * kMiB) + "tail", d = random_bytes(rng, 30 * kMiB + 7);
+  write_file(fx / "a", a);
+  write_file(fx / "b", b);
+  write_file(fx / "c", c);
+  remove_durably(fx / "a");
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  write_file(fx / "d", d);  // past 240 MiB: where the image will end
+  ::sync();
+  std::string out;
+  plyctl(fx, {"resize", fx.root(), "250M", "--json"}, &out);
+  const Json j = Json::parse(out);
+  CHECK(j["old_bytes"].get<uint64_t>() == 512 * kMiB);
+  REQUIRE(j["size_bytes"].get<uint64_t>() == 250 * kMiB);
+  // d's part past 250 MiB, at least, moved below.
+  CHECK(j["moved_bytes"].get<uint64_t>() >= 15 * kMiB);
+  CHECK(j["moved_bytes"].get<uint64_t>() < 200 * kMiB);
+  struct stat st{};
+  REQUIRE(::stat(fx.img.c_str(), &st) == 0);
+  CHECK(uint64_t(st.st_size) == 250 * kMiB);  // the image file was cut
+  struct statvfs v{};
+  REQUIRE(::statvfs(fx.root().c_str(), &v) == 0);
+  CHECK(uint64_t(v.f_blocks) * v.f_frsize <= 250 * kMiB);
+  REQUIRE(read_file(fx / "b") == b);
+  REQUIRE(read_file(fx / "c") == c);
+  REQUIRE(read_file(fx / "d") == d);
+  REQUIRE(read_file(fx / ".plyfs/layers/s1/data/c") == c);
+  // The mount goes on: a write after the shrink, then its deletion.
+  write_file(fx / "e", "after");
+  REQUIRE(read_file(fx / "e") == "after");
+  // Below what is used: refused, the size kept.
+  REQUIRE(plyctl_status(fx, {"resize", fx.root(), "100M"}, &out) == 1);
+  REQUIRE(::stat(fx.img.c_str(), &st) == 0);
+  CHECK(uint64_t(st.st_size) == 250 * kMiB);
+  fx.unmount();  // fsck -fn clean
+
+  // Offline, with a progress line on a terminal-less stderr, to 240 MiB.
+  plyctl(fx, {"resize", fx.img, "240M"}, &out);
+  REQUIRE(out.find("resized from 250 MiB to 240 MiB") != std::string::npos);
+  REQUIRE(::stat(fx.img.c_str(), &st) == 0);
+  CHECK(uint64_t(st.st_size) == 240 * kMiB);
+  require_fsck_clean(fx.img, fx.tmp / "fsck-shrunk.log");
+  fx.mount();
+  REQUIRE(read_file(fx / "b") == b);
+  REQUIRE(read_file(fx / "c") == c);
+  REQUIRE(read_file(fx / "d") == d);
+  REQUIRE(read_file(fx / ".plyfs/layers/s1/data/b") == b);
   fx.unmount();
 }
 
