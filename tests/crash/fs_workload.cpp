@@ -207,6 +207,11 @@ struct Mount {
         if (op.off) (void)PLY_TRY(set_held(vol, b.tree, op.off == 1));
         return ok();
       }
+      case FsOpKind::Shrink:
+        // Online, as the daemon's resize: the union and its filesystems
+        // stay open while blocks move under them (format.md#relocation).
+        (void)PLY_TRY(vol.resize(op.arg));
+        return ok();
       case FsOpKind::Commit:
         return ok();
     }
@@ -220,6 +225,7 @@ VolumeOptions rw_options(PlantedBug bug = PlantedBug::None, bool discard = false
   VolumeOptions vo;
   vo.cache_bytes = 4 << 20;
   vo.kinds = all_kinds();
+  vo.movers = movers();
   vo.planted_bug = bug;
   vo.discard = discard;
   return vo;
@@ -357,7 +363,7 @@ std::string FsOp::str() const {
                                 "unlink",   "mkdir",    "rmdir",    "setxattr", "fallocate",
                                 "copy-up",  "snapshot", "clone",    "merge",   "rollback",
                                 "add-branch", "delete-branch", "fill", "commit", "split-rename",
-                                "rename-branch", "quota"};
+                                "rename-branch", "quota", "shrink"};
   std::string s = names[int(kind)];
   if (!path.empty()) s += " " + path;
   if (!path2.empty()) s += " " + path2;
@@ -778,6 +784,20 @@ std::vector<FsWorkload> fs_scenarios() {
              {K::Quota, "top", "", 2, 0}, {K::Commit}};
     out.push_back(w);
   }
+  {  // A shrink of the mounted image (format.md#relocation): files written
+     // past where it will end, a snapshot sharing them, the first ones
+     // deleted; the blocks past the end move over several generations, each
+     // crash state shows the files whole; work goes on after.
+    FsWorkload w;
+    w.id = "fs-scenario/shrink";
+    w.image = "base";
+    w.ops = {{K::Create, "s1"}, {K::Write, "s1", "", 0, 5 << 19}, {K::Create, "s2"},
+             {K::Write, "s2", "", 0, 512 << 10}, {K::Create, "s3"}, {K::Write, "s3", "", 0, 320 << 10},
+             {K::Commit},       {K::Unlink, "s1"}, {K::Snapshot, "snap1"},
+             {K::Commit},       {K::Shrink, "", "", 0, 7 << 19},
+             {K::Write, "s2", "", 4096, 64 << 10}, {K::Commit}};
+    out.push_back(w);
+  }
   {  // Branch operations on a full device: refused cleanly or done.
     FsWorkload w;
     w.id = "fs-scenario/enospc-branches";
@@ -879,6 +899,12 @@ std::vector<FsWorkload> fs_fault_workloads() {
              {K::Commit}};
     out.push_back(std::move(w));
   }
+  // A fault while a shrink moves blocks (issue 24): the same scenario.
+  for (FsWorkload w : fs_scenarios())
+    if (w.id == "fs-scenario/shrink") {
+      w.id = "fs-fault/shrink";
+      out.push_back(std::move(w));
+    }
   return out;
 }
 

@@ -46,6 +46,7 @@ enum class FsOpKind : uint8_t {
   RenameBranch, // the branch named path gets the name path2
   Quota,       // the branch named path gets a referenced quota of arg bytes (0: none) and,
                // with off 1, a hold (off 2: released): one FsInfo write each
+  Shrink,      // plyctl resize to arg bytes on the mounted image: blocks past it move first
 };
 
 struct FsOp {

@@ -7,8 +7,11 @@
 // (C3, every intermediate generation verified clean), and both superblock
 // slots describe the new end. The filesystem test does the same through
 // files, snapshots and reflinks.
+#include <atomic>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include <catch2/generators/catch_generators.hpp>
 
@@ -345,6 +348,89 @@ TEST_CASE("relocate: a filesystem with snapshots and reflinked files shrinks wit
   im.vol.reset();
   // The engine's invariants and every filesystem check, data checksums
   // included (fsck -c), hold on the smaller image.
+  VerifyOptions vo;
+  vo.kinds = fs_kinds();
+  require_clean(*im.dev, vo);
+  CHECK(check_filesystems(*im.dev, true).empty());
+}
+
+TEST_CASE("relocate: writers, readers and deleters go on while a shrink moves their files", "[fs][relocate]") {
+  FsImage im(128ull << 20);
+  std::mt19937_64 rng(21);
+  auto fs = must(Filesystem::open(*im.vol, im.main));
+  // Files spread over the first 100 MiB; most deleted, so that the rest
+  // lie past where the image will end.
+  std::map<std::string, std::vector<std::byte>> want;
+  for (int i = 0; i < 50; i++) {
+    const std::string name = "f" + std::to_string(i);
+    auto a = must(fs->mknod(fs->root(), name, S_IFREG | 0644, 0, 0, 0));
+    auto data = pattern(rng(), (1 << 20) + rng() % (1 << 20));
+    REQUIRE(must(fs->write(a.ino, 0, data)) == data.size());
+    want[name] = data;
+  }
+  for (int i = 0; i < 50; i++)
+    if (i % 5 != 4) {
+      must(fs->unlink(fs->root(), "f" + std::to_string(i)));
+      want.erase("f" + std::to_string(i));
+    }
+  must(im.vol->commit());
+  const uint64_t target = 48ull << 20;
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::mutex mu;  // guards `want` between the threads
+  std::thread writer([&] {
+    std::mt19937_64 r(5);
+    for (int i = 0; !stop; i++) {
+      const std::string name = "w" + std::to_string(i % 6);
+      if (i % 7 == 6) {  // a deleter too
+        if (fs->lookup(fs->root(), name)) {
+          if (!fs->unlink(fs->root(), name)) errors++;
+          std::lock_guard lk(mu);
+          want.erase(name);
+        }
+        continue;
+      }
+      auto data = pattern(r(), 64 << 10);
+      auto a = fs->lookup(fs->root(), name);
+      const uint64_t ino = a ? a->ino : must(fs->mknod(fs->root(), name, S_IFREG | 0644, 0, 0, 0)).ino;
+      auto w = fs->write(ino, 0, data);
+      if (!w || *w != data.size()) errors++;
+      std::lock_guard lk(mu);
+      want[name] = data;
+    }
+  });
+  std::thread reader([&] {
+    while (!stop) {
+      for (int i = 4; i < 50; i += 5) {
+        const std::string name = "f" + std::to_string(i);
+        std::vector<std::byte> expect;
+        {
+          std::lock_guard lk(mu);
+          expect = want.at(name);
+        }
+        auto a = fs->lookup(fs->root(), name);
+        std::vector<std::byte> got(expect.size());
+        if (!a || !fs->read(a->ino, 0, got) || got != expect) errors++;
+      }
+    }
+  });
+  auto r = im.vol->resize(target);
+  stop = true;
+  writer.join();
+  reader.join();
+  if (!r) FAIL(r.error().message());
+  CHECK(errors == 0);
+  REQUIRE(im.vol->total_blocks() * 4096 == target);
+  for (const auto& [name, data] : want) {
+    INFO(name);
+    auto a = must(fs->lookup(fs->root(), name));
+    std::vector<std::byte> got(data.size());
+    REQUIRE(must(fs->read(a.ino, 0, got)) == data.size());
+    REQUIRE(got == data);
+  }
+  fs.reset();
+  must(im.vol->close());
+  im.vol.reset();
   VerifyOptions vo;
   vo.kinds = fs_kinds();
   require_clean(*im.dev, vo);
