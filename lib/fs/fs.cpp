@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "fs/fs_internal.h"
+#include "fs/quota.h"
 
 namespace plyfs {
 
@@ -94,6 +95,18 @@ Filesystem::StatFs Filesystem::statfs() {
   f.blocks = s.usable_blocks;
   f.bfree = s.free_blocks + s.pending_free;
   f.bavail = f.bfree > s.reserve_blocks ? f.bfree - s.reserve_blocks : 0;
+  // A branch with a quota shows it, as ZFS's refquota does: its size is
+  // the referenced limit, its free space what is left under the limits.
+  if (auto q = quota_usage(vol_, tree_); q && (q->lim_ref || q->lim_excl)) {
+    uint64_t room = ~0ull;
+    if (q->lim_ref) {
+      f.blocks = std::min(f.blocks, q->lim_ref / bs_);
+      room = q->lim_ref > q->ref ? (q->lim_ref - q->ref) / bs_ : 0;
+    }
+    if (q->lim_excl) room = std::min(room, q->lim_excl > q->excl ? (q->lim_excl - q->excl) / bs_ : 0);
+    f.bfree = std::min(f.bfree, room);
+    f.bavail = std::min(f.bavail, room);
+  }
   f.files = f.blocks;
   f.ffree = f.bavail;
   return f;

@@ -20,7 +20,7 @@ struct QuotaTable {
     // The last exact figures and the counts they were taken at.
     bool exact = false;
     uint64_t ref = 0, excl = 0;                // bytes
-    uint64_t allocated = 0, released = 0, epoch = 0;
+    uint64_t allocated = 0, released = 0, epoch = 0, mutations = 0;
     Generation gen;
     uint64_t shared = 0;                       // bytes taken by reference since
     // Bytes charged by operations running at the exact count: what they
@@ -48,6 +48,88 @@ Result<void> fits(const QuotaTable::Tree& q, uint64_t ref, uint64_t excl, uint64
 }
 
 }  // namespace
+
+// Reads tree `tree`'s limits from its FsInfo once. qt.mu is never held
+// while a Txn begins: a Txn may wait for a commit, which waits for a group
+// (Volume::Group) whose thread may be in a quota check.
+static Result<void> load_limits(QuotaTable& qt, Volume& v, TreeId tree) {
+  {
+    std::lock_guard lk(qt.mu);
+    if (qt.trees[tree.v].loaded) return ok();
+  }
+  disk::FsInfo fi;
+  {
+    auto t = PLY_TRY(v.begin());
+    fi = PLY_TRY(fsitems::read_info(t, tree));
+  }
+  std::lock_guard lk(qt.mu);
+  auto& q = qt.trees[tree.v];
+  if (!q.loaded) {
+    q.loaded = true;
+    q.lim_ref = fi.quota_referenced.get();
+    q.lim_excl = fi.quota_exclusive.get();
+  }
+  return ok();
+}
+
+// The branch's figures now, exactly, by the accounting walks (format.md#accounting).
+static Result<std::pair<uint64_t, uint64_t>> count_exactly(Volume& v, TreeId tree, bool ref, bool excl) {
+  const uint64_t bs = v.block_size();
+  std::pair<uint64_t, uint64_t> out{0, 0};
+  auto t = PLY_TRY(v.begin());
+  if (ref) {
+    const TreeBlocks r = PLY_TRY(referenced_blocks(t, tree));
+    out.first = (r.nodes + r.extent_blocks) * bs;
+  }
+  if (excl) {
+    const BTree::DropStats d = PLY_TRY(t.exclusive(tree));
+    out.second = (d.nodes + d.extent_blocks) * bs;
+  }
+  return out;
+}
+
+// An exact count, taken at the counts read before it (qt.mu held).
+static void took_count(QuotaTable::Tree& q, uint64_t ref, uint64_t excl, uint64_t allocated, uint64_t released,
+                       uint64_t epoch, uint64_t mutations, Generation gen) {
+  q.exact = true;
+  q.ref = ref;
+  q.excl = excl;
+  q.allocated = allocated;
+  q.released = released;
+  q.epoch = epoch;
+  q.mutations = mutations;
+  q.gen = gen;
+  q.shared = 0;
+  q.carried = q.inflight;
+}
+
+Result<QuotaUsage> quota_usage(Volume& v, TreeId tree) {
+  auto& qt = v.extension<QuotaTable>();
+  PLY_CHECK(load_limits(qt, v, tree));
+  const uint64_t allocated = v.blocks_allocated(), released = v.refs_released(), epoch = v.tree_epoch();
+  const uint64_t mutations = v.mutations();
+  const Generation gen = v.open_generation();
+  QuotaUsage u;
+  {
+    std::lock_guard lk(qt.mu);
+    const auto& q = qt.trees[tree.v];
+    u.lim_ref = q.lim_ref;
+    u.lim_excl = q.lim_excl;
+    if (!u.lim_ref && !u.lim_excl) return u;
+    // Nothing changed since the last exact count: it still holds.
+    if (q.exact && q.mutations == mutations && q.epoch == epoch && q.allocated == allocated) {
+      u.ref = q.ref;
+      u.excl = q.excl;
+      return u;
+    }
+  }
+  std::tie(u.ref, u.excl) = PLY_TRY(count_exactly(v, tree, u.lim_ref != 0, u.lim_excl != 0));
+  std::lock_guard lk(qt.mu);
+  auto& q = qt.trees[tree.v];
+  took_count(q, u.ref, u.excl, allocated, released, epoch, mutations, gen);
+  q.over = false;  // not asked: the next check decides
+  return u;
+}
 
 // Counts an admitted operation's bytes (qt.mu held).
 static QuotaCharge admit(QuotaTable::Tree& q, Volume& v, TreeId tree, uint64_t bytes, bool shares) {
@@ -100,32 +182,13 @@ constexpr uint64_t kOpNodes = 4;
 
 static Result<QuotaCharge> charge(Volume& v, TreeId tree, uint64_t bytes, bool shares, bool may_wait) {
   auto& qt = v.extension<QuotaTable>();
-  // qt.mu is never held while a Txn begins: a Txn may wait for a commit,
-  // which waits for a group (Volume::Group) whose thread may be here.
-  bool loaded;
-  {
-    std::lock_guard lk(qt.mu);
-    loaded = qt.trees[tree.v].loaded;
-  }
-  if (!loaded) {
-    disk::FsInfo fi;
-    {
-      auto t = PLY_TRY(v.begin());
-      fi = PLY_TRY(fsitems::read_info(t, tree));
-    }
-    std::lock_guard lk(qt.mu);
-    auto& q = qt.trees[tree.v];
-    if (!q.loaded) {
-      q.loaded = true;
-      q.lim_ref = fi.quota_referenced.get();
-      q.lim_excl = fi.quota_exclusive.get();
-    }
-  }
+  PLY_CHECK(load_limits(qt, v, tree));
   const uint64_t bs = v.block_size();
   bytes += kOpNodes * bs;
   // Read before an exact count, so that what others allocate during it is
   // counted again, never missed.
   const uint64_t allocated = v.blocks_allocated(), released = v.refs_released(), epoch = v.tree_epoch();
+  const uint64_t mutations = v.mutations();
   const Generation gen = v.open_generation();
   uint64_t lim_ref, lim_excl;
   {
@@ -150,29 +213,10 @@ static Result<QuotaCharge> charge(Volume& v, TreeId tree, uint64_t bytes, bool s
     lim_ref = q.lim_ref;
     lim_excl = q.lim_excl;
   }
-  uint64_t ref = 0, excl = 0;
-  {
-    auto t = PLY_TRY(v.begin());
-    if (lim_ref) {
-      const TreeBlocks r = PLY_TRY(referenced_blocks(t, tree));
-      ref = (r.nodes + r.extent_blocks) * bs;
-    }
-    if (lim_excl) {
-      const BTree::DropStats d = PLY_TRY(t.exclusive(tree));
-      excl = (d.nodes + d.extent_blocks) * bs;
-    }
-  }
+  const auto [ref, excl] = PLY_TRY(count_exactly(v, tree, lim_ref != 0, lim_excl != 0));
   std::unique_lock lk(qt.mu);
   auto& q = qt.trees[tree.v];
-  q.exact = true;
-  q.ref = ref;
-  q.excl = excl;
-  q.allocated = allocated;
-  q.released = released;
-  q.epoch = epoch;
-  q.gen = gen;
-  q.shared = 0;
-  q.carried = q.inflight;
+  took_count(q, ref, excl, allocated, released, epoch, mutations, gen);
   auto r = fits(q, ref + q.inflight, excl + q.inflight, bytes);
   if (!r && q.inflight && may_wait) {
     // Running operations' blocks were counted twice (in the walk and in

@@ -54,6 +54,14 @@ class QuotaCharge {
 // keep the charge until the operation has ended.
 Result<QuotaCharge> charge_quota(Volume& v, TreeId tree, uint64_t bytes, bool shares = false);
 
+// What df shows on a mount whose writable branch has a quota (ZFS's
+// refquota): the limits (0: none) and the figures now, exact. Counted again
+// only when some tree changed since the last count (Volume::mutations).
+struct QuotaUsage {
+  uint64_t lim_ref = 0, lim_excl = 0, ref = 0, excl = 0;
+};
+Result<QuotaUsage> quota_usage(Volume& v, TreeId tree);
+
 // The limits in tree `tree`'s FsInfo were written (fsitems::write_info).
 void note_quota(Volume::Txn& t, TreeId tree, uint64_t referenced, uint64_t exclusive);
 

@@ -441,6 +441,13 @@ TEST_CASE("space: a branch quota refuses writes past it with EDQUOT, and deletin
   Json b = Json::parse(out);
   REQUIRE(b["quota"]["referenced"].get<uint64_t>() == 8 * kMiB);
   REQUIRE(b["quota"]["exclusive"].is_null());
+  // df shows the quota as ZFS shows a refquota: the size is the limit, the
+  // room what is left under it.
+  struct statvfs v{};
+  REQUIRE(::statvfs(fx.root().c_str(), &v) == 0);
+  CHECK(uint64_t(v.f_blocks) * v.f_frsize == 8 * kMiB);
+  CHECK(uint64_t(v.f_bavail) * v.f_frsize <= 2 * kMiB);
+  CHECK(uint64_t(v.f_bavail) * v.f_frsize >= 2 * kMiB - 256 * 1024);
   const int first = write_all(fx / "f", 16 * kMiB);
   INFO("first write: " << errstr(first));
   REQUIRE(first == EDQUOT);
@@ -467,6 +474,9 @@ TEST_CASE("space: a branch quota refuses writes past it with EDQUOT, and deletin
   remove_durably(fx / "lower-file");
   REQUIRE(write_all(fx / "f", 4 * kMiB) == 0);
   REQUIRE(read_file(fx / "f") == data.substr(0, 4 * kMiB));
+  REQUIRE(::statvfs(fx.root().c_str(), &v) == 0);  // df follows what the branch holds
+  CHECK(uint64_t(v.f_bavail) * v.f_frsize <= 4 * kMiB);
+  CHECK(uint64_t(v.f_bavail) * v.f_frsize >= 4 * kMiB - 256 * 1024);
   fx.unmount();
 
   // The limit is the branch's, on disk: listed offline, kept by a remount.
