@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "fs/fs.h"
+#include "fs/quota.h"
 
 namespace plyfs {
 
@@ -67,9 +68,10 @@ Result<SpaceUse> referenced(Volume& v, Volume::Txn& t, TreeId tree) {
     if (it != memo.by_tree.end() && it->second.block == info.root.block.v && it->second.gen == info.root.gen.v)
       return it->second.use;
   }
-  Reached r;
-  PLY_CHECK(t.reach(tree, r.fn()));
-  SpaceUse u = r.use(v.block_size());
+  const TreeBlocks r = PLY_TRY(referenced_blocks(t, tree));  // the walk quotas count with
+  SpaceUse u;
+  u.metadata = r.nodes * v.block_size();
+  u.data = r.extent_blocks * v.block_size();
   if (fixed) {
     std::lock_guard lk(memo.mu);
     memo.by_tree[tree.v] = {info.root.block.v, info.root.gen.v, u};
