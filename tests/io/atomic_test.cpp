@@ -125,3 +125,40 @@ TEST_CASE("import of more than the device holds: ENOSPC, and every block back", 
 
 }  // namespace
 }  // namespace plyfs::iotest
+
+namespace plyfs::iotest {
+namespace {
+
+// mkfs -d's replace (ImportOptions::replace) must not doom a held branch:
+// a hold protects a branch from every deletion (format.md#snapshots,
+// "Holds"). Refused with EBUSY; the branch keeps its tree and its content,
+// nothing the import built is left; released, the same import replaces it.
+TEST_CASE("an import that would replace a held branch is refused, and the branch kept", "[io-fault]") {
+  Src src(plyfs::test::seed("io-replace-held"));
+  MemDevice dev(64u << 20);
+  must(format_filesystem(dev, FormatOptions{}, FsCreateOptions{}));
+  auto v = must(Volume::open(dev, opts()));
+  const TreeId main = must(find_branch(*v, "main")).tree;
+  (void)must(set_held(*v, main, true));
+  io::ImportOptions o;
+  o.name = "main";
+  o.format = io::Format::Dir;
+  o.replace = true;
+  auto r = io::import(*v, src.dir + "/t", o);
+  REQUIRE(!r);
+  CHECK(r.error().code == EBUSY);
+  must(drop_doomed(*v));
+  const BranchMeta kept = must(find_branch(*v, "main"));
+  CHECK(kept.tree == main);
+  CHECK(kept.held);
+  CHECK(must(Filesystem::branches(*v)).size() == 1);  // nothing the import built is left
+  (void)must(set_held(*v, main, false));
+  auto again = must(io::import(*v, src.dir + "/t", o));
+  CHECK(must(find_branch(*v, "main")).tree != main);
+  must(v->close());
+  v.reset();
+  check_clean(dev);
+}
+
+}  // namespace
+}  // namespace plyfs::iotest
