@@ -173,6 +173,17 @@ void check(Volume& vol, const History& h, const History& before, std::map<uint64
   (void)before;
 }
 
+// Closes the image, then checks the engine's invariants and every
+// filesystem check, data checksums included (fsck -c), on the smaller image.
+void close_and_check(FsImage& im) {
+  must(im.vol->close());
+  im.vol.reset();
+  VerifyOptions vo;
+  vo.kinds = fs_kinds();
+  require_clean(*im.dev, vo);
+  CHECK(check_filesystems(*im.dev, true).empty());
+}
+
 }  // namespace
 
 TEST_CASE("relocate: a shrink moves every block past the new end, keeps what was shared shared, and "
@@ -344,14 +355,7 @@ TEST_CASE("relocate: a filesystem with snapshots and reflinked files shrinks wit
   REQUIRE(im.vol->total_blocks() == target);
   check_files(im.main, want);
   check_files(s1.frozen.tree, at_s1);
-  must(im.vol->close());
-  im.vol.reset();
-  // The engine's invariants and every filesystem check, data checksums
-  // included (fsck -c), hold on the smaller image.
-  VerifyOptions vo;
-  vo.kinds = fs_kinds();
-  require_clean(*im.dev, vo);
-  CHECK(check_filesystems(*im.dev, true).empty());
+  close_and_check(im);
 }
 
 TEST_CASE("relocate: writers, readers and deleters go on while a shrink moves their files", "[fs][relocate]") {
@@ -429,10 +433,5 @@ TEST_CASE("relocate: writers, readers and deleters go on while a shrink moves th
     REQUIRE(got == data);
   }
   fs.reset();
-  must(im.vol->close());
-  im.vol.reset();
-  VerifyOptions vo;
-  vo.kinds = fs_kinds();
-  require_clean(*im.dev, vo);
-  CHECK(check_filesystems(*im.dev, true).empty());
+  close_and_check(im);
 }
