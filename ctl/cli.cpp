@@ -118,6 +118,8 @@ void usage(FILE* out) {
                "  resize IMAGE|MNT SIZE|max    grow the filesystem to SIZE (an image file is extended)\n"
                "                               or to its device's size, or shrink it to SIZE (what lies\n"
                "                               past it moves below first; an image file is cut)\n"
+               "  scrub IMAGE|MNT [--rate SIZE] read every block any branch reaches and check its checksum;\n"
+               "                               exit 4 on damage, naming each damaged file (MNT status|cancel)\n"
                "For testing:\n"
                "  debug tree IMAGE TREE        every node of a tree (TREE: an id, root or space)\n"
                "  debug fields STRUCT          the fields debug corrupt can damage\n"

@@ -75,6 +75,7 @@ int cmd_export(const std::vector<std::string>& args);
 int cmd_trim(const std::vector<std::string>& args);
 int cmd_du(const std::vector<std::string>& args);
 int cmd_resize(const std::vector<std::string>& args);
+int cmd_scrub(const std::vector<std::string>& args);
 int cmd_tree(std::vector<std::string> args);
 int cmd_fields(std::vector<std::string> args);
 int cmd_corrupt(std::vector<std::string> args);

@@ -59,6 +59,7 @@ int real_main(int argc, char** argv) {
   if (cmd == "trim") return cmd_trim(args);
   if (cmd == "du") return cmd_du(args);
   if (cmd == "resize") return cmd_resize(args);
+  if (cmd == "scrub") return cmd_scrub(args);
   if (cmd == "debug") {
     if (args.empty()) return usage_error("debug needs a subcommand: tree, fields or corrupt");
     const std::string sub = args[0];

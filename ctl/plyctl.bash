@@ -34,7 +34,7 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\ndu\ntrim\nresize\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).
@@ -57,7 +57,7 @@ _plyctl() {
         w=${COMP_WORDS[i]}
         if ((skip)); then skip=0; continue; fi
         case $w in
-            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | -o) skip=1 ;;
+            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | --rate | -o) skip=1 ;;
             -*) ;;
             *) args+=("$w") ;;
         esac
@@ -70,7 +70,7 @@ _plyctl() {
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" branch "$target")"; return ;;
         --view)
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" view "$target")"; return ;;
-        --at | --name | --set | --flip | --add) return ;;
+        --at | --name | --set | --flip | --add | --rate) return ;;
         --format)
             [[ $cmd == import ]] && COMPREPLY=($(compgen -W $'dir\ntar\noci-layer\noci\next4' -- "$cur"))
             [[ $cmd == export ]] && COMPREPLY=($(compgen -W $'tar\noci-layer' -- "$cur"))
@@ -98,6 +98,7 @@ _plyctl() {
         import) opts+=$'\n--parent\n--format\n--ro\n--force' ;;
         export) opts+=$'\n-o\n--format\n--compress' ;;
         trim) opts+=$'\n--minimum' ;;
+        scrub) opts+=$'\n--rate' ;;
     esac
     if [[ $cur == -* ]]; then
         COMPREPLY=($(compgen -W "$opts" -- "$cur"))
@@ -135,6 +136,7 @@ _plyctl() {
         diff) ((n == 1 || n == 2)) && names=branch ;;
         export | du) ((n == 1)) && names=branch ;;
         import) ((n == 2)) && COMPREPLY=($(compgen -f -- "$cur")) ;;
+        scrub) ((n == 1)) && COMPREPLY=($(compgen -W $'status\ncancel' -- "$cur")) ;;
     esac
     [[ -n $names ]] && _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" "$names" "$target")"
     return 0

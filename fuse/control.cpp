@@ -380,7 +380,7 @@ Result<Json> control(const Json& req, bool may_change) {
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff",
                                                      "trim", "resize", "show", "branches", "views", "default",
                                                      "view-create", "view-delete", "view-default", "sync", "du",
-                                                     "hold", "release", "quota"};
+                                                     "hold", "release", "quota", "scrub"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -388,7 +388,7 @@ Result<Json> control(const Json& req, bool may_change) {
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
-                          "sync, du, hold, release, quota)");
+                          "sync, du, hold, release, quota, scrub, scrub-cancel)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -404,9 +404,16 @@ Result<Json> control(const Json& req, bool may_change) {
   // A diff names files in directories the caller may not be allowed to
   // list, and pauses every operation while it runs: root or the owner only.
   if (!may_change)
-    return Error::io(EPERM, cmd == "diff" ? "only root or the mount's owner may diff branches"
-                                          : "only root or the mount's owner may change branches");
+    return Error::io(EPERM, cmd == "diff"    ? "only root or the mount's owner may diff branches"
+                            : cmd == "scrub" ? "only root or the mount's owner may scrub"
+                                             : "only root or the mount's owner may change branches");
   if (cmd == "diff") return run_diff(req);
+  // A scrub names the damaged files of every branch, as a diff names files.
+  if (cmd == "scrub") {
+    const Json& r = req.contains("rate") ? req["rate"] : Json(0);
+    if (!r.is_number_unsigned()) return Error::invalid("\"rate\" must be a number of bytes a second");
+    return scrub_online(r.get<uint64_t>());
+  }
   if (cmd == "trim") {
     const Json& m = req.contains("minimum") ? req["minimum"] : Json(0);
     if (!m.is_number_unsigned()) return Error::invalid("\"minimum\" must be a number of bytes");
@@ -445,6 +452,7 @@ Result<std::string> answer(const std::string& request, bool may_change) {
   const Json& c = req.contains("command") ? req["command"] : Json();
   if (c == "read" || c == "close") return page_in(req, c == "close");
   if (c == "progress") return model::dump(progress_answer());
+  if (c == "scrub-cancel") return model::dump(cancel_scrub());
   Json result = PLY_TRY(control(req, may_change));
   std::string text = model::dump(Json{{"result", std::move(result)}});
   if (text.size() <= Pending::kChunk) return text;

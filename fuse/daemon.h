@@ -142,6 +142,10 @@ Result<nlohmann::ordered_json> delete_online(const BranchMeta& b);
 Result<nlohmann::ordered_json> trim_online(uint64_t start, uint64_t len, uint64_t min_bytes);
 // `resize` (space.cpp, format.md#resize): nullopt grows to the device's size.
 Result<nlohmann::ordered_json> resize_online(std::optional<uint64_t> bytes);
+// scrub.cpp: the scrub (rate: bytes a second, 0: no limit), and its cancel
+// (answered at once, outside ctl_mu; the running scrub stops at its next batch).
+Result<nlohmann::ordered_json> scrub_online(uint64_t rate_bytes);
+nlohmann::ordered_json cancel_scrub();
 void op_fitrim(fuse_req_t req, const void* in_buf, size_t in_size, size_t out_size);
 // The long operation running now (a merge, delete, rollback, diff, or the
 // cleaner's drop), for the control channel's `progress` command

@@ -881,6 +881,34 @@ Result<uint64_t> BTree::count_nodes(BlockCache& cache, uint64_t fs_id, const Roo
   return count_rec(cache, fs_id, root.block, root.gen, root.level, open, memo);
 }
 
+namespace {
+Result<void> walk_rec(BlockCache& cache, uint64_t fs_id, BlockNo b, Generation g, int level,
+                      std::unordered_set<uint64_t>& seen, const BTree::NodeFn& fn) {
+  if (!seen.insert(b.v).second) return ok();
+  if (level == 0) {
+    fn(b, g, level, nullptr);
+    return ok();
+  }
+  ReadCtx ctx{fs_id, g, level};
+  auto node = cache.get(b, BlockCache::Verifier{verify_cb, &ctx});
+  if (node && (view(*node).gen() != g || view(*node).level() != level))
+    node = Error::corrupt(b.v, "node generation or level does not match its parent");
+  if (!node) {
+    fn(b, g, level, &node.error());
+    return ok();
+  }
+  fn(b, g, level, nullptr);
+  NodeView v = view(*node);
+  for (uint32_t i = 0; i < v.n(); i++) PLY_CHECK(walk_rec(cache, fs_id, v.child(i), v.child_gen(i), level - 1, seen, fn));
+  return ok();
+}
+}  // namespace
+
+Result<void> BTree::walk_nodes(BlockCache& cache, uint64_t fs_id, const RootPtr& root,
+                               std::unordered_set<uint64_t>& seen, const NodeFn& fn) {
+  return walk_rec(cache, fs_id, root.block, root.gen, root.level, seen, fn);
+}
+
 // Moving blocks (format.md#relocation): a post-order walk over the node
 // graph, each node visited once per move thanks to the memo.
 namespace {

@@ -34,6 +34,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/cache.h"
@@ -270,6 +271,17 @@ class BTree {
   };
   static Result<uint64_t> count_nodes(BlockCache& cache, uint64_t fs_id, const RootPtr& root, Generation open,
                                       CountMemo& memo);
+
+  // Every node of a tree with the generation and level its parent records
+  // for it (what verify_node expects), read through the cache: the
+  // structure a scrub then checks on the device (format.md#scrub). A node
+  // in `seen` is skipped with its subtree, and every node visited is added,
+  // so that trees sharing subtrees visit each once. An inner node that
+  // cannot be read is visited with its error (not null) and its subtree
+  // skipped: the walk goes on.
+  using NodeFn = std::function<void(BlockNo, Generation, int level, const Error* unreadable)>;
+  static Result<void> walk_nodes(BlockCache& cache, uint64_t fs_id, const RootPtr& root,
+                                 std::unordered_set<uint64_t>& seen, const NodeFn& fn);
 
   // Moving blocks (format.md#relocation): rewrites a tree so that it reaches
   // no node `moves` names and no extent reference `move_value` changes. A

@@ -319,6 +319,13 @@ Result<void> Volume::read_data(BlockNo start, std::span<std::byte> out) {
   return dev_.read(start.v * info_.block_size, out);
 }
 
+Result<void> Volume::verify_node_on_device(BlockNo b, Generation gen, int level) {
+  PLY_CHECK(data_range(b, info_.block_size));
+  std::vector<std::byte> buf(info_.block_size);
+  PLY_CHECK(dev_.read(b.v * info_.block_size, buf));
+  return verify_node(buf, b, info_.fs_id, gen, level);
+}
+
 Result<void> Volume::writable() const {
   if (opts_.read_only) return Error::io(EROFS, "the volume is open read-only");
   std::lock_guard lk(state_mu_);
@@ -901,6 +908,18 @@ Result<uint64_t> Volume::Txn::count_nodes(TreeId id, BTree::CountMemo& memo) {
   Slot* s = PLY_TRY(v->slot(id));
   std::shared_lock lk(s->mu);
   return BTree::count_nodes(*v->cache_, v->info_.fs_id, s->tree->root(), s_.gen, memo);
+}
+
+Result<void> Volume::Txn::walk_nodes(TreeId id, std::unordered_set<uint64_t>& seen, const BTree::NodeFn& fn) {
+  Slot* s = PLY_TRY(s_.v->slot(id));
+  std::shared_lock lk(s->mu);
+  return BTree::walk_nodes(*s_.v->cache_, s_.v->info_.fs_id, s->tree->root(), seen, fn);
+}
+
+Result<void> Volume::Txn::walk_system_nodes(std::unordered_set<uint64_t>& seen, const BTree::NodeFn& fn) {
+  // Both change only while a generation is frozen, which this Txn holds off.
+  PLY_CHECK(BTree::walk_nodes(*s_.v->cache_, s_.v->info_.fs_id, s_.v->root_tree_->root(), seen, fn));
+  return BTree::walk_nodes(*s_.v->cache_, s_.v->info_.fs_id, s_.v->space_->root(), seen, fn);
 }
 
 Result<void> Volume::Txn::reach(TreeId id, const BTree::ReachFn& fn) {

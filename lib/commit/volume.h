@@ -242,6 +242,10 @@ class Volume {
   // write turns the volume read-only (C5).
   Result<void> write_data(BlockNo start, std::span<const std::byte> data);
   Result<void> read_data(BlockNo start, std::span<std::byte> out);
+  // Reads node `b` from the device, not the cache, and verifies it as a
+  // read would (checksum, magic, its own address, fs_id, the generation
+  // and level its parent records): a scrub's check (format.md#scrub).
+  Result<void> verify_node_on_device(BlockNo b, Generation gen, int level);
   // Turns the volume read-only because of an error a higher layer found
   // (a data checksum mismatch): later changes fail with EROFS.
   void fail(const Error& e);
@@ -424,6 +428,11 @@ class Volume::Txn {
   Result<void> reach(TreeId id, const BTree::ReachFn& fn);
   // The number of nodes of tree `id` (BTree::count_nodes, with `memo`).
   Result<uint64_t> count_nodes(TreeId id, BTree::CountMemo& memo);
+  // Scrubbing (format.md#scrub): every node of tree `id` (BTree::walk_nodes,
+  // `seen` shared across calls), the tree locked for reading meanwhile;
+  // walk_system_nodes: the same for the root and space trees.
+  Result<void> walk_nodes(TreeId id, std::unordered_set<uint64_t>& seen, const BTree::NodeFn& fn);
+  Result<void> walk_system_nodes(std::unordered_set<uint64_t>& seen, const BTree::NodeFn& fn);
   // Extents that tree values reference (file data). Length in blocks.
   Result<BlockNo> alloc_extent(uint64_t nblocks);
   Result<void> inc_extent(BlockNo start);

@@ -99,6 +99,36 @@ Json quota(const BranchMeta& b) {
   return o;
 }
 
+Json scrub(const ScrubReport& r) {
+  Json o = Json::object();
+  o["metadata_blocks"] = r.metadata_blocks;
+  o["data_blocks"] = r.data_blocks;
+  o["bytes"] = r.bytes;
+  o["seconds"] = r.seconds;
+  o["cancelled"] = r.cancelled;
+  Json list = Json::array();
+  for (const auto& d : r.damage) {
+    Json e = Json::object();
+    e["block"] = d.block;
+    e["type"] = d.metadata ? "metadata" : "data";
+    e["reason"] = d.reason == ScrubDamage::Reason::Checksum  ? "checksum"
+                  : d.reason == ScrubDamage::Reason::Corrupt ? "corrupt"
+                                                             : "unreadable";
+    Json refs = Json::array();
+    for (const auto& ref : d.refs) {
+      Json x = Json::object();
+      put_name(x, "branch", ref.branch);
+      if (d.metadata) x["path"] = nullptr;
+      else put_name(x, "path", ref.path);
+      refs.push_back(std::move(x));
+    }
+    e["references"] = std::move(refs);
+    list.push_back(std::move(e));
+  }
+  o["damage"] = std::move(list);
+  return o;
+}
+
 Json Branches::branch(const BranchMeta& b) const {
   Json o = Json::object();
   put_name(o, "name", b.name);

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fs/scrub.h"
 #include "snap/snap.h"
 #include "snap/usage.h"
 
@@ -72,6 +73,7 @@ const char* slot_enum(SlotState s);  // the SlotState enum of the schema
 Json space_use(const SpaceUse& u);      // SpaceUse {data, metadata, total}
 Json branch_space(const BranchSpace& s);  // BranchSpace {referenced, exclusive}
 Json quota(const BranchMeta& b);          // Quota {referenced, exclusive}: bytes or null
+Json scrub(const ScrubReport& r);         // Scrub
 // Du (plyctl du): every live branch's space, or with `branch` that one's,
 // with the bytes of it each other branch shares; and the volume's totals.
 Result<Json> du(Volume& v, std::optional<TreeId> branch);

@@ -56,6 +56,9 @@ expect "branch names by prefix" 'my\ branch' delete "$IMG" m'y'
 expect "hold and release take branch names, one after another" 'my\ branch' hold "$IMG" work m'y'
 expect "commands starting with r" $'release\nresize\nrollback' r
 expect "commands starting with h" $'hold' h
+expect "commands starting with s" $'scrub\nshow\nsnapshot\nsync' s
+expect "scrub: status and cancel after the mount point" $'cancel\nstatus' scrub "$T/mnt" ''
+expect "options of scrub" $'--json\n--rate' scrub "$IMG" -
 expect "--parent takes a branch" $'work' branch create "$IMG" new --parent w
 expect "diff: both names are branches" $'main\nmy\\ branch\nwork' diff "$IMG" main ''
 expect "view names" $'dev' view delete "$IMG" ''

@@ -6,6 +6,8 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "fuse_util.h"
@@ -512,4 +514,71 @@ TEST_CASE("space: a branch quota refuses writes past it with EDQUOT, and deletin
     INFO(e.dump());
     CHECK(e["quota"]["referenced"] == (e["name"] == "main" ? Json(8 * kMiB) : Json(nullptr)));
   }
+}
+
+// Scrub (format.md#scrub) as a user runs it: clean, then one data block of
+// a file that a snapshot shares damaged in the image file behind the
+// mount's back; `plyctl scrub` finds it on the mount and offline, names the
+// file in both branches, exits 4, and its JSON is the schema's Scrub.
+TEST_CASE("space: plyctl scrub finds a damaged block online and offline and names it in every branch",
+          "[space]") {
+  Fixture fx("64M", {"commit=1"});
+  const SchemaValidator schema(Json::parse(slurp(tool("PLYFS_SCHEMA"))));
+  std::mt19937_64 rng(14);
+  REQUIRE(::mkdir((fx / "dir").c_str(), 0755) == 0);
+  const std::string data = random_bytes(rng, 10 * 4096);
+  write_file(fx / "dir/f", data);
+  for (int i = 0; i < 20; i++) write_file(fx / ("g" + std::to_string(i)), random_bytes(rng, 3000 + 500 * i));
+  plyctl(fx, {"snapshot", fx.root(), "--name", "s1"});
+  std::string out;
+  REQUIRE(plyctl_status(fx, {"scrub", fx.root(), "--json"}, &out) == 0);
+  {
+    const Json j = Json::parse(out);
+    auto problems = schema.validate(j, schema.command("scrub"));
+    for (const auto& p : problems) UNSCOPED_INFO(p);
+    CHECK(problems.empty());
+    CHECK(j["damage"].empty());
+    CHECK(j["data_blocks"].get<uint64_t>() >= 10);
+  }
+  // Block 3 of dir/f, found in the image by its bytes, one byte flipped.
+  const std::string img = slurp(fx.img);
+  const std::string blk = data.substr(3 * 4096, 4096);
+  const size_t at = img.find(blk);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(at % 4096 == 0);
+  REQUIRE(img.find(blk, at + 1) == std::string::npos);
+  {
+    const int fd = ::open(fx.img.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const char c = char(blk[7] ^ 0x20);
+    REQUIRE(::pwrite(fd, &c, 1, off_t(at + 7)) == 1);
+    ::close(fd);
+  }
+  REQUIRE(plyctl_status(fx, {"scrub", fx.root()}, &out) == 4);
+  INFO(out);
+  CHECK(out.find("block " + std::to_string(at / 4096) + " (data, checksum)") != std::string::npos);
+  CHECK(out.find("main:/dir/f") != std::string::npos);
+  CHECK(out.find("s1:/dir/f") != std::string::npos);
+  CHECK(out.find("1 damaged block") != std::string::npos);
+  REQUIRE(plyctl_status(fx, {"scrub", fx.root(), "status"}, &out) == 0);
+  CHECK(out.find("no scrub running") != std::string::npos);
+  REQUIRE(plyctl_status(fx, {"scrub", fx.root(), "--rate", "0"}) == 2);
+  fx.unmount();
+  // An unmounted image: nothing scrubs it in the background.
+  REQUIRE(plyctl_status(fx, {"scrub", fx.img, "status"}) == 2);
+
+  // Offline, limited to 64 MiB/s: the same block, the same names.
+  REQUIRE(plyctl_status(fx, {"scrub", fx.img, "--rate", "64M", "--json"}, &out) == 4);
+  const Json j = Json::parse(out);
+  auto problems = schema.validate(j, schema.command("scrub"));
+  for (const auto& p : problems) UNSCOPED_INFO(p);
+  CHECK(problems.empty());
+  REQUIRE(j["damage"].size() == 1);
+  CHECK(j["damage"][0]["block"].get<uint64_t>() == at / 4096);
+  CHECK(j["damage"][0]["type"] == "data");
+  CHECK(j["damage"][0]["reason"] == "checksum");
+  std::set<std::string> refs;
+  for (const auto& r : j["damage"][0]["references"])
+    refs.insert(r["branch"].get<std::string>() + ":" + r["path"].get<std::string>());
+  CHECK(refs == std::set<std::string>{"main:/dir/f", "s1:/dir/f"});
 }
