@@ -98,7 +98,10 @@ Result<ScrubReport> scrub(Volume& v, const ScrubOptions& o) {
       else nodes.push_back(PlannedNode{b.v, g.v, level});
     };
     PLY_CHECK(t.walk_system_nodes(seen, keep));
-    for (const auto& ti : trees) PLY_CHECK(t.walk_nodes(ti.id, seen, keep));
+    for (const auto& ti : trees) {
+      auto r = t.walk_nodes(ti.id, seen, keep);
+      if (!r && r.error().code != ENOENT) return r.error();  // ENOENT: deleted since the listing
+    }
   }
   for (size_t i = 0; i < nodes.size() && !cancelled(); i++) {
     const PlannedNode& n = nodes[i];
