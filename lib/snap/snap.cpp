@@ -807,7 +807,9 @@ struct Differ {
         changed = !PLY_TRY(to.same_content(*below_view.stack()[size_t(b)].fs, obj[a].first));
       }
       drop[a] = true;
-      if (carried(out[r].path, out[a].path)) {
+      // Moved into a new directory of the same name (zfs diff's way): the
+      // path is unchanged, so it is no rename.
+      if (out[r].path == out[a].path || carried(out[r].path, out[a].path)) {
         drop[r] = true;
       } else {
         out[r].change = Change::Renamed;
@@ -910,7 +912,10 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
       const std::string p = join(PLY_TRY(path_in(*ffs, r.dir)), r.name);
       if (rm == 1 && ad == 1) {
         auto to_name = std::find_if(ch.added.begin(), ch.added.end(), [&](auto& x) { return x.ino == r.ino; });
-        d.out.push_back({Change::Renamed, p, join(PLY_TRY(path_in(*tfs, to_name->dir)), to_name->name), r.type});
+        std::string np = join(PLY_TRY(path_in(*tfs, to_name->dir)), to_name->name);
+        // Moved into a new directory under the same name: its path did not
+        // change, so it is no rename (zfs diff compares the two paths too).
+        if (np != p) d.out.push_back({Change::Renamed, p, std::move(np), r.type});
         d.tick();
         renamed.insert(r.ino);
         continue;
