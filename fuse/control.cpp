@@ -464,6 +464,9 @@ Result<std::string> answer(const std::string& request, bool may_change) {
 void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*,
               unsigned flags, const void* in_buf, size_t in_size, size_t out_size) {
   if (cmd == FITRIM && !(flags & FUSE_IOCTL_COMPAT)) return op_fitrim(req, in_buf, in_size, out_size);
+  if (cmd == FS_IOC_GETFLAGS || cmd == FS_IOC_SETFLAGS || cmd == FS_IOC32_GETFLAGS || cmd == FS_IOC32_SETFLAGS ||
+      cmd == FS_IOC_FSGETXATTR || cmd == FS_IOC_FSSETXATTR)
+    return op_fsflags(req, ino, cmd, in_buf, in_size, out_size);
   if (cmd != kControlIoctl) return (void)fuse_reply_err(req, ENOTTY);
   if (flags & FUSE_IOCTL_COMPAT) return (void)fuse_reply_err(req, ENOSYS);
   if (ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);  // the mount point only

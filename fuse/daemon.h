@@ -147,6 +147,9 @@ Result<nlohmann::ordered_json> resize_online(std::optional<uint64_t> bytes);
 Result<nlohmann::ordered_json> scrub_online(uint64_t rate_bytes);
 nlohmann::ordered_json cancel_scrub();
 void op_fitrim(fuse_req_t req, const void* in_buf, size_t in_size, size_t out_size);
+// FS_IOC_GETFLAGS and FS_IOC_SETFLAGS (ops_files.cpp).
+void op_fsflags(fuse_req_t req, fuse_ino_t ino, unsigned cmd, const void* in_buf, size_t in_size,
+                size_t out_size);
 // The long operation running now (a merge, delete, rollback, diff, or the
 // cleaner's drop), for the control channel's `progress` command
 // (control.h), which answers without ctl_mu, held by the operation: made

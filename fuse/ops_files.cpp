@@ -3,8 +3,10 @@
 // file is held until release (union.h, hold), so that it outlives its
 // last name.
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -147,6 +149,43 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
   auto r = fs().fallocate(to_fs(ino), mode, uint64_t(off), uint64_t(len), caller(req));
   if (r) changed({ViewChange::data(to_fs(ino), uint64_t(off), uint64_t(len))});
   fuse_reply_err(req, r ? 0 : errno_of(r.error()));
+}
+
+// lsattr and chattr: since Linux 5.13 the kernel asks for FS_IOC_GETFLAGS
+// and FS_IOC_SETFLAGS itself (fileattr_get/set), with a 4-byte int, and
+// under CONFIG_COMPAT by their 32-bit numbers (format.md#fs-compress).
+void op_fsflags(fuse_req_t req, fuse_ino_t ino, unsigned cmd, const void* in_buf, size_t in_size,
+                size_t out_size) {
+  if (is_ctl(ino)) return (void)fuse_reply_err(req, ENOTTY);
+  // The kernel reads the old attributes as an fsxattr before it sets flags
+  // (vfs_fileattr_set): none of its xflags are kept here, and c and m have
+  // no xflag, so it is all zeros; setting one is not supported.
+  if (cmd == FS_IOC_FSGETXATTR) {
+    if (out_size < sizeof(fsxattr)) return (void)fuse_reply_err(req, EINVAL);
+    fsxattr x{};
+    return (void)fuse_reply_ioctl(req, 0, &x, sizeof x);
+  }
+  if (cmd == FS_IOC_FSSETXATTR) {
+    fsxattr x{};
+    if (in_size < sizeof x) return (void)fuse_reply_err(req, EINVAL);
+    std::memcpy(&x, in_buf, sizeof x);
+    if (x.fsx_xflags || x.fsx_extsize || x.fsx_projid || x.fsx_cowextsize) return (void)fuse_reply_err(req, EOPNOTSUPP);
+    return (void)fuse_reply_ioctl(req, 0, nullptr, 0);
+  }
+  uint32_t flags = 0;
+  if (cmd == FS_IOC_GETFLAGS || cmd == FS_IOC32_GETFLAGS) {
+    if (out_size < sizeof flags) return (void)fuse_reply_err(req, EINVAL);
+    auto r = fs().get_fsflags(to_fs(ino));
+    if (!r) return reply_err(req, r.error());
+    flags = *r;
+    return (void)fuse_reply_ioctl(req, 0, &flags, sizeof flags);
+  }
+  if (in_size < sizeof flags) return (void)fuse_reply_err(req, EINVAL);
+  std::memcpy(&flags, in_buf, sizeof flags);
+  auto r = fs().set_fsflags(to_fs(ino), flags, caller(req));
+  if (!r) return reply_err(req, r.error());
+  changed({ViewChange::attr(to_fs(ino))});
+  fuse_reply_ioctl(req, 0, nullptr, 0);
 }
 
 void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {

@@ -46,6 +46,12 @@ const struct fuse_opt kOpts[] = {
     {"max_idle_threads=%s", offsetof(Config, max_idle_threads_s), 0},
     {"spin=%s", offsetof(Config, spin_s), 0},
     {"timeout=%s", offsetof(Config, timeout_s), 0},
+    {"compress=%s", offsetof(Config, compress_s), 0},
+    {"compress-force=%s", offsetof(Config, compress_force_s), 0},
+    {"compress_force=%s", offsetof(Config, compress_force_s), 0},
+    {"compress", offsetof(Config, compress_bare), 1},
+    {"compress-force", offsetof(Config, compress_force_bare), 1},
+    {"compress_force", offsetof(Config, compress_force_bare), 1},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -62,7 +68,7 @@ const struct fuse_opt kOpts[] = {
 Config::~Config() {
   for (const char* s : {image, mountpoint, commit_s, cache_s, view, branches, layer, copyup_s, del_s,
                         crashlog, snapshot_interval_s, snapshot_keep_s, max_threads_s,
-                        max_idle_threads_s, spin_s, timeout_s})
+                        max_idle_threads_s, spin_s, timeout_s, compress_s, compress_force_s})
     std::free(const_cast<char*>(s));
 }
 
@@ -165,6 +171,19 @@ Result<void> check_options(Config& c) {
     else if (std::strcmp(c.del_s, "whiteout") != 0)
       return Error::invalid("bad delete mode '" + std::string(c.del_s) + "' (whiteout or all)");
   }
+  // compress-force wins over compress when both are given.
+  if (c.compress_bare && !c.compress_s) c.compress_s = strdup("zstd");
+  if (c.compress_force_bare && !c.compress_force_s) c.compress_force_s = strdup("zstd");
+  for (const char* s : {c.compress_s, c.compress_force_s}) {
+    if (!s) continue;
+    auto z = parse_compression(s);
+    if (!z) return Error::invalid("bad option " + std::string(s == c.compress_s ? "compress" : "compress-force") +
+                                  ": " + z.error().message());
+    if (z->mode == Compression::Mode::None && s == c.compress_force_s)
+      return Error::invalid("bad option compress-force=none: use compress=none");
+    c.compress = *z;
+    c.compress.force = s == c.compress_force_s;
+  }
   if ((c.view != nullptr) + (c.branches != nullptr) + (c.layer != nullptr) > 1)
     return Error::invalid("bad options: view=, branches= and layer= exclude each other");
   if (c.uring && !uring_built())
@@ -235,6 +254,11 @@ void usage() {
       "                     request this long (0 to 100000, default 100; 0: never)\n"
       "  -o timeout=SECONDS how long the kernel keeps names and attributes without\n"
       "                     asking (0 to 86400, default 60)\n"
+      "  -o compress[=zstd[:LEVEL]]  compress new data with zstd at LEVEL (1 to 19,\n"
+      "                     default 3) where it pays; compress=none: plain (default)\n"
+      "  -o compress-force[=zstd[:LEVEL]]  the same without the quick test that\n"
+      "                     skips data that looks incompressible (a branch default\n"
+      "                     and chattr +c/+m are more specific and win)\n"
       "  -o crashlog=PATH   testing only: log every device write and flush to PATH\n"
       "FUSE options: allow_other (turns default_permissions on: the kernel checks\n"
       "  permissions), default_permissions (also enables POSIX ACLs), and the other\n"

@@ -39,11 +39,14 @@ struct Config {
   const char* max_idle_threads_s = nullptr;
   const char* spin_s = nullptr;
   const char* timeout_s = nullptr;
+  const char* compress_s = nullptr;        // -o compress=zstd[:N]|none
+  const char* compress_force_s = nullptr;  // -o compress-force=zstd[:N]
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
   int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it
   int commit_stats = 0; // -o commit_stats: what the commits cost, said at unmount
   int discard = 0;      // -o discard: freed blocks discarded once durable (format.md#discard)
+  int compress_bare = 0, compress_force_bare = 0;  // -o compress, -o compress-force: zstd
   // libfuse's options that decide who may use the mount (kept for libfuse).
   int allow_other = 0, allow_root = 0, default_permissions = 0;
 
@@ -59,6 +62,7 @@ struct Config {
   unsigned timeout = 60;  // -o timeout=SECONDS: the kernel's entry and attribute caches
   CopyUpMode copyup;
   DeleteMode del = DeleteMode::Whiteout;
+  Compression compress;  // Unset: none, unless a branch or file asks (format.md#fs-compress)
 
   Config() = default;
   ~Config();

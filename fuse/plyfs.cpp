@@ -146,6 +146,7 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
   auto vol = Volume::open(*d.dev, vo);
   if (!vol) return refuse(status_fd, 32, "cannot open " + img + ": " + vol.error().user_message(img));
   d.vol = std::move(*vol);
+  d.vol->extension<MountCompression>().set(cfg.compress);
   // What an interrupted merge or rollback left goes first (format.md#snapshots).
   if (auto r = drop_doomed(*d.vol); !r) return refuse(status_fd, 32, img + ": " + r.error().user_message(img));
   auto stack = cfg.branches ? parse_stack(*d.vol, cfg.branches)

@@ -31,7 +31,12 @@ inline constexpr uint64_t kCompatKnown = 0;
 // neither enforce it nor keep it when it rewrote the item.
 inline constexpr uint64_t kRoCompatBranchQuotas = 1ull << 1;
 inline constexpr uint64_t kRoCompatKnown = kRoCompatHeldBranches | kRoCompatBranchQuotas;
-inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr | kIncompatBranchInfoV4;
+// incompat bit 2: zstd-compressed extents, the COMPRESS and NOCOMPRESS
+// inode flags and branch compression defaults (lib/fs,
+// format.md#fs-compress). An older reader refuses a compressed extent (EIO)
+// and its fsck would delete it.
+inline constexpr uint64_t kIncompatCompress = 1ull << 2;
+inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr | kIncompatBranchInfoV4 | kIncompatCompress;
 // next_tree_id and next_inode stay below this (format.md#superblock).
 inline constexpr uint64_t kCounterLimit = 1ull << 63;
 inline constexpr uint32_t kVersionMajor = 1;

@@ -61,6 +61,7 @@ BranchMeta meta_of(TreeId tree, const disk::FsInfo& fi, const TreeInfo& ti) {
   std::memcpy(m.received_uuid.data(), fi.received_uuid, 16);
   m.quota_referenced = fi.quota_referenced.get();
   m.quota_exclusive = fi.quota_exclusive.get();
+  m.compress = branch_compression(fi);
   return m;
 }
 
@@ -178,6 +179,8 @@ Result<disk::FsInfo> read_info(Volume::Txn& t, TreeId tree) {
 Result<void> write_info(Volume::Txn& t, TreeId tree, disk::FsInfo fi) {
   fi.version.set(disk::kFsVersion);
   std::memset(fi.reserved2, 0, sizeof fi.reserved2);
+  // An older build would neither apply nor keep a compression default.
+  if (fi.compress) t.add_incompat(kIncompatCompress);
   PLY_CHECK(t.put(tree, ikey(0, ItemType::FsInfo), bytes_of(&fi, sizeof fi)));
   // The superblock that makes this durable tells older readers to stay
   // away (format.md#features).
@@ -335,6 +338,8 @@ static void fill(disk::FsInfo& fi, const BranchMeta& m) {
   std::memcpy(fi.received_uuid, m.received_uuid.data(), 16);
   fi.quota_referenced.set(m.quota_referenced);
   fi.quota_exclusive.set(m.quota_exclusive);
+  fi.compress = uint8_t(m.compress.mode);
+  fi.compress_level = uint8_t(m.compress.on() ? m.compress.level : 0);
 }
 
 Result<void> Filesystem::set_branch(Volume::Txn& t, const BranchMeta& m) {

@@ -274,6 +274,10 @@ class Checker {
   };
   std::vector<Outline> outlines_;
   std::vector<Chunk> chunks_;
+  // Something of the COMPRESS feature (format.md#fs-compress) was found:
+  // the image must carry its bit. Reported once.
+  void uses_compression(uint64_t ino, const std::string& what);
+  bool compress_reported_ = false;
 };
 
 }  // namespace plyfs::fscheck

@@ -40,7 +40,7 @@ Result<void> punch_block(RepairCtx& c, uint64_t ino, uint64_t fb) {
     p.file_blk = a;
     p.offset = e.offset + (a - e.file_blk);
     p.nblocks = uint32_t(b - a);
-    if (!e.csums.empty()) p.csums.assign(e.csums.begin() + long(a - e.file_blk), e.csums.begin() + long(b - e.file_blk));
+    if (!e.csums.empty() && !e.compressed()) p.csums.assign(e.csums.begin() + long(a - e.file_blk), e.csums.begin() + long(b - e.file_blk));
     PLY_CHECK(c.t.put(c.tree, ikey(ino, ItemType::Extent, a), encode_extent(p)));
     return c.t.inc_extent(BlockNo{e.disk_start});
   };

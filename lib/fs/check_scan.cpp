@@ -71,7 +71,9 @@ void Checker::inode_fields(uint64_t ino, const disk::Inode& d) {
   if (reserved)  // the encoder writes them right
     problem("F-reserved", ino, "reserved fields set, or nanoseconds of a second out of range", Repair::Safe, 4,
             "cleared reserved fields", set_inode(ino, [](Rec&) {}));
-  const uint32_t known = kInodeInline | kInodeOpaque;
+  const uint32_t known = disk::kInodeFlagsKnown;
+  if (d.flags.get() & (disk::kInodeCompress | disk::kInodeNoCompress))
+    uses_compression(ino, "a compression flag is set");
   if ((d.flags.get() & kInodeInline) && !S_ISREG(d.mode.get()))
     problem("F-flags", ino, "the inline flag on a file that is not regular", Repair::Safe, 4,
             "cleared unknown inode flags", set_inode(ino, [](Rec& r) { r.flags &= ~kInodeInline; }));
@@ -118,6 +120,14 @@ void Checker::info(std::span<const std::byte> v) {
     problem("F-quota-feature", 0, "the branch has a quota, but the image lacks the BRANCH_QUOTAS feature flag",
             Repair::Safe, 2, "set the BRANCH_QUOTAS feature flag",
             [](RepairCtx& c) { return c.t.add_ro_compat(kRoCompatBranchQuotas), ok(); });
+  if (d->compress > uint8_t(Compression::Mode::Zstd) || d->compress_level > Compression::kMaxLevel)
+    problem("F1-info", 0, "unknown compression default " + std::to_string(d->compress) + ":" +
+                              std::to_string(d->compress_level) + " in the info item",
+            Repair::Safe, 4, "cleared unknown compression defaults", [](RepairCtx& c) {
+              return patch_info(c, [](disk::FsInfo& i) { i.compress = i.compress_level = 0; });
+            });
+  else if (d->compress)
+    uses_compression(0, "the branch has a compression default");
   if (d->name[0] == 0)
     problem("U3-branch", 0, "the branch has no name", Repair::Lossy, 2, "named branches that had no name",
             [tree = tree_](RepairCtx& c) {
@@ -281,6 +291,11 @@ void Checker::extent(Key k, std::span<const std::byte> v) {
     return problem("F4-extent", ino, "malformed extent item at block " + std::to_string(blk),
                    Repair::Lossy, 2, "removed malformed extent items (their ranges read as holes)",
                    erase(k, v));
+  if (e->compressed() && (e->frame_bytes > e->disk_nblocks * bs_ || e->frame_bytes <= (e->disk_nblocks - 1) * bs_))
+    return problem("F4-extent", ino, "compressed extent at block " + std::to_string(blk) +
+                                         " has a frame length that does not fit its blocks",
+                   Repair::Lossy, 2, "removed malformed extent items (their ranges read as holes)", erase(k, v));
+  if (e->compressed()) uses_compression(ino, "a compressed extent");
   InodeInfo& i = inodes_.at_scan(ino);
   if (blk < i.ext_end)
     return problem("F4-extent", ino, "extent items overlap at block " + std::to_string(blk), Repair::Lossy,
@@ -298,6 +313,24 @@ void Checker::extent(Key k, std::span<const std::byte> v) {
     problem("F4-extent", ino, "data extent at block " + std::to_string(blk) + " lies past the size " +
                                   std::to_string(i.size),
             Repair::Lossy, 2, "removed data extents past the end of files", erase(k, v));
+  if (data_ && e->compressed()) {
+    // -c: the stored blocks against their checksums, then the frame must
+    // decode to exactly its length (format.md#fs-compress). A damaged frame
+    // loses every block it held: -y makes the item's range a hole.
+    std::vector<std::byte> buf(e->disk_nblocks * bs_), ram(uint64_t(e->ram_blocks) * bs_);
+    std::string why;
+    if (auto r = data_->read_data(BlockNo{e->disk_start}, buf); !r) why = "cannot read it: " + r.error().message();
+    for (uint64_t b = 0; why.empty() && b < e->disk_nblocks; b++)
+      if (xxh3(std::span(buf).subspan(b * bs_, bs_)) != e->csums[b])
+        why = "checksum mismatch at device block " + std::to_string(e->disk_start + b);
+    if (why.empty())
+      if (auto r = decompress_frame(std::span(buf).first(e->frame_bytes), ram); !r) why = r.error().message();
+    if (!why.empty())
+      problem("F7-data", ino, "compressed frame at file blocks " + std::to_string(blk) + "-" +
+                                  std::to_string(e->end() - 1) + ": " + why,
+              Repair::Lossy, 2, "made damaged compressed frames holes", erase(k, v));
+    return;
+  }
   if (data_ && !e->prealloc()) {
     // -c: every block against its checksum (format.md#fs-extent).
     std::vector<std::byte> buf(uint64_t(e->nblocks) * bs_);
@@ -315,6 +348,13 @@ void Checker::extent(Key k, std::span<const std::byte> v) {
                 Repair::Lossy, 2, "made data blocks that fail their checksum holes",
                 [ino, fb = blk + b](RepairCtx& c) { return punch_block(c, ino, fb); });
   }
+}
+
+void Checker::uses_compression(uint64_t ino, const std::string& what) {
+  if (compress_reported_ || (incompat_ & kIncompatCompress)) return;
+  compress_reported_ = true;
+  problem("F-compress-feature", ino, what + ", but the image lacks the COMPRESS feature flag", Repair::Safe, 2,
+          "set the COMPRESS feature flag", [](RepairCtx& c) { return c.t.add_incompat(kIncompatCompress), ok(); });
 }
 
 }  // namespace plyfs::fscheck

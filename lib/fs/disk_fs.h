@@ -72,7 +72,12 @@ struct FsInfo {
   // (format.md#quotas).
   le64 quota_referenced;
   le64 quota_exclusive;
-  uint8_t reserved2[8];
+  // Under the COMPRESS incompat bit: the branch's compression default
+  // (format.md#fs-compress): 0 none given, 1 none, 2 zstd at
+  // compress_level (0: the default level, 3).
+  uint8_t compress;
+  uint8_t compress_level;
+  uint8_t reserved2[6];
 };
 static_assert(sizeof(FsInfo) == 128);
 inline constexpr size_t kFsInfoV3Size = 72;
@@ -87,6 +92,12 @@ static_assert(sizeof(Timespec) == 16);
 inline constexpr uint32_t kInodeInline = 1;  // Inode.flags: the data is in Inline items
 inline constexpr uint32_t kInodeOpaque = 2;  // Inode.flags: a directory that hides the
                                              // same directory of the branches below it
+// Inode.flags under the COMPRESS incompat bit (format.md#fs-compress): the
+// file's data is compressed (chattr +c, FS_COMPR_FL) or never is (chattr
+// +m, FS_NOCOMP_FL); a directory passes them to what is created in it.
+inline constexpr uint32_t kInodeCompress = 4;
+inline constexpr uint32_t kInodeNoCompress = 8;
+inline constexpr uint32_t kInodeFlagsKnown = kInodeInline | kInodeOpaque | kInodeCompress | kInodeNoCompress;
 
 // Dirent.type of a whiteout: the name is deleted in the union (it hides the
 // name in the branches below); Dirent.ino is 0 and no inode exists.
@@ -148,6 +159,18 @@ static_assert(kXattrSizeMax - 1 < (1u << kXattrOffsetBits));
 
 inline constexpr uint8_t kExtentPrealloc = 1;  // flags: allocated, reads as zeros
 inline constexpr uint8_t kCompressNone = 0;
+inline constexpr uint8_t kCompressZstd = 1;  // under the COMPRESS incompat bit
+
+// What follows a compressed Extent (compression != 0) before its checksums
+// (format.md#fs-compress): the frame's stored length and the blocks it
+// decompresses to. The checksums, disk_nblocks of them, cover the stored
+// blocks, so that a scrub verifies without decompressing.
+struct ExtentFrame {
+  le32 frame_bytes;  // the zstd frame's length; in ((disk_nblocks - 1) * bs, disk_nblocks * bs]
+  le32 ram_blocks;   // blocks of data it decodes to, 2..kMaxExtentBlocks; offset + nblocks <= this
+};
+static_assert(sizeof(ExtentFrame) == 8);
+static_assert(std::is_trivially_copyable_v<ExtentFrame>);
 
 // Maps nblocks file blocks starting at the key's offset to blocks
 // [disk_start + offset, +nblocks) of the space extent at disk_start.

@@ -35,9 +35,14 @@
 #include <vector>
 
 #include "commit/volume.h"
+#include "fs/compress.h"
 #include "fs/pins.h"
 
 namespace plyfs {
+
+namespace fsitems {
+struct Ext;
+}
 
 // What VolumeOptions::kinds needs to open an image with filesystem trees.
 ValueRefs fs_value_refs();
@@ -93,6 +98,9 @@ struct BranchMeta {
   // Quotas (plyctl branch set --quota): the most bytes the branch may
   // reference, and hold exclusively; 0: no limit (format.md#quotas).
   uint64_t quota_referenced = 0, quota_exclusive = 0;
+  // The branch's compression default (plyctl branch set --compress); Unset:
+  // the mount's (format.md#fs-compress).
+  Compression compress;
 };
 
 struct DirEntry {
@@ -101,6 +109,29 @@ struct DirEntry {
   uint8_t type;       // DT_*
   uint64_t next;      // the cookie to continue after this entry
 };
+
+// The compression a mount asked for (plyfs -o compress=, compress-force=),
+// for every filesystem of the volume it serves: a Volume::extension.
+class MountCompression {
+ public:
+  Compression get() {
+    std::lock_guard lk(mu_);
+    return c_;
+  }
+  void set(const Compression& c) {
+    std::lock_guard lk(mu_);
+    c_ = c;
+  }
+
+ private:
+  std::mutex mu_;
+  Compression c_;
+};
+
+// Most specific wins (format.md#fs-compress, "Policy"): an inode's NOCOMPRESS
+// or COMPRESS flag, then the branch's default, then the mount's. COMPRESS
+// takes the level and force of the branch or mount when they compress.
+Compression effective_compression(uint32_t inode_flags, const Compression& branch, const Compression& mount);
 
 struct FsCreateOptions {
   std::string name = "main";
@@ -244,6 +275,12 @@ class Filesystem {
   // wrote since. For diff, which pairs a layer's copy-up with its original.
   Result<bool> same_content(Filesystem& other, uint64_t ino);
   Result<Attr> setattr(uint64_t ino, const SetAttr& s);
+  // lsattr and chattr (FS_IOC_GETFLAGS, FS_IOC_SETFLAGS): the flags this
+  // filesystem keeps are FS_COMPR_FL (+c) and FS_NOCOMP_FL (+m)
+  // (format.md#fs-compress); setting any other is EOPNOTSUPP, both at once
+  // EINVAL. Setting changes ctime, as chattr does on ext4 and btrfs.
+  Result<uint32_t> get_fsflags(uint64_t ino);
+  Result<void> set_fsflags(uint64_t ino, uint32_t fs_flags);
 
   // Entries after cookie (0: from the start, with "." and ".."), in cookie
   // order, while fn returns true. Cookies are stable (format.md#fs-dirent).
@@ -304,6 +341,17 @@ class Filesystem {
   // so that the times a program saw are the ones stored.
   void set_kernel_times(bool on) { kernel_times_ = on; }
 
+  // A frame of a write (format.md#fs-compress): file blocks [fb, fb +
+  // nblocks) and, if it compressed, the zstd frame that stores them.
+  struct Frame {
+    uint64_t fb;
+    uint32_t nblocks;
+    std::optional<std::vector<std::byte>> z;
+  };
+  // How a write to `ino` compresses now: its flags, then the branch's
+  // default, then the mount's (effective_compression).
+  Result<Compression> compression_of(uint64_t ino);
+
   // Durable: commits the open generation.
   Result<void> sync();
   // Turns the filesystem read-only after an error (EIO for the caller).
@@ -325,7 +373,12 @@ class Filesystem {
                          uint32_t uid, uint32_t gid, std::string_view symlink_target,
                          uint32_t umask);
   Result<void> remove_name(uint64_t dir, std::string_view name, bool want_dir, bool whiteout);
-  Result<size_t> write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in);
+  Result<size_t> write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in,
+                              const std::vector<Frame>* frames = nullptr);
+  Result<std::vector<Frame>> precompress(uint64_t ino, uint64_t off, std::span<const std::byte> in);
+  // A compressed extent's frame, decoded (or from frames_): EIO if it is damaged.
+  Result<std::shared_ptr<const std::vector<std::byte>>> frame(uint64_t ino, const fsitems::Ext& e);
+  FrameCache frames_;
   Result<void> truncate_locked(uint64_t ino, uint64_t size);
   Result<void> unshare_inline(uint64_t ino);
   std::mutex& inode_lock(uint64_t ino) { return ino_mu_[ino % ino_mu_.size()]; }

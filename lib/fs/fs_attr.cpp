@@ -2,6 +2,8 @@
 // whose large values live out of line.
 #include "fs/fs.h"
 
+#include <linux/fs.h>
+
 #include <sys/stat.h>
 #include <sys/xattr.h>
 
@@ -156,6 +158,36 @@ Result<void> Filesystem::removexattr(uint64_t ino, std::string_view name) {
   xs.erase(it);
   PLY_CHECK(c.put_xattrs(ino, h, xs));
   r.a.ctime = now();
+  return c.put_inode(r);
+}
+
+Result<uint32_t> Filesystem::get_fsflags(uint64_t ino) {
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  return uint32_t((r.flags & disk::kInodeCompress ? FS_COMPR_FL : 0) |
+                  (r.flags & disk::kInodeNoCompress ? FS_NOCOMP_FL : 0));
+}
+
+Result<void> Filesystem::set_fsflags(uint64_t ino, uint32_t fs_flags) {
+  if (read_only()) return Error::io(EROFS, "read-only filesystem");
+  if (fs_flags & ~uint32_t(FS_COMPR_FL | FS_NOCOMP_FL))
+    return Error::io(EOPNOTSUPP, "plyfs keeps only the c and m attributes");
+  if ((fs_flags & FS_COMPR_FL) && (fs_flags & FS_NOCOMP_FL))
+    return Error::invalid("a file is either compressed (c) or not (m)");
+  auto t = PLY_TRY(vol_.begin({.reserve_blocks = 4 * kOpBlocks}));
+  Ctx c{*this, std::move(t)};
+  std::unique_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  if (!S_ISREG(r.a.mode) && !S_ISDIR(r.a.mode)) return Error::io(ENOTTY, "not a regular file or directory");
+  const uint32_t want = (r.flags & ~(disk::kInodeCompress | disk::kInodeNoCompress)) |
+                        (fs_flags & FS_COMPR_FL ? disk::kInodeCompress : 0) |
+                        (fs_flags & FS_NOCOMP_FL ? disk::kInodeNoCompress : 0);
+  if (want == r.flags) return ok();
+  r.flags = want;
+  r.a.ctime = now();
+  if (want & (disk::kInodeCompress | disk::kInodeNoCompress)) c.t.add_incompat(kIncompatCompress);
   return c.put_inode(r);
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "fs/compress.h"
 #include "fs/fs_internal.h"
 #include "fs/quota.h"
 #include "util/checksum.h"
@@ -65,6 +66,14 @@ Result<size_t> Filesystem::read(uint64_t ino, uint64_t off, std::span<std::byte>
     const uint64_t a = std::max(fb, e.file_blk), b = std::min(lb + 1, e.end());
     if (a >= b) continue;
     zero_until(std::max(off, a * bs_));
+    if (e.compressed()) {  // decoded blocks [e.offset, ...) of the frame
+      auto f = PLY_TRY(frame(ino, e));
+      const uint64_t lo = std::max(off, a * bs_), hi = std::min(end, b * bs_);
+      const uint64_t at = (e.offset + (a - e.file_blk)) * bs_ + (lo - a * bs_);
+      std::memcpy(out.data() + (lo - off), f->data() + at, hi - lo);
+      zeroed_to = std::max(zeroed_to, hi);
+      continue;
+    }
     auto disk = [&](uint64_t i) { return BlockNo{e.disk_start + e.offset + (i - e.file_blk)}; };
     auto check = [&](uint64_t i, std::span<const std::byte> blk) -> Result<void> {
       if (xxh3(blk) == e.csums[i - e.file_blk]) return ok();
@@ -100,6 +109,32 @@ Result<size_t> Filesystem::read(uint64_t ino, uint64_t off, std::span<std::byte>
   return size_t(n);
 }
 
+Result<std::shared_ptr<const std::vector<std::byte>>> Filesystem::frame(uint64_t ino, const Ext& e) {
+  // The checksums name the stored bytes: a reused block has others, so a
+  // cached entry is never stale (format.md#fs-compress, "Cache").
+  const uint64_t tag = xxh3(bytes_of(e.csums.data(), 8 * e.csums.size())) ^ (uint64_t(e.frame_bytes) << 8) ^ e.ram_blocks;
+  if (auto f = frames_.get(e.disk_start, tag)) return f;
+  auto bad = [&](Error err) -> Error {
+    fail(err);
+    return err;
+  };
+  const std::string where = "inode " + std::to_string(ino) + " file block " + std::to_string(e.file_blk);
+  if (e.csums.size() != e.disk_nblocks || e.frame_bytes > e.disk_nblocks * bs_ ||
+      e.frame_bytes <= (e.disk_nblocks - 1) * bs_)
+    return bad(Error::io(EIO, "compressed extent of " + where + " has a frame length that does not fit its blocks",
+                         e.disk_start));
+  std::vector<std::byte> raw(e.disk_nblocks * bs_);
+  PLY_CHECK(vol_.read_data(BlockNo{e.disk_start}, raw));
+  for (uint64_t i = 0; i < e.disk_nblocks; i++)
+    if (xxh3(std::span(raw).subspan(i * bs_, bs_)) != e.csums[i])
+      return bad(Error::io(EIO, "data checksum mismatch in the compressed frame of " + where, e.disk_start + i));
+  auto out = std::make_shared<std::vector<std::byte>>(uint64_t(e.ram_blocks) * bs_);
+  if (auto r = decompress_frame(std::span(raw).first(e.frame_bytes), *out); !r)
+    return bad(Error::io(EIO, r.error().message() + " (" + where + ")", e.disk_start));
+  frames_.put(e.disk_start, tag, out);
+  return std::shared_ptr<const std::vector<std::byte>>(std::move(out));
+}
+
 namespace {
 // Largest space extent a write allocates at once: 8 MiB at 4 KiB blocks.
 // One space extent, one device write and one space item for a large write;
@@ -109,11 +144,60 @@ namespace {
 // overwrite keeps allocated (the extent goes with its last item).
 constexpr uint32_t kMaxWriteExtent = 2048;
 
+Result<std::vector<Ext>> put_plain(Volume& vol, Volume::Txn& t, uint64_t fb,
+                                   std::span<const std::byte> data, uint32_t bs);
+
 // Allocates blocks for `data` (whole blocks for file blocks from `fb`),
 // writes them and returns the extent items to map, each at most
 // kMaxExtentBlocks. On error, frees what it allocated.
 Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
-                                    std::span<const std::byte> data, uint32_t bs) {
+                                    std::span<const std::byte> data, uint32_t bs,
+                                    const std::vector<Filesystem::Frame>* frames = nullptr) {
+  std::vector<Ext> out;
+  const uint64_t total = data.size() / bs;
+  auto undo = [&](Error e) -> Error {
+    for (const Ext& x : out) (void)t.dec_extent(BlockNo{x.disk_start});
+    return e;
+  };
+  // The compressed frames that lie whole in the range, in file order: each
+  // its own space extent (format.md#fs-compress); plain runs between them.
+  std::vector<const Filesystem::Frame*> zs;
+  if (frames)
+    for (const auto& f : *frames)
+      if (f.z && f.fb >= fb && f.fb + f.nblocks <= fb + total) zs.push_back(&f);
+  uint64_t pos = 0;
+  for (size_t k = 0; k <= zs.size(); k++) {
+    const uint64_t stop = k < zs.size() ? zs[k]->fb - fb : total;
+    if (stop > pos) {
+      auto plain = put_plain(vol, t, fb + pos, data.subspan(pos * bs, (stop - pos) * bs), bs);
+      if (!plain) return undo(plain.error());
+      for (auto& e : *plain) out.push_back(std::move(e));
+    }
+    if (k == zs.size()) break;
+    const auto& f = *zs[k];
+    const uint32_t stored = uint32_t((f.z->size() + bs - 1) / bs);
+    auto b = t.alloc_extent(stored);
+    if (!b) return undo(b.error());
+    std::vector<std::byte> padded(uint64_t(stored) * bs);
+    std::memcpy(padded.data(), f.z->data(), f.z->size());
+    Ext e;
+    e.file_blk = f.fb;
+    e.disk_start = b->v;
+    e.disk_nblocks = stored;
+    e.nblocks = e.ram_blocks = f.nblocks;
+    e.compression = disk::kCompressZstd;
+    e.frame_bytes = uint32_t(f.z->size());
+    for (uint32_t i = 0; i < stored; i++) e.csums.push_back(xxh3(std::span(padded).subspan(uint64_t(i) * bs, bs)));
+    out.push_back(std::move(e));
+    if (auto w = vol.write_data(*b, padded); !w) return undo(w.error());
+    t.add_incompat(kIncompatCompress);  // in the generation that first writes a frame
+    pos = stop + f.nblocks;
+  }
+  return out;
+}
+
+Result<std::vector<Ext>> put_plain(Volume& vol, Volume::Txn& t, uint64_t fb,
+                                   std::span<const std::byte> data, uint32_t bs) {
   std::vector<Ext> out;
   const uint64_t total = data.size() / bs;
   uint64_t done = 0;
@@ -187,16 +271,68 @@ Result<size_t> Filesystem::write(uint64_t ino, uint64_t off, std::span<const std
     return Error::io(EFBIG, "file too large");
   // Every block the write touches may be new (format.md#quotas).
   const QuotaCharge quota = PLY_TRY(charge_quota(vol_, tree_, (off + in.size() - 1) / bs_ * bs_ + bs_ - off / bs_ * bs_));
+  // Compression needs only the caller's bytes: it runs before the inode's
+  // lock, on several threads, so that writers of one file (the kernel's
+  // writeback) compress side by side (format.md#fs-compress).
+  const std::vector<Frame> frames = PLY_TRY(precompress(ino, off, in));
   std::lock_guard il(inode_lock(ino));
-  auto r = write_locked(ino, off, in);
+  auto r = write_locked(ino, off, in, &frames);
   // Out of space while blocks freed by the open generation (a truncate, a
   // deleted snapshot's last references) wait for its commit (A2): one
   // commit, one more try, as a user would expect of space just freed.
-  if (!r && r.error().code == ENOSPC && vol_.reclaim()) r = write_locked(ino, off, in);
+  if (!r && r.error().code == ENOSPC && vol_.reclaim()) r = write_locked(ino, off, in, &frames);
   return r;
 }
 
-Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in) {
+Compression effective_compression(uint32_t inode_flags, const Compression& branch, const Compression& mount) {
+  using Mode = Compression::Mode;
+  if (inode_flags & disk::kInodeNoCompress) return Compression{Mode::None};
+  Compression c = mount;
+  if (branch.mode != Mode::Unset) c = Compression{branch.mode, branch.level, mount.force};
+  if (inode_flags & disk::kInodeCompress) {
+    c.level = c.on() ? c.level : 0;
+    c.mode = Mode::Zstd;
+  }
+  return c;
+}
+
+Result<Compression> Filesystem::compression_of(uint64_t ino) {
+  const Compression mount = vol_.extension<MountCompression>().get();
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  Compression branch;
+  if (auto v = PLY_TRY(c.t.get(tree_, ikey(0, ItemType::FsInfo))); v && v->size() == sizeof(disk::FsInfo))
+    branch = branch_compression(*view_as<disk::FsInfo>(std::span<const std::byte>(*v)));
+  return effective_compression(r.flags, branch, mount);
+}
+
+Result<std::vector<Filesystem::Frame>> Filesystem::precompress(uint64_t ino, uint64_t off,
+                                                               std::span<const std::byte> in) {
+  std::vector<Frame> out;
+  // The whole blocks of the write, cut where file offsets are multiples of
+  // the frame size, so that rewriting a file finds the same frames.
+  const uint64_t wa = (off + bs_ - 1) / bs_, wb = (off + in.size()) / bs_;
+  if (wb < wa + 2 || off + in.size() <= disk::kInlineMax) return out;
+  const Compression c = PLY_TRY(compression_of(ino));
+  if (!c.on()) return out;
+  for (uint64_t f = wa; f < wb;) {
+    const uint64_t stop = std::min(wb, (f / kFrameBlocks + 1) * kFrameBlocks);
+    if (stop - f >= 2) out.push_back(Frame{f, uint32_t(stop - f), std::nullopt});
+    f = stop;
+  }
+  parallel_for(out.size(), [&](size_t i) {
+    Frame& f = out[i];
+    const auto data = in.subspan(f.fb * bs_ - off, uint64_t(f.nblocks) * bs_);
+    if (!c.force && !looks_compressible(data)) return;  // written plain, cheaply
+    f.z = compress_frame(data, c.effective_level(), bs_);
+  });
+  return out;
+}
+
+Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in,
+                                        const std::vector<Frame>* frames) {
   Attr a = PLY_TRY(getattr(ino));
   if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
   if (!S_ISREG(a.mode)) return Error::invalid("not a regular file");
@@ -238,7 +374,7 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
 
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = (nb / disk::kMaxExtentBlocks + 8) * 2 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
-  auto news = PLY_TRY(put_blocks(vol_, c.t, fb, blocks, bs_));
+  auto news = PLY_TRY(put_blocks(vol_, c.t, fb, blocks, bs_, frames));
   std::unique_lock lk(mu_);
   auto apply = [&]() -> Result<void> {
     Rec r = PLY_TRY(c.inode(ino));

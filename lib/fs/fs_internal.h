@@ -63,7 +63,8 @@ inline Ext slice(const Ext& e, uint64_t from, uint64_t to) {
   s.file_blk = from;
   s.offset = e.offset + (from - e.file_blk);
   s.nblocks = uint32_t(to - from);
-  if (!e.prealloc())
+  // A compressed item keeps the whole frame's checksums (format.md#fs-compress).
+  if (!e.prealloc() && !e.compressed())
     s.csums.assign(e.csums.begin() + long(from - e.file_blk),
                    e.csums.begin() + long(to - e.file_blk));
   return s;

@@ -101,6 +101,9 @@ Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t
   r.a.atime = r.a.mtime = r.a.ctime = r.a.btime = now();
   r.parent = dir;  // a file: a hint for diff (format.md#fs-inode)
   if (S_ISREG(mode)) r.flags = kInodeInline;
+  // A directory's compression flags pass to what is made in it, as btrfs's
+  // do (format.md#fs-compress, "Policy").
+  if (S_ISREG(mode) || is_dir) r.flags |= d.flags & (disk::kInodeCompress | disk::kInodeNoCompress);
   if (S_ISLNK(mode)) {
     r.a.size = target.size();
     PLY_CHECK(c.set_inline(r.a.ino, bytes_of(target.data(), target.size()), 0));

@@ -126,10 +126,32 @@ struct Ext {
   uint64_t disk_start = 0, disk_nblocks = 0, offset = 0;
   uint32_t nblocks = 0;
   uint8_t compression = 0, flags = 0;
-  std::vector<uint64_t> csums;  // empty for prealloc
+  // Compressed (format.md#fs-compress): the frame's length in bytes and the
+  // blocks it decodes to; `offset` counts decoded blocks.
+  uint32_t frame_bytes = 0, ram_blocks = 0;
+  // Plain: one per mapped block. Compressed: one per stored block of the
+  // frame (disk_nblocks), whatever part the item maps. Prealloc: none.
+  std::vector<uint64_t> csums;
   bool prealloc() const { return flags & disk::kExtentPrealloc; }
+  bool compressed() const { return compression != disk::kCompressNone; }
   uint64_t end() const { return file_blk + nblocks; }
+  // The device blocks the item's checksums cover: what a read or a scrub
+  // reads and verifies.
+  uint64_t stored_first() const { return compressed() ? disk_start : disk_start + offset; }
+  uint64_t stored_count() const { return prealloc() ? 0 : compressed() ? disk_nblocks : nblocks; }
 };
+
+// A branch's compression default from its info item (format.md#fs-compress);
+// a value this build does not know is no default (fsck reports it).
+inline Compression branch_compression(const disk::FsInfo& fi) {
+  Compression c;
+  if (fi.compress == uint8_t(Compression::Mode::None)) c.mode = Compression::Mode::None;
+  if (fi.compress == uint8_t(Compression::Mode::Zstd)) {
+    c.mode = Compression::Mode::Zstd;
+    c.level = fi.compress_level <= Compression::kMaxLevel ? fi.compress_level : 0;
+  }
+  return c;
+}
 
 inline Result<Ext> decode_extent(Key k, std::span<const std::byte> v) {
   auto bad = [&](const char* why) {
@@ -148,22 +170,36 @@ inline Result<Ext> decode_extent(Key k, std::span<const std::byte> v) {
   e.compression = d->compression;
   e.flags = d->flags;
   if (e.nblocks == 0 || e.nblocks > disk::kMaxExtentBlocks) return bad("bad block count");
-  if (e.offset > e.disk_nblocks || e.nblocks > e.disk_nblocks - e.offset)
-    return bad("maps past its disk extent");
-  if (e.compression != disk::kCompressNone) return bad("unknown compression");
   if (e.flags & ~disk::kExtentPrealloc) return bad("unknown flags");
-  size_t want = sizeof(disk::Extent) + (e.prealloc() ? 0 : 8ull * e.nblocks);
-  if (v.size() != want) return bad("wrong size");
-  if (!e.prealloc()) {
-    e.csums.resize(e.nblocks);
-    for (uint32_t i = 0; i < e.nblocks; i++)
-      e.csums[i] = view_as<le64>(v, sizeof(disk::Extent) + 8 * i)->get();
+  size_t head = sizeof(disk::Extent), ncsums = e.prealloc() ? 0 : e.nblocks;
+  if (e.compression == disk::kCompressZstd) {
+    // format.md#fs-compress: a frame of disk_nblocks stored blocks that
+    // decodes to ram_blocks; the item maps decoded blocks.
+    if (e.prealloc()) return bad("compressed and preallocated");
+    if (v.size() < head + sizeof(disk::ExtentFrame)) return bad("too short");
+    const auto* f = view_as<disk::ExtentFrame>(v, head);
+    e.frame_bytes = f->frame_bytes.get();
+    e.ram_blocks = f->ram_blocks.get();
+    head += sizeof(disk::ExtentFrame);
+    if (e.ram_blocks < 2 || e.ram_blocks > disk::kMaxExtentBlocks) return bad("bad frame length");
+    if (e.disk_nblocks == 0 || e.disk_nblocks >= e.ram_blocks) return bad("frame stores no fewer blocks");
+    if (e.frame_bytes == 0) return bad("empty frame");
+    if (e.offset > e.ram_blocks || e.nblocks > e.ram_blocks - e.offset) return bad("maps past its frame");
+    ncsums = e.disk_nblocks;
+  } else if (e.compression != disk::kCompressNone) {
+    return bad("unknown compression");
+  } else if (e.offset > e.disk_nblocks || e.nblocks > e.disk_nblocks - e.offset) {
+    return bad("maps past its disk extent");
   }
+  if (v.size() != head + 8 * ncsums) return bad("wrong size");
+  e.csums.resize(ncsums);
+  for (size_t i = 0; i < ncsums; i++) e.csums[i] = view_as<le64>(v, head + 8 * i)->get();
   return e;
 }
 
 inline std::vector<std::byte> encode_extent(const Ext& e) {
-  std::vector<std::byte> v(sizeof(disk::Extent) + 8 * e.csums.size());
+  const size_t head = sizeof(disk::Extent) + (e.compressed() ? sizeof(disk::ExtentFrame) : 0);
+  std::vector<std::byte> v(head + 8 * e.csums.size());
   auto* d = view_as<disk::Extent>(std::span(v));
   d->disk_start.set(e.disk_start);
   d->disk_nblocks.set(e.disk_nblocks);
@@ -172,8 +208,12 @@ inline std::vector<std::byte> encode_extent(const Ext& e) {
   d->compression = e.compression;
   d->flags = e.flags;
   d->reserved.set(0);
-  for (size_t i = 0; i < e.csums.size(); i++)
-    view_as<le64>(std::span(v), sizeof(disk::Extent) + 8 * i)->set(e.csums[i]);
+  if (e.compressed()) {
+    auto* f = view_as<disk::ExtentFrame>(std::span(v), sizeof(disk::Extent));
+    f->frame_bytes.set(e.frame_bytes);
+    f->ram_blocks.set(e.ram_blocks);
+  }
+  for (size_t i = 0; i < e.csums.size(); i++) view_as<le64>(std::span(v), head + 8 * i)->set(e.csums[i]);
   return v;
 }
 

@@ -178,8 +178,10 @@ Result<ScrubReport> scrub(Volume& v, const ScrubOptions& o) {
           if (fsitems::type_of(k) != disk::ItemType::Extent) return true;
           auto e = fsitems::decode_extent(k, val);
           if (!e || e->prealloc()) return true;  // a malformed item is fsck's to report
-          for (uint32_t i = 0; i < e->nblocks; i++) {
-            const uint64_t d = e->disk_start + e->offset + i;
+          // A compressed item's checksums cover its stored frame: verified
+          // without decompressing (format.md#fs-compress).
+          for (uint32_t i = 0; i < e->stored_count(); i++) {
+            const uint64_t d = e->stored_first() + i;
             if (d >= checked.size() || checked[d]) continue;
             checked[d] = true;
             batch.push_back(PlannedBlock{d, e->csums[i], ti.id.v, k, i});
@@ -215,7 +217,7 @@ Result<ScrubReport> scrub(Volume& v, const ScrubOptions& o) {
       auto val = t.get(TreeId{b.tree}, b.item);
       if (!val || !*val) continue;
       auto e = fsitems::decode_extent(b.item, **val);
-      if (!e || e->prealloc() || b.index >= e->nblocks || e->disk_start + e->offset + b.index != b.disk ||
+      if (!e || e->prealloc() || b.index >= e->stored_count() || e->stored_first() + b.index != b.disk ||
           e->csums[b.index] != b.csum)
         continue;  // rewritten since the plan
       auto r = v.read_data(BlockNo{b.disk}, one);
@@ -238,8 +240,8 @@ Result<ScrubReport> scrub(Volume& v, const ScrubOptions& o) {
           if (fsitems::type_of(k) != disk::ItemType::Extent) return true;
           auto e = fsitems::decode_extent(k, val);
           if (!e || e->prealloc()) return true;
-          const uint64_t lo = e->disk_start + e->offset;
-          for (auto it = damaged.lower_bound(lo); it != damaged.end() && it->first < lo + e->nblocks; ++it)
+          const uint64_t lo = e->stored_first();
+          for (auto it = damaged.lower_bound(lo); it != damaged.end() && it->first < lo + e->stored_count(); ++it)
             inos[it->first].insert(k.hi);
           return true;
         });

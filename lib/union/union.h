@@ -204,6 +204,9 @@ class Union {
                       std::string_view nname, unsigned flags, const Caller& c);
   Result<std::string> readlink(uint64_t ino);
   Result<Attr> setattr(uint64_t ino, const SetAttr& s, const Caller& c);
+  // chattr/lsattr's flags (Filesystem::get_fsflags); setting copies up.
+  Result<uint32_t> get_fsflags(uint64_t ino);
+  Result<void> set_fsflags(uint64_t ino, uint32_t fs_flags, const Caller& c);
   // Entries after `cookie` (0: from the start, with "." and ".."), merged.
   // A call at the cookie where an earlier one stopped continues that listing
   // without reading the branches again, unless a name changed meanwhile; any

@@ -52,6 +52,18 @@ Result<Attr> Union::setattr(uint64_t ino, const SetAttr& s, const Caller& c) {
   return a;
 }
 
+Result<uint32_t> Union::get_fsflags(uint64_t ino) {
+  std::shared_lock landing(io_mu_);
+  auto [fs, i] = PLY_TRY(part(ino));
+  return fs->get_fsflags(i);
+}
+
+Result<void> Union::set_fsflags(uint64_t ino, uint32_t fs_flags, const Caller& c) {
+  std::shared_lock landing(io_mu_);  // a restack waits for this change to land
+  auto [fs, i] = PLY_TRY(writable_instance(ino, c));
+  return fs->set_fsflags(i, fs_flags);
+}
+
 Result<size_t> Union::read(uint64_t ino, uint64_t off, std::span<std::byte> out) {
   std::shared_lock landing(io_mu_);  // a restack waits for this to finish
   auto [fs, i] = PLY_TRY(part(ino));
