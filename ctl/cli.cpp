@@ -93,6 +93,8 @@ void usage(FILE* out) {
                "  branch set MNT NAME --ro | --rw [--save]\n"
                "  branch move MNT NAME POS [--save]   POS 0 is the leftmost place\n"
                "On an image or a mount point:\n"
+               "  branch set IMAGE|MNT NAME [--quota SIZE|none] [--exclusive-quota SIZE|none]\n"
+               "             [--compress zstd[:N]|none|default]   limits, and how new data compresses\n"
                "  snapshot IMAGE|MNT [--view V] [--name SNAP]\n"
                "                               freeze the stack's writable branch as SNAP (default\n"
                "                               NAME@YYMMDD-HHMMSS) under a new empty one, O(1)\n"

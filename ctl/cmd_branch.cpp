@@ -45,7 +45,9 @@ int close_and_print(const std::string& image, Volume& v, TreeId tree, bool json,
 
 int list_branches(const std::string& path, bool json);
 Result<QuotaChange> quota_options(const Parsed& p);
-int set_quota_cmd(const std::string& path, const std::string& name, const QuotaChange& q, bool json);
+int set_quota_cmd(const std::string& path, const std::string& name, const QuotaChange& q,
+                  const std::optional<std::string>& compress, bool json);
+Result<std::optional<std::string>> compress_option(const Parsed& p);
 
 // The branch commands on a mount point: the daemon answers with the stack.
 int mounted_branch(const std::string& sub, const Parsed& p) {
@@ -68,15 +70,17 @@ int mounted_branch(const std::string& sub, const Parsed& p) {
     if (pos.size() != 2 || p.opt.size() > size_t(has("--json") + has("--save")))
       return usage_error("usage: plyctl branch remove MOUNTPOINT NAME [--save] [--json]");
   } else if (sub == "set") {
-    const bool quota = has("--quota") || has("--exclusive-quota");
+    const bool quota = has("--quota") || has("--exclusive-quota") || has("--compress");
     if (quota && !has("--ro") && !has("--rw") && !has("--save") && !has("--name") && pos.size() == 2) {
       auto q = quota_options(p);
       if (!q) return usage_error(q.error().message());
-      return set_quota_cmd(pos[0], pos[1], *q, has("--json"));
+      auto z = compress_option(p);
+      if (!z) return usage_error(z.error().message());
+      return set_quota_cmd(pos[0], pos[1], *q, *z, has("--json"));
     }
     if (pos.size() != 2 || has("--ro") == has("--rw") || has("--name") || quota)
       return usage_error("usage: plyctl branch set MOUNTPOINT NAME --ro | --rw [--save] [--json], or "
-                         "NAME --quota SIZE|none [--exclusive-quota SIZE|none] [--json]");
+                         "NAME [--quota SIZE|none] [--exclusive-quota SIZE|none] [--compress zstd[:N]|none|default] [--json]");
     req["writable"] = has("--rw");
   } else if (sub == "move") {
     if (pos.size() != 3) return usage_error("usage: plyctl branch move MOUNTPOINT NAME POS [--save] [--json]");
@@ -201,9 +205,19 @@ Result<QuotaChange> quota_options(const Parsed& p) {
   return q;
 }
 
-// A quota alone, on an image or through the daemon of the mount serving it:
-// the Branch after.
-int set_quota_cmd(const std::string& path, const std::string& name, const QuotaChange& q, bool json) {
+// --compress (format.md#fs-compress): zstd, zstd:LEVEL, none, or default
+// (none given: the mount's), checked here.
+Result<std::optional<std::string>> compress_option(const Parsed& p) {
+  auto it = p.opt.find("--compress");
+  if (it == p.opt.end()) return std::optional<std::string>();
+  if (it->second == "default") return std::optional<std::string>("default");
+  return std::optional<std::string>(compression_name(PLY_TRY(parse_compression(it->second))));
+}
+
+// A quota or a compression default alone, on an image or through the
+// daemon of the mount serving it: the Branch after.
+int set_quota_cmd(const std::string& path, const std::string& name, const QuotaChange& q,
+                  const std::optional<std::string>& compress, bool json) {
   auto t = open_target(path, true);
   if (!t) return fail_on(path, t.error());
   Result<Json> r = Json();
@@ -212,13 +226,21 @@ int set_quota_cmd(const std::string& path, const std::string& name, const QuotaC
     model::put_name(req, "branch", name);
     if (q.referenced) req["referenced"] = *q.referenced;
     if (q.exclusive) req["exclusive"] = *q.exclusive;
+    if (compress) req["compress"] = *compress;
     r = request(t->mnt, req);
     if (!r) return fail(r.error().message());
   } else {
     Volume& v = *t->o.vol;
     auto b = find_branch(v, name);
     if (!b) return fail(b.error().message());
-    if (auto s = set_quota(v, b->tree, q); !s) return fail_on(path, s.error());
+    if (q.referenced || q.exclusive)
+      if (auto s = set_quota(v, b->tree, q); !s) return fail_on(path, s.error());
+    if (compress) {
+      auto m = Filesystem::branch(v, b->tree);
+      if (!m) return fail_on(path, m.error());
+      m->compress = *compress == "default" ? Compression{} : *parse_compression(*compress);
+      if (auto s = Filesystem::set_branch(v, *m); !s) return fail_on(path, s.error());
+    }
     return close_and_print(path, v, b->tree, json, "changed branch");
   }
   if (json) print_json(*r);
@@ -232,15 +254,17 @@ int set_branch_cmd(const Parsed& p) {
   auto has = [&](const char* o) { return p.opt.count(o) > 0; };
   if (pos.size() != 2 || (has("--ro") && has("--rw")) || has("--clone") || has("--parent"))
     return usage_error("usage: plyctl branch set IMAGE NAME [--name NEW] [--ro | --rw] [--quota SIZE|none] "
-                       "[--exclusive-quota SIZE|none] [--json]");
+                       "[--exclusive-quota SIZE|none] [--compress zstd[:N]|none|default] [--json]");
   if (has("--name"))
     if (auto n = check_branch_name(p.opt.at("--name")); !n) return fail(n.error().message());
   auto q = quota_options(p);
   if (!q) return usage_error(q.error().message());
-  // A quota alone may go to a mounted image's daemon; a rename or a flag
-  // changes the catalog offline only.
-  if ((q->referenced || q->exclusive) && !has("--name") && !has("--ro") && !has("--rw"))
-    return set_quota_cmd(pos[0], pos[1], *q, has("--json"));
+  auto z = compress_option(p);
+  if (!z) return usage_error(z.error().message());
+  // A quota or compression default alone may go to a mounted image's
+  // daemon; a rename or a flag changes the catalog offline only.
+  if ((q->referenced || q->exclusive || *z) && !has("--name") && !has("--ro") && !has("--rw"))
+    return set_quota_cmd(pos[0], pos[1], *q, *z, has("--json"));
   auto o = open_volume(pos[0], true);
   if (!o) return fail_on(pos[0], o.error());
   Volume& v = *o->vol;
@@ -259,6 +283,7 @@ int set_branch_cmd(const Parsed& p) {
   if (has("--rw")) b->read_only = false;
   if (q->referenced) b->quota_referenced = *q->referenced;
   if (q->exclusive) b->quota_exclusive = *q->exclusive;
+  if (*z) b->compress = **z == "default" ? Compression{} : *parse_compression(**z);
   if (b->read_only) {
     auto used = view_using(v, b->tree, true);
     if (!used) return fail(used.error().message());
@@ -278,13 +303,13 @@ int remove_branch(const std::string& image, const std::string& name, bool json) 
 }
 
 int cmd_branch(const std::string& sub, const std::vector<std::string>& args) {
-  auto p = parse(args, {"--clone", "--parent", "--name", "--at", "--quota", "--exclusive-quota"},
+  auto p = parse(args, {"--clone", "--parent", "--name", "--at", "--quota", "--exclusive-quota", "--compress"},
                  {"--json", "--ro", "--rw", "--save", "--all"});
   if (!p) return usage_error(p.error().message());
   const auto& pos = p->pos;
   auto has = [&](const char* o) { return p->opt.count(o) > 0; };
-  if ((has("--quota") || has("--exclusive-quota")) && sub != "set")
-    return usage_error("--quota and --exclusive-quota are for branch set");
+  if ((has("--quota") || has("--exclusive-quota") || has("--compress")) && sub != "set")
+    return usage_error("--quota, --exclusive-quota and --compress are for branch set");
   if (!pos.empty() && is_directory(pos[0])) return mounted_branch(sub, *p);
   if (has("--save"))
     return usage_error("--save is for a mount point; on an image, plyctl view create IMAGE VIEW STACK saves a stack");

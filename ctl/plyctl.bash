@@ -83,7 +83,7 @@ _plyctl() {
     case "$cmd $sub" in
         "branch create") opts+=$'\n--clone\n--parent\n--ro' ;;
         "branch list") opts+=$'\n--all' ;;
-        "branch set") opts+=$'\n--name\n--ro\n--rw\n--save\n--quota\n--exclusive-quota' ;;
+        "branch set") opts+=$'\n--name\n--ro\n--rw\n--save\n--quota\n--exclusive-quota\n--compress' ;;
         "branch add") opts+=$'\n--at\n--ro\n--save' ;;
         "branch remove" | "branch move") opts+=$'\n--save' ;;
         "layer create") opts+=$'\n--on\n--ro' ;;

@@ -197,7 +197,14 @@ Result<Json> quota_answer(const Json& req) {
     if (!req[k].is_number_unsigned()) return Error::invalid(std::string("\"") + k + "\" must be a number of bytes");
     (k[0] == 'r' ? q.referenced : q.exclusive) = req[k].get<uint64_t>();
   }
-  (void)PLY_TRY(set_quota(*g->vol, b.tree, q));
+  if (q.referenced || q.exclusive || !req.contains("compress")) (void)PLY_TRY(set_quota(*g->vol, b.tree, q));
+  if (req.contains("compress")) {  // plyctl branch set --compress (format.md#fs-compress)
+    if (!req["compress"].is_string()) return Error::invalid("\"compress\" must be a string");
+    const std::string z = req["compress"].get<std::string>();
+    BranchMeta m = PLY_TRY(Filesystem::branch(*g->vol, b.tree));
+    m.compress = z == "default" ? Compression{} : PLY_TRY(parse_compression(z));
+    PLY_CHECK(Filesystem::set_branch(*g->vol, m));
+  }
   PLY_CHECK(g->vol->commit());
   auto all = PLY_TRY(model::Branches::read(*g->vol));
   return all.branch(*all.find(b.tree));

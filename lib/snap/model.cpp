@@ -139,6 +139,7 @@ Json Branches::branch(const BranchMeta& b) const {
   o["snapshot"] = b.snapshot;
   o["held"] = b.held;  // plyctl hold: no delete or retention takes it
   o["quota"] = quota(b);
+  o["compress"] = b.compress.mode == Compression::Mode::Unset ? Json(nullptr) : Json(compression_name(b.compress));
   // A snapshot's or clone's origin: the branch it was taken of (null once
   // that branch is gone, or for a branch made empty).
   o["origin"] = b.origin.v ? ref(b.origin) : Json(nullptr);
