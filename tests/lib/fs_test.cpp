@@ -9,10 +9,13 @@
 
 #include <set>
 
+#include <catch2/generators/catch_generators.hpp>
+
 #include "commit/superblock.h"
 #include "fs/check.h"
 #include "fs/disk_fs.h"
 #include "fs/fs.h"
+#include "fs/items.h"
 #include "fsck/fsck.h"
 #include "test_util.h"
 #include "util/checksum.h"
@@ -46,12 +49,23 @@ std::unique_ptr<MemDevice> fs_device(uint64_t size = 256ull << 20) {
   return dev;
 }
 
+// What mount() sets as the mount's compression: the model test runs once
+// plain and once with compress-force (format.md#fs-compress).
+Compression g_compress;
+struct CompressAll {
+  explicit CompressAll(bool on) {
+    if (on) g_compress = Compression{Compression::Mode::Zstd, 1, true};
+  }
+  ~CompressAll() { g_compress = Compression{}; }
+};
+
 Mounted mount(BlockDevice& dev, bool ro = false) {
   VolumeOptions vo;
   vo.kinds = fs_kinds();
   vo.read_only = ro;
   Mounted m;
   m.vol = must(Volume::open(dev, vo));
+  m.vol->extension<MountCompression>().set(g_compress);
   m.fs = must(Filesystem::open(*m.vol, must(Filesystem::default_tree(*m.vol))));
   return m;
 }
@@ -75,6 +89,18 @@ std::vector<std::byte> pattern(size_t n, uint64_t seed) {
   std::vector<std::byte> v(n);
   std::mt19937_64 r(seed);
   for (auto& b : v) b = std::byte(r());
+  return v;
+}
+
+// Bytes zstd compresses (a few letters in runs), for the compressed runs.
+std::vector<std::byte> compressible(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 r(seed);
+  for (size_t i = 0; i < n;) {
+    const size_t run = std::min<size_t>(n - i, 1 + r() % 64);
+    std::fill_n(v.begin() + long(i), run, std::byte('a' + r() % 4));
+    i += run;
+  }
   return v;
 }
 
@@ -654,8 +680,11 @@ TEST_CASE("fs: a corrupt data block reads as EIO and turns the filesystem read-o
 // one directory level below the root; at random points a commit (the model
 // is saved) or a power cut (the filesystem must come back as the saved model).
 TEST_CASE("fs: random operations against a model, with power cuts", "[fs][fsmodel]") {
+  const bool z = GENERATE(false, true);
+  CompressAll compress_all(z);
   const uint64_t seed = test::seed("fs-model");
   std::mt19937_64 rng(seed);
+  INFO("compression " << (z ? "forced" : "off"));
   auto dev = std::make_unique<MemDevice>(512ull << 20);
   must(format_filesystem(*dev, FormatOptions{}, FsCreateOptions{}));
   dev->track_unflushed(true);
@@ -692,7 +721,7 @@ TEST_CASE("fs: random operations against a model, with power cuts", "[fs][fsmode
         }
         uint64_t off = rng() % 3 == 0 ? rng() % 3000 : rng() % (600 << 10);
         size_t len = rng() % 2 ? rng() % 5000 + 1 : rng() % (200 << 10) + 1;
-        auto d = pattern(len, rng());
+        auto d = z && rng() % 3 ? compressible(len, rng()) : pattern(len, rng());
         must(m.fs->write(ino_of(n), off, d));
         auto& c = model[n];
         if (c.size() < off + len) c.resize(off + len);
@@ -775,8 +804,18 @@ TEST_CASE("fs: random operations against a model, with power cuts", "[fs][fsmode
     }
   }
   compare(model);
+  if (z) {  // the run did write frames (format.md#fs-compress)
+    size_t frames = 0;
+    auto t = must(m.vol->begin());
+    must(t.scan(m.fs->tree(), Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
+      if (fsitems::type_of(k) == disk::ItemType::Extent) frames += must(fsitems::decode_extent(k, v)).compressed();
+      return true;
+    }));
+    CHECK(frames > 0);
+  }
   unmount(m);
   require_fs_clean(*dev);
+  CHECK(check_filesystems(*dev, true).empty());  // every frame decodes
 }
 
 // Each invariant broken on purpose, through the volume below the
