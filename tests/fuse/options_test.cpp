@@ -55,7 +55,8 @@ TEST_CASE("options: bad values give one line, exit 1, and mount nothing", "[opti
       "copyup=const:-1:0:644", "copyup=const:0:0:999", "copyup=const:0:0", "copyup=const:0:0:",
       "copyup=const:x:0:644", "copyup=const:4294967295:0:644", "copyup=const:0:0:17777",
       "copyup=bogus", "delete=some", "view=a,branches=b", "timeout=-1", "timeout=86401",
-      "timeout=1.5", "timeout="};
+      "timeout=1.5", "timeout=", "compress=lz4", "compress=zstd:0", "compress=zstd:20", "compress=zstd:x",
+      "compress-force=none", "compress-force=zlib"};
   if (std::string(std::getenv("PLYFS_HAVE_URING") ? std::getenv("PLYFS_HAVE_URING") : "1") == "0")
     bad.push_back("uring");
   for (const auto& b : bad) {

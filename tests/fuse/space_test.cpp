@@ -5,6 +5,7 @@
 // st_blocks counts the pages a file really holds, as a thin device would.
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/statvfs.h>
 
 #include <set>
 
@@ -581,4 +582,104 @@ TEST_CASE("space: plyctl scrub finds a damaged block online and offline and name
   for (const auto& r : j["damage"][0]["references"])
     refs.insert(r["branch"].get<std::string>() + ":" + r["path"].get<std::string>());
   CHECK(refs == std::set<std::string>{"main:/dir/f", "s1:/dir/f"});
+}
+
+namespace {
+// Text zstd takes to a quarter or less: words from a small vocabulary.
+std::string words(std::mt19937_64& rng, size_t n) {
+  static const char* w[] = {"frame ", "extent ", "branch ", "zstd ", "plyfs\n", "the ", "of "};
+  std::string s;
+  while (s.size() < n) s += w[rng() % 7];
+  s.resize(n);
+  return s;
+}
+uint64_t used_bytes(const std::string& path) {
+  struct statvfs v{};
+  REQUIRE(::statvfs(path.c_str(), &v) == 0);
+  return (v.f_blocks - v.f_bfree) * v.f_frsize;
+}
+uint32_t get_flags(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  int f = 0;
+  REQUIRE(::ioctl(fd, FS_IOC_GETFLAGS, &f) == 0);
+  ::close(fd);
+  return uint32_t(f);
+}
+int set_flags(const std::string& path, uint32_t flags) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  int f = int(flags);
+  const int r = ::ioctl(fd, FS_IOC_SETFLAGS, &f) == 0 ? 0 : errno;
+  ::close(fd);
+  return r;
+}
+}  // namespace
+
+// Compression through the kernel (format.md#fs-compress): -o compress, the
+// branch default through the mount's daemon, chattr +c/+m on a directory
+// passed to what is made in it, lsattr; the data reads back, before and
+// after a remount, and fsck -c decodes every frame.
+TEST_CASE("space: -o compress, plyctl branch set --compress and chattr +c/+m decide how data is stored",
+          "[space][compress-fuse]") {
+  Fixture fx("512M", {"compress=zstd:1"});
+  std::mt19937_64 rng(25);
+  auto durable_used = [&] {
+    const int fd = ::open(fx.root().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::syncfs(fd) == 0);
+    ::close(fd);
+    return used_bytes(fx.root());
+  };
+  const std::string t1 = words(rng, 32 * kMiB);
+  uint64_t u0 = durable_used();
+  write_file(fx / "t1", t1);
+  uint64_t u1 = durable_used();
+  CHECK(u1 - u0 < 8 * kMiB);  // text under -o compress: at most a quarter
+  // Incompressible data costs its size.
+  const std::string noise = random_bytes(rng, 16 * kMiB);
+  write_file(fx / "noise", noise);
+  uint64_t u2 = durable_used();
+  CHECK(u2 - u1 >= 16 * kMiB);
+  // The branch says none: it wins over the mount option.
+  plyctl(fx, {"branch", "set", fx.root(), "main", "--compress", "none"});
+  write_file(fx / "t2", t1);
+  uint64_t u3 = durable_used();
+  CHECK(u3 - u2 >= 32 * kMiB);
+  // ... and a directory's +c over the branch, passed to new files and
+  // directories; +m on one of them over that.
+  REQUIRE(::mkdir((fx / "c").c_str(), 0755) == 0);
+  CHECK(get_flags(fx / "c") == 0u);
+  REQUIRE(set_flags(fx / "c", FS_COMPR_FL) == 0);
+  CHECK(get_flags(fx / "c") == uint32_t(FS_COMPR_FL));
+  CHECK(set_flags(fx / "c", FS_IMMUTABLE_FL) == EOPNOTSUPP);
+  REQUIRE(::mkdir((fx / "c/sub").c_str(), 0755) == 0);
+  CHECK(get_flags(fx / "c/sub") == uint32_t(FS_COMPR_FL));
+  write_file(fx / "c/sub/t3", t1);
+  uint64_t u4 = durable_used();
+  CHECK(u4 - u3 < 8 * kMiB);
+  write_file(fx / "c/m", "");
+  REQUIRE(set_flags(fx / "c/m", FS_NOCOMP_FL) == 0);
+  write_file(fx / "c/m", t1);
+  CHECK(durable_used() - u4 >= 32 * kMiB);
+  // lsattr(1) shows them as e2fsprogs names them.
+  std::string out;
+  REQUIRE(run({"/usr/bin/lsattr", "-d", fx / "c", fx / "c/m"}, fx.tmp / "lsattr.log") == 0);
+  out = slurp(fx.tmp / "lsattr.log");
+  INFO(out);
+  CHECK(out.find("c----") != std::string::npos);
+  CHECK(out.find("-m ") != std::string::npos);
+  fx.remount();  // fsck.plyfs -fn checks the image on the way
+  CHECK(slurp(fx / "t1") == t1);
+  CHECK(slurp(fx / "noise") == noise);
+  CHECK(slurp(fx / "t2") == t1);
+  CHECK(slurp(fx / "c/sub/t3") == t1);
+  CHECK(slurp(fx / "c/m") == t1);
+  CHECK(get_flags(fx / "c/sub/t3") == uint32_t(FS_COMPR_FL));
+  CHECK(get_flags(fx / "c/m") == uint32_t(FS_NOCOMP_FL));
+  std::string bl;
+  REQUIRE(plyctl_status(fx, {"branch", "list", fx.root(), "--all", "--json"}, &bl) == 0);
+  CHECK(Json::parse(bl)[0]["compress"] == "none");
+  fx.unmount();
+  REQUIRE(run({tool("PLYFS_FSCK"), "-fn", "-c", fx.img}, fx.tmp / "fsck-c.log") == 0);
 }
