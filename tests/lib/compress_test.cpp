@@ -496,3 +496,46 @@ TEST_CASE("compress: a damaged frame is found by scrub with every path, by fsck 
   CHECK(f7);
   CHECK(check_filesystems(*im.dev, false).empty());  // the metadata alone is consistent
 }
+
+// Shrinking (format.md#relocation) moves frames as it moves plain extents:
+// the stored blocks verbatim, so their checksums stay true; what a snapshot
+// shares stays shared.
+TEST_CASE("compress: a shrink moves compressed extents, shared ones once", "[fs][compress][relocate]") {
+  FsImage im(128ull << 20);
+  im.vol->extension<MountCompression>().set(zstd(1));
+  std::vector<std::vector<std::byte>> files;
+  {
+    auto fs = must(Filesystem::open(*im.vol, im.main));
+    // Filler first, deleted later, so that the files lie high on the device.
+    auto filler = must(fs->mknod(fs->root(), "filler", S_IFREG | 0644, 0, 0, 0));
+    REQUIRE(must(fs->write(filler.ino, 0, noise(48 << 20, 1))) == 48u << 20);
+    for (int i = 0; i < 6; i++) {
+      files.push_back(text((1 << 20) + 4096 * i + 77, 40 + i));
+      auto f = must(fs->mknod(fs->root(), "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0));
+      REQUIRE(must(fs->write(f.ino, 0, files.back())) == files.back().size());
+    }
+    must(fs->unlink(fs->root(), "filler"));
+    must(fs->sync());
+  }
+  (void)must(snapshot(*im.vol, im.main, "s"));
+  must(im.vol->commit());
+  must(im.vol->commit());
+  const SpaceStats before = im.vol->space_stats();
+  (void)must(im.vol->resize(40ull << 20));
+  const SpaceStats after = im.vol->space_stats();
+  CHECK(after.data_blocks == before.data_blocks);  // moved, not copied twice
+  im.reopen();
+  for (const char* b : {"main", "s"}) {
+    auto br = must(Filesystem::find(*im.vol, b));
+    REQUIRE(br);
+    auto fs = must(Filesystem::open(*im.vol, br->tree, true));
+    for (int i = 0; i < 6; i++) {
+      const Attr a = must(fs->lookup(fs->root(), "f" + std::to_string(i)));
+      CHECK(read_all(*fs, a.ino) == files[size_t(i)]);
+      CHECK(compressed_items(*im.vol, br->tree, a.ino) > 0);
+    }
+  }
+  must(im.vol->close());
+  im.vol.reset();
+  require_fs_clean(*im.dev);
+}

@@ -18,9 +18,12 @@
 #include <set>
 #include <thread>
 
+#include <catch2/generators/catch_generators.hpp>
+
 #include "commit/superblock.h"
 #include "fs/check.h"
 #include "fs/fs.h"
+#include "fs/items.h"
 #include "fsck/fsck.h"
 #include "snap/snap.h"
 #include "union/union.h"
@@ -30,6 +33,28 @@
 
 namespace plyfs::test {
 namespace {
+
+// The model tests run once plain and once with compression forced on every
+// volume they open (format.md#fs-compress); then files are also written
+// with large compressible contents, so that frames are copied up, merged,
+// snapshotted and rolled back.
+Compression g_compress;
+struct CompressAll {
+  explicit CompressAll(bool on) {
+    if (on) g_compress = Compression{Compression::Mode::Zstd, 1, true};
+  }
+  ~CompressAll() { g_compress = Compression{}; }
+};
+// Runs of a few letters, 8 KiB to 128 KiB: frames that compress.
+std::string big_text(std::mt19937_64& rng) {
+  std::string d(8192 + rng() % (120 << 10), '\0');
+  for (size_t i = 0; i < d.size();) {
+    const size_t run = std::min<size_t>(d.size() - i, 1 + rng() % 40);
+    std::fill_n(d.begin() + long(i), run, char('a' + rng() % 6));
+    i += run;
+  }
+  return d;
+}
 
 const Caller kRoot{0, 0, 0};
 
@@ -47,6 +72,7 @@ struct Image {
     vo.kinds = fs_kinds();
     vo.commit_each_txn = commit_each_txn;
     vol = must(Volume::open(via ? *via : *dev, vo));
+    vol->extension<MountCompression>().set(g_compress);
     fs.clear();
     for (TreeId t : trees) fs.push_back(must(Filesystem::open(*vol, t)));
   }
@@ -57,6 +83,18 @@ struct Image {
     vol.reset();
   }
 };
+
+// Compressed extent items in every branch of the image.
+size_t compressed_items(Image& im) {
+  size_t n = 0;
+  auto t = must(im.vol->begin());
+  for (TreeId tree : im.trees)
+    must(t.scan(tree, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
+      if (fsitems::type_of(k) == disk::ItemType::Extent) n += must(fsitems::decode_extent(k, v)).compressed();
+      return true;
+    }));
+  return n;
+}
 
 Image make_image(size_t n) {
   Image im;
@@ -177,7 +215,8 @@ void populate(Filesystem& fs, std::mt19937_64& rng) {
       }
       case 2: case 3: {
         auto a = fs.mknod(d, name, S_IFREG | 0644, 0, 0, 0);
-        if (a) must(fs.write(a->ino, 0, bytes(std::string(1 + rng() % 40, char('A' + rng() % 26)))));
+        if (a && g_compress.on() && rng() % 3 == 0) must(fs.write(a->ino, 0, bytes(big_text(rng))));
+        else if (a) must(fs.write(a->ino, 0, bytes(std::string(1 + rng() % 40, char('A' + rng() % 26)))));
         break;
       }
       default:
@@ -351,8 +390,9 @@ OpOutcome random_op(Union& u, Model& m, std::mt19937_64& rng) {
       want = m.count(a) && m[a].type == 'f';
       auto i = resolve(u, a);
       if (i && want) {
-        const uint64_t off = rng() % 30;
-        const std::string d(1 + rng() % 20, char('a' + rng() % 26));
+        const bool big = g_compress.on() && rng() % 3 == 0;
+        const uint64_t off = big ? (rng() % 4) * 4096 + rng() % 2 * (rng() % 4096) : rng() % 30;
+        const std::string d = big ? big_text(rng) : std::string(1 + rng() % 20, char('a' + rng() % 26));
         got = u.open(*i, true, kRoot).ok() && u.write(*i, off, bytes(d), kRoot).ok();
         std::string& x = m[a].data;
         if (x.size() < off + d.size()) x.resize(off + d.size(), '\0');
@@ -431,6 +471,8 @@ OpOutcome random_op(Union& u, Model& m, std::mt19937_64& rng) {
 }
 
 TEST_CASE("union: random operations agree with the model of the view", "[union][unionmodel]") {
+  CompressAll compress_all(GENERATE(false, true));
+  size_t frames = 0;
   const uint64_t s = seed("union-model");
   std::mt19937_64 rng(s);
   const int rounds = int(12 * scale());
@@ -478,10 +520,12 @@ TEST_CASE("union: random operations agree with the model of the view", "[union][
     // Read-only branches never change.
     for (size_t i = 0; i < nb; i++)
       if (!cfg.writable[i]) REQUIRE(dump(*im.fs[i], im.fs[i]->root()) == ro_before[i]);
+    frames += compressed_items(im);
     u.reset();
     im.close();
     check_image(im);
   }
+  if (g_compress.on()) CHECK(frames > 0);  // the compressed run made frames
 }
 
 // The view as the model reads it from the branches' trees.
@@ -1645,6 +1689,7 @@ Model view_of(Volume& v, const std::vector<ViewLayer>& stack) {
 // one, the branch below) showed; a diff matches the branches' contents.
 TEST_CASE("snap: snapshots, merges, rollbacks, clones and diffs agree with the union model",
           "[snap][snapmodel]") {
+  CompressAll compress_all(GENERATE(false, true));
   const uint64_t s = seed("snap-model");
   std::mt19937_64 rng(s);
   const int rounds = int(24 * scale());
