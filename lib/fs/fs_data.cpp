@@ -315,6 +315,10 @@ Result<std::vector<Filesystem::Frame>> Filesystem::precompress(uint64_t ino, uin
   // the frame size, so that rewriting a file finds the same frames.
   const uint64_t wa = (off + bs_ - 1) / bs_, wb = (off + in.size()) / bs_;
   if (wb < wa + 2 || off + in.size() <= disk::kInlineMax) return out;
+  // An image that never used compression has no flag or branch default
+  // that asks for it (they set COMPRESS): without a mount option, plain
+  // writes cost no lookup.
+  if (!(vol_.incompat() & kIncompatCompress) && !vol_.extension<MountCompression>().get().on()) return out;
   const Compression c = PLY_TRY(compression_of(ino));
   if (!c.on()) return out;
   for (uint64_t f = wa; f < wb;) {
