@@ -17,7 +17,9 @@
 // ones) were checked. The budget is a target, not a limit: while a floor is
 // not met the filesystem suites go on past it, up to --max-s (default 1.5
 // times the budget), so that a slow machine checks as many states as a fast
-// one rather than failing for its speed. --self-test instead runs with each planted bug and
+// one rather than failing for its speed. --only 'WORKLOAD/' checks every state
+// of a workload; for a filesystem one it also names every fault run of it
+// ('fs-fault/compress/': fs-fault/compress/fault-...). --self-test instead runs with each planted bug and
 // fails unless every one is caught.
 #include <chrono>
 #include <cstdio>
@@ -114,8 +116,10 @@ struct Driver {
     std::string only_state;
     if (!args.only.empty()) {
       const auto slash = args.only.rfind('/', args.only.find(':'));
-      if (args.only.substr(0, slash) != w.id) return fault != nullptr;
-      only_state = args.only.substr(slash + 1);
+      // 'WORKLOAD/': every state of it, and of its fault runs (WORKLOAD/fault-...).
+      const bool runs_of = fault && args.only.back() == '/' && w.id.rfind(args.only, 0) == 0;
+      if (args.only.substr(0, slash) != w.id && !runs_of) return fault != nullptr;
+      if (!runs_of) only_state = args.only.substr(slash + 1);
     }
     const FsRun fr = record_fs(w, fault);
     const uint64_t before = t.states;
@@ -124,6 +128,9 @@ struct Driver {
       for (const auto& [g, m] : fr.run.model_at)
         std::printf(" %llu%s", (unsigned long long)g, fr.inner_gen.count(g) ? "(inner)" : "");
       std::printf("\n");
+      if (fr.compressed_items)
+        std::printf("  compressed extent items over the generations: %zu (%zu mapping part of their frame)\n",
+                    fr.compressed_items, fr.partial_frames);
       for (size_t i = 0; i < w.ops.size() && i < fr.results.size(); i++)
         std::printf("  %s: %s\n", w.ops[i].str().c_str(), fr.results[i].c_str());
     }

@@ -12,7 +12,9 @@
 #include <set>
 
 #include "fs/check.h"
+#include "fs/compress.h"
 #include "fs/fs.h"
+#include "fs/items.h"
 #include "fsck/fsck.h"
 #include "snap/snap.h"
 #include "union/union.h"
@@ -27,6 +29,23 @@ const Caller kRoot{0, 0, 0};
 std::vector<std::byte> pattern(size_t n, uint64_t seed) {
   std::vector<std::byte> v(n);
   for (size_t i = 0; i < n; i++) v[i] = static_cast<std::byte>((seed * 131 + i * 7 + (i >> 9)) & 0xff);
+  return v;
+}
+// Compressible data: words of a small vocabulary (about 4 bits of entropy a
+// byte, so that the compression test lets it through and zstd saves most
+// blocks), different for each seed.
+std::vector<std::byte> words(size_t n, uint64_t seed) {
+  static const char* const vocab[] = {"copy ", "on ", "write ", "union ", "branch ", "frame ", "zstd ",
+                                      "block ", "extent ", "crash ", "state ", "the ", "of ", "a ",
+                                      "generation\n", "checksum "};
+  std::vector<std::byte> v;
+  v.reserve(n + 16);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  while (v.size() < n) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    for (const char* c = vocab[(x >> 59) & 15]; *c; c++) v.push_back(std::byte(*c));
+  }
+  v.resize(n);
   return v;
 }
 std::vector<std::byte> text(std::string_view s) {
@@ -97,6 +116,21 @@ struct Mount {
       case FsOpKind::Write: {
         const uint64_t ino = PLY_TRY(resolve(p));
         (void)PLY_TRY(u->write(ino, op.off, pattern(op.arg, index), kRoot));
+        return ok();
+      }
+      case FsOpKind::WriteText: {
+        const uint64_t ino = PLY_TRY(resolve(p));
+        (void)PLY_TRY(u->write(ino, op.off, words(op.arg, index), kRoot));
+        return ok();
+      }
+      case FsOpKind::Chattr: {
+        const uint64_t ino = PLY_TRY(resolve(p));
+        const uint32_t now = PLY_TRY(u->get_fsflags(ino));
+        return u->set_fsflags(ino, now | uint32_t(op.arg), kRoot);
+      }
+      case FsOpKind::CopyRange: {
+        const uint64_t in = PLY_TRY(resolve(p)), out = PLY_TRY(resolve(op.path2));
+        (void)PLY_TRY(u->copy_range(in, op.off, out, op.off, op.arg, kRoot));
         return ok();
       }
       case FsOpKind::Truncate: {
@@ -247,9 +281,12 @@ VolumeOptions rw_options(PlantedBug bug = PlantedBug::None, bool discard = false
 // (writable), holds up, the whiteout of gone, and odir, an opaque directory
 // over the lower odir; the default view shows top over main. A third branch "spare" is in no
 // view. "full": the same on a small device whose free space a file in main
-// took up to ENOSPC.
+// took up to ENOSPC. "zbase": "base" whose main also holds compressed data
+// (chattr +c): z, 50 blocks and 100 bytes of text (frames of file blocks
+// 0-31 and 32-49, the partial last block plain), and zdir, a directory whose
+// flag new files inherit.
 std::unique_ptr<MemDevice> build_image(const std::string& name) {
-  const bool full = name == "full";
+  const bool full = name == "full", zbase = name == "zbase";
   auto dev = std::make_unique<MemDevice>(full ? (5ull << 20) : (12ull << 20));
   FormatOptions fo;
   fo.uuid = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
@@ -294,6 +331,15 @@ std::unique_ptr<MemDevice> build_image(const std::string& name) {
     SETUP(od);
     file(od->ino, "z", text("hidden by the opaque odir"));
     file(root, "gone", text("whited out"));
+    if (zbase) {
+      auto z = f.mknod(root, "z", S_IFREG | 0644, 0, 0, 0);
+      SETUP(z);
+      SETUP(f.set_fsflags(z->ino, FS_COMPR_FL));
+      SETUP(f.write(z->ino, 0, words(50 * 4096 + 100, 1)));
+      auto zd = f.mkdir(root, "zdir", 0755, 0, 0);
+      SETUP(zd);
+      SETUP(f.set_fsflags(zd->ino, FS_COMPR_FL));
+    }
     SETUP(f.release_all());
   }
   FsCreateOptions spare;
@@ -363,7 +409,8 @@ std::string FsOp::str() const {
                                 "unlink",   "mkdir",    "rmdir",    "setxattr", "fallocate",
                                 "copy-up",  "snapshot", "clone",    "merge",   "rollback",
                                 "add-branch", "delete-branch", "fill", "commit", "split-rename",
-                                "rename-branch", "quota", "shrink"};
+                                "rename-branch", "quota", "shrink", "chattr",
+                                "write-text", "copy-range"};
   std::string s = names[int(kind)];
   if (!path.empty()) s += " " + path;
   if (!path2.empty()) s += " " + path2;
@@ -441,6 +488,45 @@ struct Armed {
 
 bool fault_code(int code) { return code == EIO || code == ENOSPC || code == EROFS; }
 
+// plyfs -o compress-force=zstd:1: every write of two whole blocks or more
+// of a frame is compressed (when that saves a block), whatever the data.
+void mount_compression(Volume& v, bool on) {
+  if (on) v.extension<MountCompression>().set(Compression{Compression::Mode::Zstd, 1, /*force*/ true});
+}
+
+// Counts the compressed extent items of the filesystem trees of `m`, and
+// those that map only part of their frame.
+void count_compressed(const Model& m, size_t& items, size_t& partial) {
+  for (const auto& [id, its] : m.trees) {
+    if (auto k = m.kind.find(id); k == m.kind.end() || k->second != disk::kKindFs) continue;
+    for (const auto& [key, v] : its) {
+      if (fsitems::type_of(key) != disk::ItemType::Extent) continue;
+      auto e = fsitems::decode_extent(key, v);
+      if (!e || !e->compressed()) continue;
+      items++;
+      if (e->offset || e->nblocks < e->ram_blocks) partial++;
+    }
+  }
+}
+
+// The first line where two listings differ, for a failure message.
+std::string first_difference(const std::string& want, const std::string& got) {
+  size_t a = 0, b = 0;
+  while (a < want.size() || b < got.size()) {
+    auto line = [](const std::string& s, size_t at, size_t& end) {
+      if (at >= s.size()) return end = s.size(), std::string_view();
+      end = std::min(s.find('\n', at), s.size());
+      return std::string_view(s.data() + at, end - at);
+    };
+    size_t ea, eb;
+    const std::string_view la = line(want, a, ea), lb = line(got, b, eb);
+    if (la != lb)
+      return "want \"" + std::string(la) + "\", got \"" + std::string(lb) + "\"";
+    a = ea + 1, b = eb + 1;
+  }
+  return "no difference";
+}
+
 }  // namespace
 
 FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
@@ -471,6 +557,7 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
     return fr;
   }
   Volume& v = **vol;
+  mount_compression(v, w.compress);
   run.base_gen = v.durable_generation().v;
   {
     auto m0 = dump(v);
@@ -488,6 +575,7 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
       break;
     }
     fr.view_before.push_back(*before);
+    if (i == 0) fr.view_at[run.base_gen] = *before;
     rec.mark("op-begin", i);
     auto r = [&] {
       Armed a(gate);
@@ -517,6 +605,12 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
           break;
         }
         run.model_at[v.open_generation().v] = std::move(*d);
+        auto l = list_view(v);
+        if (!l) {
+          run.error = "list before commit: " + l.error().message();
+          break;
+        }
+        fr.view_at[v.open_generation().v] = std::move(*l);
       }
       auto g = [&] {
         Armed a(gate);
@@ -551,6 +645,7 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
     if (!after && run.error.empty() && !(faulty && faulty->fired() && v.failure()))
       run.error = "list after " + op.str() + ": " + after.error().message();
     fr.view_after.push_back(after ? *after : "");
+    if (acked && after) fr.view_at[acked] = *after;
     // Generations the volume wrote inside the operation (not the one the
     // driver's commit acknowledged).
     for (uint64_t g = durable + 1; g <= v.durable_generation().v; g++)
@@ -562,6 +657,9 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
   if (faulty) run.fault_fired = faulty->fired() > 0;
   vol->reset();  // the power goes out
   finish();
+  for (const auto& [g, model] : run.model_at) count_compressed(model, fr.compressed_items, fr.partial_frames);
+  if (w.expect_compressed && !fault && run.error.empty() && fr.compressed_items == 0)
+    run.error = "no committed generation holds a compressed extent: the workload tests no compression";
   // A commit inside an operation that the fault made fail may have written
   // its superblock (and, after a failed flush, be durable anyway: D4): it
   // belongs to the last operation, and its content comes from the log.
@@ -630,6 +728,11 @@ std::string check_fs_state(const FsWorkload& w, const FsRun& r, const Spec& spec
         auto l = list_view(**vol);
         if (!l) {
           err = "VIEW_UNLISTABLE at generation " + std::to_string(gen) + ": " + l.error().message();
+        } else if (auto at = r.view_at.find(gen); at != r.view_at.end() && *l != at->second) {
+          // Every name, attribute and byte (compressed or not, through the
+          // frame decoder) as the workload saw it when the commit returned.
+          err = "CONTENT: generation " + std::to_string(gen) + " lists other files or bytes than it held " +
+                "when committed: " + first_difference(at->second, *l);
         } else if (auto in = r.inner_gen.find(gen); in != r.inner_gen.end()) {
           // A generation written inside operation i shows the view from
           // before it or after it, never a mixture.
@@ -658,6 +761,7 @@ std::string check_fs_state(const FsWorkload& w, const FsRun& r, const Spec& spec
     auto vol = Volume::open(dev, rw_options());
     if (!vol) return "WRITE_CHECK: reopen read-write: " + vol.error().message();
     if (auto d = drop_doomed(**vol); !d) return "WRITE_CHECK: drop_doomed: " + d.error().message();
+    mount_compression(**vol, w.compress);
     Mount m(**vol);
     if (auto o = m.open(); !o) return "WRITE_CHECK: mount: " + o.error().message();
     const FsOp ops[] = {
@@ -826,6 +930,71 @@ std::vector<FsWorkload> fs_scenarios() {
     w.ops.push_back({K::Commit});
     out.push_back(w);
   }
+  for (auto& w : fs_compress_scenarios()) out.push_back(std::move(w));
+  return out;
+}
+
+std::vector<FsWorkload> fs_compress_scenarios() {
+  using K = FsOpKind;
+  std::vector<FsWorkload> out;
+  {  // Compressed data by file and directory flags (chattr +c) on "zbase":
+     // a lower compressed file copied up (its items, frames shared) and
+     // overwritten inside a frame, truncated inside one; a new frame in a
+     // new file of a +c directory, a smaller one rewritten in its middle;
+     // frames shared with a plain file (copy_range, aligned) and decoded
+     // into one (unaligned), plain blocks shared into a +c file; the last
+     // name of shared frames unlinked. Every crash state lists every file's
+     // bytes as at its generation's commit (view_at).
+    FsWorkload w;
+    w.id = "fs-scenario/compress";
+    w.image = "zbase";
+    w.expect_compressed = true;
+    w.ops = {{K::Write, "z", "", 5 * 4096 + 100, 3000},    // copy-up, then blocks 5-6 of frame 0 plain
+             {K::Commit},
+             {K::Truncate, "z", "", 0, 40 * 4096 + 123},    // inside frame 1: its item maps 32-39
+             {K::Create, "zdir/n"},                        // zdir copied up with +c; n inherits it
+             {K::WriteText, "zdir/n", "", 0, 96 << 10},     // a 24-block frame
+             {K::Commit},
+             {K::WriteText, "zdir/n", "", 8192, 16 << 10},  // blocks 2-5: a frame inside the frame
+             {K::Create, "c"},
+             {K::CopyRange, "z", "c", 0, 64 << 10},         // c shares parts of z's frames
+             {K::CopyRange, "zdir/n", "up", 100, 40000},    // decoded, written plain
+             {K::CopyRange, "big", "zdir/n", 0, 3 * 4096},  // plain blocks shared into a +c file
+             {K::Chattr, "dir/y", "", 0, FS_COMPR_FL},      // copy-up, +c in the same generation
+             {K::WriteText, "dir/y", "", 4096, 48 << 10},   // then a frame over its plain blocks
+             {K::Commit},
+             {K::Truncate, "zdir/n", "", 0, 3 * 4096 + 5},  // cuts the inner frame
+             {K::Unlink, "z"},                             // c keeps the frames
+             {K::Commit}};
+    out.push_back(w);
+  }
+  {  // The mount's compress-force on "base": plain lower files, byte
+     // patterns; a partial overwrite inside a frame (one whole block: plain)
+     // and a smaller frame written inside another; a copied-up plain file
+     // overwritten with compressed data; truncation inside a frame; frames
+     // shared into an inline file (copy_range).
+    FsWorkload w;
+    w.id = "fs-scenario/compress-force";
+    w.image = "base";
+    w.compress = true;
+    w.expect_compressed = true;
+    w.ops = {{K::Create, "f"},
+             {K::Write, "f", "", 0, 200 << 10},             // frames 0-31, 32-49
+             {K::Commit},
+             {K::Write, "f", "", 10 * 4096 + 5, 8192},       // one whole block: plain in frame 0
+             {K::Write, "f", "", 33 * 4096, 4 * 4096},       // a 4-block frame inside frame 1
+             {K::Write, "big", "", 4096, 64 << 10},          // copy-up, then a frame over plain blocks
+             {K::Commit},
+             {K::Truncate, "f", "", 0, 20 * 4096 + 7},
+             {K::CopyRange, "f", "up", 0, 16 << 10},         // shared into the inline "up"
+             {K::Create, "m"},
+             {K::Chattr, "m", "", 0, FS_NOCOMP_FL},          // +m: never compressed, whatever the mount
+             {K::Write, "m", "", 0, 64 << 10},
+             {K::Commit},
+             {K::Unlink, "f"},
+             {K::Commit}};
+    out.push_back(w);
+  }
   return out;
 }
 
@@ -905,6 +1074,23 @@ std::vector<FsWorkload> fs_fault_workloads() {
       w.id = "fs-fault/shrink";
       out.push_back(std::move(w));
     }
+  {  // A fault while compressed data is read, written and freed (issue 25):
+     // a copy-up of a compressed lower file and a partial overwrite inside
+     // its frame (the old block decoded from the frame), a new compressed
+     // file (compress-force too), a truncation inside a frame.
+    FsWorkload w;
+    w.id = "fs-fault/compress";
+    w.image = "zbase";
+    w.compress = true;
+    w.ops = {{K::Write, "z", "", 5 * 4096 + 100, 3000},
+             {K::Commit},
+             {K::Create, "zdir/after"},
+             {K::WriteText, "zdir/after", "", 0, 64 << 10},
+             {K::Write, "up", "", 4096, 32 << 10},
+             {K::Truncate, "z", "", 0, 40 * 4096 + 123},
+             {K::Commit}};
+    out.push_back(std::move(w));
+  }
   return out;
 }
 

@@ -47,6 +47,11 @@ enum class FsOpKind : uint8_t {
   Quota,       // the branch named path gets a referenced quota of arg bytes (0: none) and,
                // with off 1, a hold (off 2: released): one FsInfo write each
   Shrink,      // plyctl resize to arg bytes on the mounted image: blocks past it move first
+  Chattr,      // chattr: the file or directory at path gets the FS_*_FL flags arg (FS_COMPR_FL
+               // +c, FS_NOCOMP_FL +m; a lower one is copied up)
+  WriteText,   // as Write, with compressible text (low entropy: the compression test passes)
+  CopyRange,   // copy_file_range of [off, off+arg) of path to the same offset of path2 (aligned:
+               // the blocks are shared, compressed frames with them; else copied, compressed anew)
 };
 
 struct FsOp {
@@ -64,6 +69,13 @@ struct FsWorkload {
   std::vector<FsOp> ops;
   PlantedBug bug = PlantedBug::None;
   bool discard = false;  // VolumeOptions::discard (A6)
+  // Mount compression (plyfs -o compress-force=zstd:1, MountCompression) for
+  // the workload and the write checks of its crash states.
+  bool compress = false;
+  // The workload exists to write compressed extents (fs-scenario/compress...):
+  // a run whose committed generations hold none is a failure (WORKLOAD), so
+  // that a change of the compression policy cannot make it test nothing.
+  bool expect_compressed = false;
 };
 
 struct FsRun {
@@ -79,6 +91,15 @@ struct FsRun {
   // clean one; anything else is in run.error).
   std::string fault_error;
   size_t fault_ops = 0;  // operations and commits refused because of the fault
+  // The listing (list_view: every file's bytes as a digest) of each committed
+  // generation, as the workload saw it when the commit returned (or, in a
+  // fault run, right before a commit that may be durable anyway): a crash
+  // state that recovers generation g must list exactly view_at[g].
+  std::map<uint64_t, std::string> view_at;
+  // Compressed extent items in the committed generations' models, and the
+  // ones that map part of their frame (a partial overwrite or truncation
+  // inside it), counted over every generation (verbose output, expect_compressed).
+  size_t compressed_items = 0, partial_frames = 0;
 };
 
 // Runs the workload from its starting image (built once and cached),
@@ -107,7 +128,10 @@ std::string check_fs_state(const FsWorkload& w, const FsRun& r, const Spec& spec
 std::vector<FsOp> fs_instances();
 // seq-1 whole; seq-2 and seq-3 sampled (`sample` workloads) with `seed`.
 std::vector<FsWorkload> fs_ace(size_t length, uint64_t seed, size_t sample);
-std::vector<FsWorkload> fs_scenarios();  // near-full devices
+std::vector<FsWorkload> fs_scenarios();  // near-full devices, quotas, a shrink, compression
+// fs-scenario/compress (file and directory flags, copy-up of compressed lower
+// data) and fs-scenario/compress-force (the mount option): part of fs_scenarios.
+std::vector<FsWorkload> fs_compress_scenarios();
 FsWorkload fs_random_workload(uint64_t seed, size_t nops);
 // For the fault suite: a handful of representative operations (a copy-up
 // write, a rename over a whiteout, a snapshot, a merge, a delete_branch...),

@@ -7,6 +7,11 @@
 // threads, lost+found, holes for bad data).
 // Nothing may crash, hang or leak; an image fsck -y says it corrected must
 // check clean after, with the object passes.
+// An input whose first patch has flags bit 2 (kUseZBase) patches a second
+// image instead, whose files hold compressed extents (fs_base_z), so that
+// damaged items and frames reach the frame decoder (Filesystem::frame,
+// decompress_frame) and fsck -c's decoding.
+#include <linux/fs.h>
 #include <sys/stat.h>
 
 #include <cstring>
@@ -85,7 +90,74 @@ std::unique_ptr<MemDevice> build_fs_base() {
   return dev;
 }
 
+// Text that compresses (the incompressibility test lets it through).
+std::vector<std::byte> words(size_t n, int seed) {
+  static const char* const vocab[] = {"plyfs ", "frame ", "zstd ", "block ", "extent ", "the ", "of ", "a\n"};
+  std::vector<std::byte> v;
+  uint64_t x = uint64_t(seed) * 0x9e3779b97f4a7c15ull + 1;
+  while (v.size() < n) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    for (const char* c = vocab[x >> 61]; *c; c++) v.push_back(std::byte(*c));
+  }
+  v.resize(n);
+  return v;
+}
+
+// Compressed extents of every shape (format.md#fs-compress): "z", two frames
+// (file blocks 0-31 and 32-39) and a plain partial block; "split", one frame
+// whose middle a plain block replaced (two items, one with an offset);
+// "shared", a part of z's first frame (copy_range: an item at offset 4);
+// "zdir", a +c directory with a compressed file in it; an empty layer over
+// it all in a view.
+std::unique_ptr<MemDevice> build_fs_base_z() {
+  auto dev = std::make_unique<MemDevice>(8ull << 20);
+  FormatOptions fo;
+  fo.uuid = {0x5a, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9};
+  fo.time_ns = 1;
+  if (!format_filesystem(*dev, fo, FsCreateOptions{})) __builtin_trap();
+  VolumeOptions vo;
+  vo.kinds = fs_kinds();
+  auto vol = Volume::open(*dev, vo);
+  if (!vol) __builtin_trap();
+  auto base = Filesystem::default_tree(**vol);
+  if (!base) __builtin_trap();
+  {
+    auto fs = Filesystem::open(**vol, *base);
+    if (!fs) __builtin_trap();
+    auto& f = **fs;
+    const uint64_t root = f.root();
+    auto file = [&](uint64_t dir, const char* name) {
+      auto a = f.mknod(dir, name, S_IFREG | 0644, 0, 0, 0);
+      if (!a || !f.set_fsflags(a->ino, FS_COMPR_FL)) __builtin_trap();
+      return a->ino;
+    };
+    const uint64_t z = file(root, "z");
+    if (!f.write(z, 0, words(40 * 4096 + 300, 1))) __builtin_trap();
+    const uint64_t split = file(root, "split");
+    if (!f.write(split, 0, words(16 * 4096, 2)) || !f.write(split, 6 * 4096 + 10, fill(100, 3))) __builtin_trap();
+    const uint64_t shared = file(root, "shared");
+    if (!f.copy_range(z, 4 * 4096, shared, 0, 8 * 4096)) __builtin_trap();
+    auto dir = f.mkdir(root, "zdir", 0755, 0, 0);
+    if (!dir || !f.set_fsflags(dir->ino, FS_COMPR_FL)) __builtin_trap();
+    auto in = f.mknod(dir->ino, "in", S_IFREG | 0644, 0, 0, 0);
+    if (!in || !f.write(in->ino, 0, words(5 * 4096, 4))) __builtin_trap();
+  }
+  FsCreateOptions lo;
+  lo.name = "top";
+  lo.parent = *base;
+  auto layer = Filesystem::create(**vol, lo);
+  if (!layer) __builtin_trap();
+  (void)put_view(**vol, View{"v", true, {{*layer, true}, {*base, false}}});
+  if (!(*vol)->close()) __builtin_trap();
+  return dev;
+}
+
 }  // namespace
+
+const MemDevice& fs_base_z() {
+  static const std::unique_ptr<MemDevice> base = build_fs_base_z();
+  return *base;
+}
 
 // Reads everything a mount could: every name, attribute, xattr, link and
 // byte of every branch (bounded, a damaged tree may hold cycles).
@@ -115,8 +187,12 @@ void read_all_fs(Volume& vol) {
         if (S_ISDIR(a->mode)) todo.push_back(a->ino);
         else if (S_ISLNK(a->mode)) (void)(*fs)->readlink(a->ino);
         else if (S_ISREG(a->mode)) {
-          std::vector<std::byte> buf(std::min<uint64_t>(a->size, 64 << 10));
+          // Up to 256 KiB: past the first frames of a compressed file
+          // (32 blocks each); and a small read in the middle, through the
+          // frame cache.
+          std::vector<std::byte> buf(std::min<uint64_t>(a->size, 256 << 10));
           (void)(*fs)->read(a->ino, 0, buf);
+          if (a->size > 8192) (void)(*fs)->read(a->ino, a->size / 2, std::span(buf).first(100));
           (void)(*fs)->lseek(a->ino, 0, SEEK_DATA);
         }
       }
@@ -131,7 +207,7 @@ const MemDevice& fs_base() {
 }
 
 void run_one_fs(const uint8_t* data, size_t size) {
-  auto dev = fs_base().clone();
+  auto dev = (uses_z_base(data, size) ? fs_base_z() : fs_base()).clone();
   apply_patches(*dev, data, size);
   VolumeOptions ro;
   ro.read_only = true;
@@ -152,6 +228,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 }
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
-  return plyfs::fuzz::custom_mutate(plyfs::fuzz::fs_base(), data, size, max_size, seed, LLVMFuzzerMutate);
+  return plyfs::fuzz::custom_mutate(plyfs::fuzz::fs_base(), data, size, max_size, seed, LLVMFuzzerMutate,
+                                    &plyfs::fuzz::fs_base_z());
 }
 #endif

@@ -10,6 +10,8 @@
 //   flags bit 0: re-seal the checksum of the patched node or superblock
 //                (JANUS-style), so the mutation reaches the field checks
 //   flags bit 1: the block number counts from first_block (a metadata block)
+//   flags bit 2, in the first patch: the input patches the filesystem image
+//                with compressed extents (fuzz_fs_image.cpp, fs_base_z)
 // Most patches the fuzzers try are structured (struct_mutate.h): a field of
 // an item of a node, set to a value that breaks an invariant, re-sealed.
 // Built two ways: with libFuzzer (clang, -Dfuzzer=true) for fuzzing, and as
@@ -126,14 +128,22 @@ const MemDevice& engine_base() {
   return *base;
 }
 
+bool uses_z_base(const uint8_t* data, size_t size) { return size >= 8 && (data[7] & kUseZBase); }
+
 size_t custom_mutate(const MemDevice& base, uint8_t* data, size_t size, size_t max_size, unsigned seed,
-                     size_t (*byte_mutate)(uint8_t*, size_t, size_t)) {
-  static const NodeMap map = map_nodes(base);  // one base per fuzzer binary
+                     size_t (*byte_mutate)(uint8_t*, size_t, size_t), const MemDevice* zbase) {
+  static const NodeMap map = map_nodes(base);  // one base per fuzzer binary (and its zbase)
+  static const NodeMap zmap = zbase ? map_nodes(*zbase) : NodeMap{};
   std::mt19937_64 rng(seed);
   if (rng() % 4 == 0) return byte_mutate(data, size, max_size);
   std::vector<uint8_t> in(data, data + whole_patches(data, size));
   if (rng() % 4 == 0 || in.size() > max_size / 2) in.clear();  // a fresh list now and then
-  (void)append_struct_patch(in, map, rng);
+  if (in.empty() && zbase && rng() % 3 == 0) {
+    // The selection: an empty patch whose flags say kUseZBase.
+    const uint8_t select[8] = {0, 0, 0, 0, 0, 0, 0, kUseZBase};
+    in.assign(select, select + 8);
+  }
+  (void)append_struct_patch(in, zbase && uses_z_base(in.data(), in.size()) ? zmap : map, rng);
   if (in.size() > max_size) return byte_mutate(data, size, max_size);
   std::memcpy(data, in.data(), in.size());
   return in.size();

@@ -17,6 +17,12 @@ namespace plyfs::fuzz {
 // The base images the inputs patch, built once.
 const MemDevice& engine_base();
 const MemDevice& fs_base();
+// The filesystem image with compressed extents (format.md#fs-compress): what
+// an fs input patches when its first patch's flags have bit 2 (kUseZBase).
+const MemDevice& fs_base_z();
+inline constexpr uint8_t kUseZBase = 4;
+// Whether an fs input patches fs_base_z.
+bool uses_z_base(const uint8_t* data, size_t size);
 
 // An engine image (plain trees, a clone, extent references).
 void run_one(const uint8_t* data, size_t size);
@@ -31,7 +37,10 @@ void fsck_cycle(MemDevice& dev, FsckOptions fo);
 // libFuzzer's custom mutator for both targets: mostly a structured patch
 // (struct_mutate.h) appended to the input's whole patches, else libFuzzer's
 // own byte mutation (`byte_mutate`).
+// With `zbase` (the fs target), an input whose first patch selects it
+// (kUseZBase) gets patches for that image, and a fresh list starts with that
+// selection a third of the time.
 size_t custom_mutate(const MemDevice& base, uint8_t* data, size_t size, size_t max_size, unsigned seed,
-                     size_t (*byte_mutate)(uint8_t*, size_t, size_t));
+                     size_t (*byte_mutate)(uint8_t*, size_t, size_t), const MemDevice* zbase = nullptr);
 
 }  // namespace plyfs::fuzz

@@ -51,7 +51,10 @@ int main(int argc, char** argv) {
     if (out) {
       std::vector<uint8_t> data;
       if (!load(argv[i], data)) return std::fprintf(stderr, "replay: cannot read %s\n", argv[i]), 1;
-      auto dev = (fs ? plyfs::fuzz::fs_base() : plyfs::fuzz::engine_base()).clone();
+      auto dev = (!fs ? plyfs::fuzz::engine_base()
+                  : plyfs::fuzz::uses_z_base(data.data(), data.size()) ? plyfs::fuzz::fs_base_z()
+                                                                       : plyfs::fuzz::fs_base())
+                     .clone();
       plyfs::fuzz::apply_patches(*dev, data.data(), data.size());
       auto bytes = dev->peek(0, dev->size_bytes());
       std::ofstream f(out, std::ios::binary);

@@ -13,6 +13,8 @@
 #include "commit/disk_superblock.h"
 #include "commit/superblock.h"
 #include "commit/volume.h"
+#include "fs/items.h"
+#include "util/checksum.h"
 
 namespace plyfs::fuzz {
 
@@ -85,6 +87,48 @@ void emit(std::vector<uint8_t>& input, uint64_t block, uint32_t off, size_t w, u
   for (size_t i = 0; i < w; i++) input.push_back(uint8_t(v >> (8 * i)));
 }
 
+// `bytes` at `off` of `block` (absolute), with flags (bit 0: re-seal).
+void emit_bytes(std::vector<uint8_t>& input, uint64_t block, uint32_t off, const std::vector<uint8_t>& bytes,
+                uint8_t flags) {
+  uint8_t head[8];
+  const uint32_t b = uint32_t(block);
+  const uint16_t o = uint16_t(off);
+  std::memcpy(head, &b, 4);
+  std::memcpy(head + 4, &o, 2);
+  head[6] = uint8_t(bytes.size());
+  head[7] = flags;
+  input.insert(input.end(), head, head + 8);
+  input.insert(input.end(), bytes.begin(), bytes.end());
+}
+
+// The compressed extent items of a leaf of a filesystem tree.
+void leaf_frames(BlockDevice& dev, const NodeMap::Node& n, uint32_t bs, NodeMap& out) {
+  const auto& b = n.bytes;
+  const uint32_t nitems = uint32_t(load(b, offsetof(disk::NodeHeader, nitems), 2));
+  for (uint32_t i = 0; i < nitems; i++) {
+    const size_t item = 64 + i * sizeof(disk::LeafItem);
+    if (item + sizeof(disk::LeafItem) > b.size()) return;
+    const Key k{load(b, item, 8), load(b, item + 8, 8)};
+    const uint32_t voff = uint32_t(load(b, item + 16, 4)), vlen = uint32_t(load(b, item + 20, 4));
+    if (fsitems::type_of(k) != disk::ItemType::Extent || voff > b.size() || vlen > b.size() - voff) continue;
+    auto e = fsitems::decode_extent(k, std::span(reinterpret_cast<const std::byte*>(b.data()) + voff, vlen));
+    if (!e || !e->compressed() || e->disk_nblocks > 64) continue;
+    NodeMap::Frame f;
+    f.node = n.block;
+    f.value = voff;
+    f.ino = k.hi;
+    f.file_blk = fsitems::off_of(k);
+    f.disk_start = e->disk_start;
+    f.disk_nblocks = e->disk_nblocks;
+    f.frame_bytes = e->frame_bytes;
+    f.ram_blocks = e->ram_blocks;
+    f.stored.resize(e->disk_nblocks * bs);
+    if (!dev.read(e->disk_start * bs, std::span(reinterpret_cast<std::byte*>(f.stored.data()), f.stored.size())))
+      continue;
+    out.frames.push_back(std::move(f));
+  }
+}
+
 std::string super_patch(std::vector<uint8_t>& input, const NodeMap& m, std::mt19937_64& rng) {
   struct F {
     const char* name;
@@ -132,7 +176,88 @@ NodeMap map_nodes(const MemDevice& base) {
     if (auto txn = (*vol)->begin())
       if (auto trees = txn->list_trees())
         for (const auto& t : *trees) walk(*dev, sb, t.id.v, t.root, m, seen);
+  for (const auto& n : m.nodes)
+    if (n.level == 0 && n.tree >= 256 && sb.block_size == 4096) leaf_frames(*dev, n, sb.block_size, m);
   return m;
+}
+
+std::string append_frame_patch(std::vector<uint8_t>& input, const NodeMap& m, size_t index, FrameDamage kind,
+                               uint64_t variant) {
+  const NodeMap::Frame& f = m.frames[index % m.frames.size()];
+  const uint32_t bs = m.block_size;
+  const uint64_t d = f.disk_nblocks;
+  std::string where = "compressed extent of inode " + std::to_string(f.ino) + " at file block " +
+                      std::to_string(f.file_blk) + " (frame of " + std::to_string(f.frame_bytes) + " bytes in " +
+                      std::to_string(d) + " blocks at " + std::to_string(f.disk_start) + ", " +
+                      std::to_string(f.ram_blocks) + " blocks decoded): ";
+  // The item's fields: re-sealed patches of the leaf.
+  auto field = [&](uint32_t at, uint32_t cur, std::initializer_list<uint64_t> values, const char* name) {
+    const std::vector<uint64_t> vs(values);
+    const uint32_t v = uint32_t(vs[variant % vs.size()]);
+    emit(input, f.node, f.value + uint32_t(sizeof(disk::Extent)) + at, 4, v);
+    return where + name + " " + std::to_string(cur) + " -> " + std::to_string(v);
+  };
+  if (kind == FrameDamage::FrameBytes)
+    return field(offsetof(disk::ExtentFrame, frame_bytes), f.frame_bytes,
+                 {f.frame_bytes / 2, f.frame_bytes - 1, (d - 1) * bs + 1, d * bs, f.frame_bytes + 1, d * bs + 1,
+                  0, 1, 0xffffffffu},
+                 "frame_bytes");
+  if (kind == FrameDamage::RamBlocks)
+    return field(offsetof(disk::ExtentFrame, ram_blocks), f.ram_blocks,
+                 {f.ram_blocks + 1, disk::kMaxExtentBlocks, f.ram_blocks - 1, d + 1, disk::kMaxExtentBlocks + 1,
+                  d, 2, f.ram_blocks * 2, 0xffffffffu},
+                 "ram_blocks");
+  // The stored bytes [at, at + n), all in one block, xor-ed with a pattern
+  // that changes every one of them.
+  const auto& z = f.stored;
+  uint64_t at = 0, n = 1;
+  std::string what;
+  switch (kind) {
+    case FrameDamage::Magic:
+      at = variant % 4, n = 1 + variant / 4 % (4 - at), what = "frame magic";
+      break;
+    case FrameDamage::ContentSize: {
+      // RFC 8878 3.1.1.1: the descriptor, the window descriptor unless
+      // single-segment, the dictionary id, then the content size.
+      const uint8_t desc = z.size() > 4 ? z[4] : 0;
+      const bool single = desc & 0x20;
+      const unsigned fcs_flag = desc >> 6, did = desc & 3;
+      const uint64_t fcs_at = 5 + (single ? 0 : 1) + (did == 3 ? 4 : did);
+      const uint64_t fcs_len = fcs_flag == 0 ? (single ? 1 : 0) : 1ull << fcs_flag;
+      if (fcs_len == 0) {
+        at = 4, n = 1, what = "frame header descriptor";
+      } else {
+        at = fcs_at + variant % fcs_len, n = 1, what = "frame content size";
+      }
+      break;
+    }
+    case FrameDamage::Tail:
+      n = 1 + variant % 8;
+      at = f.frame_bytes > n ? f.frame_bytes - n : 0;
+      what = "frame tail";
+      break;
+    default:
+      at = f.frame_bytes ? variant % f.frame_bytes : 0, n = 1 + variant / 7 % 4, what = "frame bytes";
+      break;
+  }
+  const uint64_t blk = at / bs;
+  if (blk >= d) return where + "nothing (no such byte)";
+  n = std::min<uint64_t>(n, (blk + 1) * bs - at);
+  std::vector<uint8_t> block(z.begin() + long(blk * bs), z.begin() + long((blk + 1) * bs));
+  std::vector<uint8_t> bytes(n);
+  for (uint64_t i = 0; i < n; i++) {
+    const uint8_t x = uint8_t(1 + (variant >> (8 * (i % 8)) & 0xff) % 255);
+    bytes[i] = block[at % bs + i] ^ x;
+    block[at % bs + i] = bytes[i];
+  }
+  emit_bytes(input, f.disk_start + blk, uint32_t(at % bs), bytes, 0);
+  // The item's checksum of that stored block, recomputed: the damage is
+  // the decoder's to find (and fsck -c's F7-data).
+  const uint64_t sum = xxh3(block.data(), block.size());
+  emit(input, f.node,
+       f.value + uint32_t(sizeof(disk::Extent) + sizeof(disk::ExtentFrame) + 8 * blk), 8, sum);
+  return where + what + " at byte " + std::to_string(at) + " (" + std::to_string(n) +
+         " bytes), the block's checksum re-sealed";
 }
 
 size_t whole_patches(const uint8_t* data, size_t size) {
@@ -143,6 +268,11 @@ size_t whole_patches(const uint8_t* data, size_t size) {
 
 std::string append_struct_patch(std::vector<uint8_t>& input, const NodeMap& m, std::mt19937_64& rng) {
   if (m.nodes.empty() || m.block_size != 4096 || rng() % 20 == 0) return super_patch(input, m, rng);
+  if (!m.frames.empty() && rng() % 5 == 0) {
+    const size_t i = rng() % m.frames.size();
+    const auto kind = FrameDamage(rng() % 6);
+    return append_frame_patch(input, m, i, kind, rng());
+  }
   const NodeMap::Node& n = m.nodes[rng() % m.nodes.size()];
   const auto& b = n.bytes;
   const uint32_t nitems = uint32_t(load(b, offsetof(disk::NodeHeader, nitems), 2));
