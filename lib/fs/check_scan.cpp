@@ -79,7 +79,7 @@ void Checker::inode_fields(uint64_t ino, const disk::Inode& d) {
             "cleared unknown inode flags", set_inode(ino, [](Rec& r) { r.flags &= ~kInodeInline; }));
   if (d.flags.get() & ~known)
     problem("F-flags", ino, "unknown inode flags " + std::to_string(d.flags.get() & ~known), Repair::Safe, 4,
-            "cleared unknown inode flags", set_inode(ino, [known](Rec& r) { r.flags &= known; }));
+            "cleared unknown inode flags", set_inode(ino, [](Rec& r) { r.flags &= disk::kInodeFlagsKnown; }));
   switch (d.mode.get() & S_IFMT) {
     case S_IFREG: case S_IFDIR: case S_IFLNK: case S_IFCHR: case S_IFBLK: case S_IFIFO: case S_IFSOCK: break;
     default: bad_modes_.push_back(ino);  // the entries naming it may say (finish)
@@ -89,8 +89,10 @@ void Checker::inode_fields(uint64_t ino, const disk::Inode& d) {
 void Checker::info(std::span<const std::byte> v) {
   info_seen_ = true;
   disk::FsInfo fi;
-  if (!decode_info(v, fi)) return problem("F1-info", 0, "info item of wrong size");
+  // Kept as found even when it cannot be decoded: the fix that rewrites it
+  // (findings_fix_info) tells it from one an earlier fix wrote by these bytes.
   info_.assign(v.begin(), v.end());
+  if (!decode_info(v, fi)) return problem("F1-info", 0, "info item of wrong size");
   const auto* d = &fi;
   root_ = d->root_ino.get();
   if (d->magic.get() != disk::kFsMagic || d->version.get() < disk::kFsVersionMin ||
