@@ -347,6 +347,7 @@ class Filesystem {
     uint64_t fb;
     uint32_t nblocks;
     std::optional<std::vector<std::byte>> z;
+    bool tail = false;  // its last block is the write's partial one, zero-padded
   };
   // How a write to `ino` compresses now: its flags, then the branch's
   // default, then the mount's (effective_compression).

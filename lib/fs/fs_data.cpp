@@ -152,7 +152,7 @@ Result<std::vector<Ext>> put_plain(Volume& vol, Volume::Txn& t, uint64_t fb,
 // kMaxExtentBlocks. On error, frees what it allocated.
 Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
                                     std::span<const std::byte> data, uint32_t bs,
-                                    const std::vector<Filesystem::Frame>* frames = nullptr) {
+                                    const std::vector<Filesystem::Frame>* frames = nullptr, bool tail_ok = true) {
   std::vector<Ext> out;
   const uint64_t total = data.size() / bs;
   auto undo = [&](Error e) -> Error {
@@ -164,7 +164,7 @@ Result<std::vector<Ext>> put_blocks(Volume& vol, Volume::Txn& t, uint64_t fb,
   std::vector<const Filesystem::Frame*> zs;
   if (frames)
     for (const auto& f : *frames)
-      if (f.z && f.fb >= fb && f.fb + f.nblocks <= fb + total) zs.push_back(&f);
+      if (f.z && f.fb >= fb && f.fb + f.nblocks <= fb + total && (tail_ok || !f.tail)) zs.push_back(&f);
   uint64_t pos = 0;
   for (size_t k = 0; k <= zs.size(); k++) {
     const uint64_t stop = k < zs.size() ? zs[k]->fb - fb : total;
@@ -312,23 +312,37 @@ Result<std::vector<Filesystem::Frame>> Filesystem::precompress(uint64_t ino, uin
                                                                std::span<const std::byte> in) {
   std::vector<Frame> out;
   // The whole blocks of the write, cut where file offsets are multiples of
-  // the frame size, so that rewriting a file finds the same frames.
-  const uint64_t wa = (off + bs_ - 1) / bs_, wb = (off + in.size()) / bs_;
-  if (wb < wa + 2 || off + in.size() <= disk::kInlineMax) return out;
+  // the frame size, so that rewriting a file finds the same frames. A
+  // partial last block goes into its frame with zeros after the write's
+  // end: what it holds when the write ends the file (or the rest of the
+  // block is zeros), which write_locked checks before it uses the frame, so
+  // that a file's tail is compressed too.
+  const uint64_t end = off + in.size();
+  const uint64_t wa = (off + bs_ - 1) / bs_, wb = end / bs_, stop_at = wb + (end % bs_ ? 1 : 0);
+  if (stop_at < wa + 2 || end <= disk::kInlineMax) return out;
   // An image that never used compression has no flag or branch default
   // that asks for it (they set COMPRESS): without a mount option, plain
   // writes cost no lookup.
   if (!(vol_.incompat() & kIncompatCompress) && !vol_.extension<MountCompression>().get().on()) return out;
   const Compression c = PLY_TRY(compression_of(ino));
   if (!c.on()) return out;
-  for (uint64_t f = wa; f < wb;) {
-    const uint64_t stop = std::min(wb, (f / kFrameBlocks + 1) * kFrameBlocks);
-    if (stop - f >= 2) out.push_back(Frame{f, uint32_t(stop - f), std::nullopt});
+  for (uint64_t f = wa; f < stop_at;) {
+    const uint64_t stop = std::min(stop_at, (f / kFrameBlocks + 1) * kFrameBlocks);
+    if (stop - f >= 2) out.push_back(Frame{f, uint32_t(stop - f), std::nullopt, stop > wb});
     f = stop;
   }
   parallel_for(out.size(), [&](size_t i) {
     Frame& f = out[i];
-    const auto data = in.subspan(f.fb * bs_ - off, uint64_t(f.nblocks) * bs_);
+    std::vector<std::byte> padded;
+    std::span<const std::byte> data;
+    if (f.tail) {  // the write's bytes, then zeros to the end of the block
+      padded.assign(uint64_t(f.nblocks) * bs_, std::byte{0});
+      const auto have = in.subspan(f.fb * bs_ - off);
+      std::memcpy(padded.data(), have.data(), have.size());
+      data = padded;
+    } else {
+      data = in.subspan(f.fb * bs_ - off, uint64_t(f.nblocks) * bs_);
+    }
     if (!c.force && !looks_compressible(data)) return;  // written plain, cheaply
     f.z = compress_frame(data, c.effective_level(), bs_);
   });
@@ -378,7 +392,10 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
 
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = (nb / disk::kMaxExtentBlocks + 8) * 2 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
-  auto news = PLY_TRY(put_blocks(vol_, c.t, fb, blocks, bs_, frames));
+  // A frame holding the partial last block assumed zeros after the write's
+  // end (precompress): so they must be, in the block as staged.
+  const bool tail_ok = end % bs_ == 0 || all_zero(blocks.subspan((lb - fb) * bs_ + end % bs_, bs_ - end % bs_));
+  auto news = PLY_TRY(put_blocks(vol_, c.t, fb, blocks, bs_, frames, tail_ok));
   std::unique_lock lk(mu_);
   auto apply = [&]() -> Result<void> {
     Rec r = PLY_TRY(c.inode(ino));
