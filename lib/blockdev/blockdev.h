@@ -107,9 +107,9 @@ class FileDevice final : public BlockDevice {
 };
 
 // An image wherever the tools take one: an NBD URI (nbd://, nbds://,
-// nbd+unix://; NbdDevice, which takes no lock: opts.lock does not apply) or
-// else a path (FileDevice). EOPNOTSUPP for a URI when this build has no NBD
-// support.
+// nbd+unix://: NbdDevice) or else a path (FileDevice). NBD has no lock: with
+// opts.lock, a URI that a plyfs mount here was given is EBUSY, as a locked
+// image file is. EOPNOTSUPP for a URI when this build has no NBD support.
 bool is_nbd_uri(std::string_view path_or_uri);
 Result<std::unique_ptr<BlockDevice>> open_device(const std::string& path_or_uri,
                                                  FileOpenOptions opts = {});

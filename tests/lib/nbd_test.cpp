@@ -195,6 +195,23 @@ TEST_CASE("nbd device: many requests in flight at once (queue depth >= 16)", "[n
   REQUIRE(secs < 2.0);
 }
 
+TEST_CASE("nbd device: a server that takes one client gets one connection", "[nbd]") {
+  Dir d;
+  // nbdkit memory offers multi-conn, but the limit filter refuses every
+  // connection after the first: the device keeps the one it has.
+  NbdServer srv(d.path, {"--filter=limit", "memory", "64M", "limit=1"});
+  auto dev = must(NbdDevice::open(srv.uri(), false));
+  REQUIRE(dev->connections() == 1);
+  auto a = pattern(8192, 5);
+  REQUIRE(dev->write(0, a));
+  REQUIRE(dev->flush());
+  // A second writer is the server's to refuse.
+  REQUIRE(!NbdDevice::open(srv.uri(), false));
+  std::vector<std::byte> back(a.size());
+  REQUIRE(dev->read(0, back));
+  REQUIRE(back == a);
+}
+
 TEST_CASE("nbd device: bad URIs and missing servers are clear errors", "[nbd]") {
   Dir d;
   auto missing = open_device("nbd+unix:///?socket=" + d.path + "/none.sock");
