@@ -46,6 +46,7 @@ Error nbd_error(const std::string& what) {
 struct Pending {
   int left = 0;
   int err = 0;
+  std::condition_variable cv;  // its thread, woken when done or made the poller
 };
 
 int on_done(void* user, int* error) {
@@ -61,7 +62,7 @@ struct NbdDevice::Conn {
   nbd_handle* h = nullptr;
   int wake_fd = -1;
   std::mutex mu;
-  std::condition_variable cv;
+  std::vector<Pending*> waiters;  // the calls waiting on this connection
   bool polling = false;   // N2
   unsigned poll_dir = 0;  // what the poller waits for
 
@@ -81,20 +82,30 @@ struct NbdDevice::Conn {
   }
 
   // Waits, with `lk` on mu, until every command of `p` has completed.
+  // Each waiter is woken alone: when its commands are done, or to take
+  // over the polling from a poller whose commands are (no thundering herd).
   void wait(Pending& p, std::unique_lock<std::mutex>& lk) {
+    waiters.push_back(&p);
     while (p.left > 0) {
       if (nbd_aio_is_dead(h) || nbd_aio_is_closed(h)) {
         // libnbd retired the commands when the connection died (N3); this
         // guards against waiting on a socket nobody will answer.
         if (p.err == 0) p.err = EIO;
-        return;
+        break;
       }
       if (polling) {
-        cv.wait(lk);
+        p.cv.wait(lk);
         continue;
       }
       poll_once(lk);
     }
+    waiters.erase(std::find(waiters.begin(), waiters.end(), &p));
+    if (!polling)
+      for (Pending* w : waiters)
+        if (w->left > 0) {
+          w->cv.notify_one();
+          break;
+        }
   }
 
   void poll_once(std::unique_lock<std::mutex>& lk) {
@@ -119,7 +130,8 @@ struct NbdDevice::Conn {
         (void)nbd_aio_notify_write(h);
     }
     polling = false;
-    cv.notify_all();
+    for (Pending* w : waiters)
+      if (w->left == 0) w->cv.notify_one();
   }
 };
 
