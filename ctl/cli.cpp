@@ -148,8 +148,8 @@ Result<uint64_t> number(const std::string& s, const char* what) {
   return v;
 }
 
-Result<std::unique_ptr<FileDevice>> open_image(const std::string& path, bool write) {
-  return FileDevice::open(path, FileOpenOptions{!write, true});
+Result<std::unique_ptr<BlockDevice>> open_image(const std::string& path, bool write) {
+  return open_device(path, FileOpenOptions{!write, true});
 }
 
 Result<Opened> open_volume(const std::string& image, bool write) {

@@ -32,12 +32,12 @@ int need_image(const std::string& what, const std::string& path, const std::stri
 void usage(FILE* out);
 
 Result<uint64_t> number(const std::string& s, const char* what);
-Result<std::unique_ptr<FileDevice>> open_image(const std::string& path, bool write);
+Result<std::unique_ptr<BlockDevice>> open_image(const std::string& path, bool write);
 bool is_directory(const std::string& p);
 
 // An image opened for the branch commands (offline: it must not be mounted).
 struct Opened {
-  std::unique_ptr<FileDevice> dev;
+  std::unique_ptr<BlockDevice> dev;
   std::unique_ptr<Volume> vol;
 };
 Result<Opened> open_volume(const std::string& image, bool write);
@@ -45,7 +45,8 @@ Result<Opened> open_volume(const std::string& image, bool write);
 // Where a command on an image's catalog runs (issue 24): through the daemon
 // (`mnt`) when `path` is a mount point, or an image that a plyfs mount
 // serves (its lock is taken, and mount_of finds the mount); else on the
-// image, opened here. plyctl never reads a mounted image's blocks.
+// image, opened here. plyctl never reads a mounted image's blocks. An NBD
+// URI has no lock: a mount given the same URI counts as its holder.
 struct Target {
   std::string mnt;  // non-empty: this mount point's daemon answers
   Opened o;

@@ -155,7 +155,7 @@ std::vector<std::string> image_candidates(const std::string& mnt) {
 // The image beside its daemon: read-only, without the lock the daemon holds.
 Result<Opened> open_beside(const std::string& image) {
   Opened o;
-  o.dev = PLY_TRY(FileDevice::open(image, FileOpenOptions{true, false}));
+  o.dev = PLY_TRY(open_device(image, FileOpenOptions{true, false}));
   VolumeOptions vo;
   vo.kinds = fs_kinds();
   vo.read_only = true;

@@ -16,7 +16,7 @@ namespace {
 
 // The Image object of an image opened here: its recovery says what each
 // superblock slot holds.
-Result<Json> offline_image(FileDevice& dev) {
+Result<Json> offline_image(BlockDevice& dev) {
   VolumeOptions vo;
   vo.kinds = fs_kinds();
   vo.movers = fs_movers();

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "blockdev/blockdev.h"
 #include "control.h"
 
 namespace plyfs::ctl {
@@ -188,8 +189,10 @@ bool same_image(const struct stat& a, const struct stat& b) {
 }  // namespace
 
 std::optional<std::string> mount_of(const std::string& image) {
+  // An NBD URI names no file: the mount given the same URI serves it.
+  const bool uri = is_nbd_uri(image);
   struct stat want;
-  if (::stat(image.c_str(), &want) != 0) return std::nullopt;
+  if (!uri && ::stat(image.c_str(), &want) != 0) return std::nullopt;
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
   while (std::getline(in, line)) {
@@ -201,6 +204,10 @@ std::optional<std::string> mount_of(const std::string& image) {
     if (f.size() < 5 || dash == f.end() || f.end() - dash < 3 || dash[1] != "fuse.plyfs") continue;
     struct stat st;
     const std::string source = unescape(dash[2]);
+    if (uri) {
+      if (source == image) return unescape(f[4]);
+      continue;
+    }
     if (::stat(source.c_str(), &st) != 0 || !same_image(st, want)) continue;
     return unescape(f[4]);
   }

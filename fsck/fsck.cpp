@@ -252,7 +252,7 @@ int real_main(int argc, char** argv) {
                      .c_str());
     return kFsckOperational;
   }
-  auto dev = FileDevice::open(a.path, FileOpenOptions{a.mode == FsckMode::Check, true});
+  auto dev = open_device(a.path, FileOpenOptions{a.mode == FsckMode::Check, true});
   if (!dev) {
     std::fprintf(stderr, "%s: %s\n", kProg, dev.error().message().c_str());
     return kFsckOperational;

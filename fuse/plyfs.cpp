@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
   // the terminal still attached.
   FileOpenOptions fo;
   fo.read_only = cfg.ro;
-  auto dev = FileDevice::open(cfg.image, fo);
+  auto dev = open_device(cfg.image, fo);
   if (!dev) {
     if (dev.error().code == EBUSY)
       return refuse(-1, 32, std::string(cfg.image) += " is already mounted or in use by another plyfs program");
@@ -353,9 +353,20 @@ int main(int argc, char** argv) {
   // Daemonize before any thread starts; the parent waits for the mount.
   int status_fd = -1;
   if (!cfg.foreground) {
+    // An NBD connection must not outlive the fork in two processes: the
+    // parent's exit would end it (NBD_CMD_DISC). It was made to refuse
+    // here, on the terminal; the daemon makes its own (NBD takes no lock
+    // that the gap could lose).
+    const bool nbd = is_nbd_uri(cfg.image);
+    if (nbd) dev->reset();
     int code = 0;
     status_fd = daemonize(&code);
     if (status_fd < 0) return code;
+    if (nbd) {
+      auto again = open_device(cfg.image, fo);
+      if (!again) return refuse(status_fd, 32, again.error().user_message(cfg.image));
+      *dev = std::move(*again);
+    }
   }
 
   Daemon d;

@@ -10,6 +10,9 @@
 //      FileDevice opens it with O_EXCL, which also keeps it from being
 //      mounted while we write;
 //   M4 success means both superblocks are durable (Volume::format flushes).
+// On an NBD export (an nbd:// or nbd+unix:// URI), M2 covers plyfs
+// superblocks only (libblkid probes files, not URIs) and M3 is the NBD
+// server's business: it must not serve the export to a second writer.
 #include <blkid/blkid.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -260,7 +263,7 @@ class Probe {
 
 // M2. libblkid does not know plyfs, so our own superblocks are checked too;
 // a damaged plyfs filesystem still counts as one (it may be worth repairing).
-Result<void> refuse_if_in_use(FileDevice& dev, const std::string& path) {
+Result<void> refuse_if_plyfs(BlockDevice& dev, const std::string& path) {
   const std::string tail = "; use -f to overwrite";
   auto sb = read_superblocks(dev);
   if (sb) {
@@ -272,6 +275,12 @@ Result<void> refuse_if_in_use(FileDevice& dev, const std::string& path) {
     return Error{EEXIST, path + " contains a plyfs file system that cannot be read (" +
                              sb.error().reason + ")" + tail};
   if (sb.error().code != EINVAL) return sb.error();  // an I/O error: do not guess
+  return ok();
+}
+
+Result<void> refuse_if_in_use(FileDevice& dev, const std::string& path) {
+  PLY_CHECK(refuse_if_plyfs(dev, path));
+  const std::string tail = "; use -f to overwrite";
   Probe probe = PLY_TRY(Probe::open(path, false));
   auto found = PLY_TRY(probe.describe(path));
   if (found) return Error{EEXIST, path + " contains " + *found + tail};
@@ -294,7 +303,7 @@ Result<SuperInfo> plan_for(const FileDevice& dev, const Options& o) {
 // and an image file its holes. Advisory (D7): a device that cannot does
 // nothing. On a large device it takes a while, so it goes by 1 GiB steps
 // with the progress line on a terminal.
-Result<void> discard_all(FileDevice& dev, const Options& o, const SuperInfo& plan) {
+Result<void> discard_all(BlockDevice& dev, const Options& o, const SuperInfo& plan) {
   if (!o.discard) return ok();
   const uint64_t total = plan.total_blocks * plan.block_size;
   constexpr uint64_t kStep = 1ull << 30;
@@ -306,7 +315,7 @@ Result<void> discard_all(FileDevice& dev, const Options& o, const SuperInfo& pla
   return ok();
 }
 
-Result<SuperInfo> write_filesystem(FileDevice& dev, const Options& o, const SuperInfo& plan) {
+Result<SuperInfo> write_filesystem(BlockDevice& dev, const Options& o, const SuperInfo& plan) {
   FormatOptions f = o.format;
   f.uuid = plan.uuid;  // the plan drew the random uuid; write exactly what was checked
   SuperInfo s = PLY_TRY(format_filesystem(dev, f, FsCreateOptions{}));
@@ -426,7 +435,25 @@ Result<void> make_on_existing(const Options& o) {
   return ok();
 }
 
+// An NBD export has its size: -s may use less of it, never more.
+Result<void> make_on_nbd(const Options& o) {
+  auto dev = PLY_TRY(open_device(o.path, FileOpenOptions{.read_only = o.dry_run}));
+  if (!o.force) PLY_CHECK(refuse_if_plyfs(*dev, o.path));
+  if (o.format.size_bytes > dev->size_bytes())
+    return Error::invalid("-s " + std::to_string(o.format.size_bytes) + " is more than the " +
+                          std::to_string(dev->size_bytes()) + " bytes of the NBD export " + o.path);
+  const SuperInfo plan = PLY_TRY(Volume::plan(*dev, o.format));  // M1
+  if (o.dry_run) {
+    print_summary(o, plan);
+    return ok();
+  }
+  PLY_CHECK(discard_all(*dev, o, plan));
+  print_summary(o, PLY_TRY(write_filesystem(*dev, o, plan)));
+  return ok();
+}
+
 Result<void> run(const Options& o) {
+  if (is_nbd_uri(o.path)) return make_on_nbd(o);
   struct stat st {};
   if (::stat(o.path.c_str(), &st) == 0) return make_on_existing(o);
   if (errno != ENOENT) return Error::sys(errno, "cannot access " + o.path);

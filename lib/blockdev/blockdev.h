@@ -32,6 +32,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "util/result.h"
 
@@ -104,5 +105,13 @@ class FileDevice final : public BlockDevice {
   std::atomic<uint64_t> size_{0};  // grows with resize(), read by every I/O's range check
   uint32_t lss_ = 512, pss_ = 512;
 };
+
+// An image wherever the tools take one: an NBD URI (nbd://, nbds://,
+// nbd+unix://: NbdDevice) or else a path (FileDevice). NBD has no lock: with
+// opts.lock, a URI that a plyfs mount here was given is EBUSY, as a locked
+// image file is. EOPNOTSUPP for a URI when this build has no NBD support.
+bool is_nbd_uri(std::string_view path_or_uri);
+Result<std::unique_ptr<BlockDevice>> open_device(const std::string& path_or_uri,
+                                                 FileOpenOptions opts = {});
 
 }  // namespace plyfs

@@ -15,6 +15,7 @@
 #include <functional>
 
 #include "fuse_util.h"
+#include "../nbd_server.h"
 
 using namespace plyfs::fusetest;
 
@@ -543,8 +544,10 @@ void change_branches(UnionDiff& u, std::mt19937_64& rng, const std::string& mnt,
 }
 
 // `extra`: options for every mount of the run. Returns the daemons' log.
+// `image`: an NBD URI to run on instead of an image file in the test's
+// directory.
 std::string run_diff(const char* name, uint64_t nops, bool with_union,
-                     const std::vector<std::string>& extra = {}) {
+                     const std::vector<std::string>& extra = {}, const std::string& image = "") {
   const uint64_t s = seed(name);
   std::mt19937_64 rng(s);
   g_dir_nlink = !with_union;
@@ -553,7 +556,7 @@ std::string run_diff(const char* name, uint64_t nops, bool with_union,
   const std::string model = tmp / "model";
   REQUIRE(::mkdir(model.c_str(), 0755) == 0);
   ::umask(022);
-  const std::string img = tmp / "image";
+  const std::string img = image.empty() ? tmp / "image" : image;
   mkfs(img, "2G", tmp / "mkfs.log");
   std::vector<std::string> opts = extra;
   auto with = [&](std::vector<std::string> o) {
@@ -711,6 +714,19 @@ TEST_CASE("differential: random operations on tmpfs and plyfs agree", "[diff]") 
 // -o uring (fuse/uring.h): the differential test with the requests taken
 // from the kernel's io_uring queues, then with the kernel's switch off,
 // where the same option must leave the daemon on /dev/fuse.
+#ifdef PLYFS_HAVE_NBD
+// The image on an NBD server (nbdkit memory on a Unix socket), the union
+// included: a shorter run (tests/fuse/nbd_test.cpp has the rest).
+TEST_CASE("differential: random operations on tmpfs and plyfs over NBD agree", "[nbd-diff]") {
+  REQUIRE(!plyfs::test::nbdkit_path().empty());  // meson runs [nbd-diff] only where it is
+  TempDir dir;
+  plyfs::test::NbdServer srv(dir.path(), {"memory", "2G"});
+  run_diff("nbd-diff", 20000 * scale(), false, {}, srv.uri());
+  srv.restart({"memory", "2G"});  // a fresh, empty export
+  run_diff("nbd-union-diff", 8000 * scale(), true, {}, srv.uri());
+}
+#endif
+
 TEST_CASE("differential: random operations over FUSE io_uring, and -o uring without it", "[uring]") {
   const std::string line = "requests go through io_uring";
   UringSwitch sw;

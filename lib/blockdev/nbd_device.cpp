@@ -1,0 +1,284 @@
+#include "blockdev/nbd_device.h"
+
+#include <libnbd.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+namespace plyfs {
+
+namespace {
+
+// A few connections are enough to keep nbdkit's worker threads busy; each
+// also carries many requests at once (N2).
+constexpr size_t kMultiConns = 4;
+// libnbd refuses requests over 64 MiB; servers often stop at 32 MiB.
+constexpr uint64_t kMaxRequest = 32u << 20;
+// NBD_CMD_TRIM's length is 32 bits.
+constexpr uint64_t kMaxTrim = 1u << 30;
+
+bool power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// The connection is gone (server killed, network down): the request's
+// fate is unknown, which the layers above know as EIO (D4, D5).
+int gone_to_eio(int e) {
+  switch (e) {
+    case 0: case ENOTCONN: case ECONNRESET: case EPIPE: case ESHUTDOWN: case ECONNABORTED:
+    case ETIMEDOUT: case EPROTO: case EBADMSG:
+      return EIO;
+    default:
+      return e;
+  }
+}
+
+Error nbd_error(const std::string& what) {
+  const int e = nbd_get_errno();
+  const char* msg = nbd_get_error();
+  return Error::io(gone_to_eio(e), what + ": " + (msg && *msg ? msg : "libnbd error"));
+}
+
+// What the requests of one call wait for: `left` commands, the first error.
+struct Pending {
+  int left = 0;
+  int err = 0;
+  std::condition_variable cv;  // its thread, woken when done or made the poller
+};
+
+int on_done(void* user, int* error) {
+  auto* p = static_cast<Pending*>(user);  // N1: the connection's mutex is held
+  if (*error != 0 && p->err == 0) p->err = *error;
+  p->left--;
+  return 1;  // retire the command: nobody asks for it by cookie
+}
+
+}  // namespace
+
+struct NbdDevice::Conn {
+  nbd_handle* h = nullptr;
+  int wake_fd = -1;
+  std::mutex mu;
+  std::vector<Pending*> waiters;  // the calls waiting on this connection
+  bool polling = false;   // N2
+  unsigned poll_dir = 0;  // what the poller waits for
+
+  ~Conn() {
+    if (h) nbd_close(h);  // no request is in flight: the device is being destroyed
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+
+  // After a submit, with mu held: a poller waiting only to read must also
+  // wait to write now that a request is queued for the socket (N2).
+  void kick() {
+    if (!polling) return;
+    if ((nbd_aio_get_direction(h) & ~poll_dir) != 0) {
+      const uint64_t one = 1;
+      if (::write(wake_fd, &one, sizeof one) < 0) {}  // a full counter wakes it anyway
+    }
+  }
+
+  // Waits, with `lk` on mu, until every command of `p` has completed.
+  // Each waiter is woken alone: when its commands are done, or to take
+  // over the polling from a poller whose commands are (no thundering herd).
+  void wait(Pending& p, std::unique_lock<std::mutex>& lk) {
+    waiters.push_back(&p);
+    while (p.left > 0) {
+      if (nbd_aio_is_dead(h) || nbd_aio_is_closed(h)) {
+        // libnbd retired the commands when the connection died (N3); this
+        // guards against waiting on a socket nobody will answer.
+        if (p.err == 0) p.err = EIO;
+        break;
+      }
+      if (polling) {
+        p.cv.wait(lk);
+        continue;
+      }
+      poll_once(lk);
+    }
+    waiters.erase(std::find(waiters.begin(), waiters.end(), &p));
+    if (!polling)
+      for (Pending* w : waiters)
+        if (w->left > 0) {
+          w->cv.notify_one();
+          break;
+        }
+  }
+
+  void poll_once(std::unique_lock<std::mutex>& lk) {
+    polling = true;
+    poll_dir = nbd_aio_get_direction(h);
+    pollfd fds[2] = {{nbd_aio_get_fd(h), 0, 0}, {wake_fd, POLLIN, 0}};
+    if (poll_dir & LIBNBD_AIO_DIRECTION_READ) fds[0].events |= POLLIN;
+    if (poll_dir & LIBNBD_AIO_DIRECTION_WRITE) fds[0].events |= POLLOUT;
+    lk.unlock();
+    const int r = ::poll(fds, 2, -1);
+    lk.lock();
+    if (r > 0) {
+      if (fds[1].revents & POLLIN) {
+        uint64_t n;
+        if (::read(wake_fd, &n, sizeof n) < 0) {}
+      }
+      const short ev = fds[0].revents;
+      // A failed notify leaves the handle dead, its commands retired (N3).
+      if ((ev & (POLLIN | POLLHUP | POLLERR)) && (poll_dir & LIBNBD_AIO_DIRECTION_READ))
+        (void)nbd_aio_notify_read(h);
+      else if ((ev & (POLLOUT | POLLHUP | POLLERR)) && (poll_dir & LIBNBD_AIO_DIRECTION_WRITE))
+        (void)nbd_aio_notify_write(h);
+    }
+    polling = false;
+    for (Pending* w : waiters)
+      if (w->left == 0) w->cv.notify_one();
+  }
+};
+
+namespace {
+
+Result<std::unique_ptr<NbdDevice::Conn>> connect(const std::string& uri) {
+  auto c = std::make_unique<NbdDevice::Conn>();
+  c->h = nbd_create();
+  if (!c->h) return nbd_error("cannot create an NBD handle");
+  c->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->wake_fd < 0) return Error::sys(errno, "eventfd");
+  if (nbd_supports_uri(c->h) != 1)
+    return Error::io(EOPNOTSUPP, "this libnbd cannot connect to URIs (built without libxml2)");
+  if (nbd_connect_uri(c->h, uri.c_str()) != 0) {
+    const int e = nbd_get_errno();
+    const char* msg = nbd_get_error();
+    return Error::io(e ? e : EIO, "cannot connect to " + uri + ": " + (msg ? msg : "libnbd error"));
+  }
+  return c;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NbdDevice>> NbdDevice::open(const std::string& uri, bool read_only) {
+  std::unique_ptr<NbdDevice> d(new NbdDevice());
+  d->uri_ = uri;
+  d->read_only_ = read_only;
+  d->conns_.push_back(PLY_TRY(connect(uri)));
+  nbd_handle* h = d->conns_[0]->h;
+
+  if (!read_only && nbd_is_read_only(h) == 1)
+    return Error::io(EROFS, uri + " is a read-only export: open it read-only");
+  // Without NBD_CMD_FLUSH nothing could ever be known durable (D3): a
+  // commit would claim what the server may still lose.
+  if (!read_only && nbd_can_flush(h) != 1)
+    return Error::io(EOPNOTSUPP, "the NBD server of " + uri +
+                                     " cannot flush, so no commit could be made durable: "
+                                     "refusing to open it read-write");
+  const int64_t size = nbd_get_size(h);
+  if (size < 0) return nbd_error("cannot get the size of " + uri);
+  const int64_t min = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
+  const int64_t pref = nbd_get_block_size(h, LIBNBD_SIZE_PREFERRED);
+  const int64_t max = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
+  d->lss_ = power_of_two(min) && min >= 512 && min <= 65536 ? uint32_t(min) : 512;
+  d->pss_ = power_of_two(pref) && pref >= d->lss_ && pref <= 65536 ? uint32_t(pref) : d->lss_;
+  d->max_request_ = max >= d->lss_ ? std::min<uint64_t>(uint64_t(max) / d->lss_ * d->lss_, kMaxRequest)
+                                   : kMaxRequest;
+  d->size_ = uint64_t(size) / d->lss_ * d->lss_;
+  d->can_trim_ = !read_only && nbd_can_trim(h) == 1;
+
+  // More connections only where the server promises that a flush on one
+  // covers writes completed on all; a server that refuses the extra ones
+  // (a connection limit) leaves the ones it took.
+  if (nbd_can_multi_conn(h) == 1) {
+    while (d->conns_.size() < kMultiConns) {
+      auto c = connect(uri);
+      if (!c) break;
+      d->conns_.push_back(std::move(*c));
+    }
+  }
+  return d;
+}
+
+NbdDevice::~NbdDevice() = default;
+
+NbdDevice::Conn& NbdDevice::pick() {
+  return *conns_[next_.fetch_add(1, std::memory_order_relaxed) % conns_.size()];
+}
+
+// Issues the whole request on one connection, in pieces the server takes,
+// all in flight at once, and waits for them.
+Result<void> NbdDevice::submit(Op op, uint64_t offset, std::byte* buf, uint64_t len) {
+  Conn& c = pick();
+  Pending p;
+  std::unique_lock lk(c.mu);
+  const uint64_t piece = op == Op::kTrim ? kMaxTrim : max_request_;
+  uint64_t done = 0;
+  int submit_errno = 0;
+  std::string submit_msg;
+  do {
+    const uint64_t n = std::min(piece, len - done);
+    const nbd_completion_callback cb = {.callback = on_done, .user_data = &p, .free = nullptr};
+    int64_t cookie = -1;
+    switch (op) {
+      case Op::kRead: cookie = nbd_aio_pread(c.h, buf + done, n, offset + done, cb, 0); break;
+      case Op::kWrite: cookie = nbd_aio_pwrite(c.h, buf + done, n, offset + done, cb, 0); break;
+      case Op::kTrim: cookie = nbd_aio_trim(c.h, n, offset + done, cb, 0); break;
+      case Op::kFlush: cookie = nbd_aio_flush(c.h, cb, 0); break;
+    }
+    if (cookie < 0) {  // not submitted: its callback will not run
+      const char* msg = nbd_get_error();
+      submit_msg = msg ? msg : "libnbd error";
+      submit_errno = gone_to_eio(nbd_get_errno());
+      if (nbd_aio_is_dead(c.h) || nbd_aio_is_closed(c.h)) {  // EINVAL from libnbd: not the caller's
+        submit_errno = EIO;
+        submit_msg = "the NBD server went away (" + submit_msg + ")";
+      }
+      break;
+    }
+    p.left++;
+    done += n;
+  } while (done < len);
+  c.kick();
+  c.wait(p, lk);  // also for the pieces submitted before a failed one (N3)
+  const char* what = op == Op::kRead ? "read" : op == Op::kWrite ? "write" : op == Op::kTrim ? "trim" : "flush";
+  const std::string where = op == Op::kFlush ? "" : " at byte " + std::to_string(offset);
+  if (submit_errno)
+    return Error::io(submit_errno, std::string(what) + where + " of " + uri_ + " failed: " + submit_msg);
+  if (p.err) {
+    const int e = gone_to_eio(p.err);
+    return Error::io(e, std::string(what) + where + " of " + uri_ + " failed: " +
+                            (p.err == ENOTCONN ? "the NBD server went away" : std::strerror(p.err)));
+  }
+  return ok();
+}
+
+Result<void> NbdDevice::read(uint64_t offset, std::span<std::byte> out) {
+  PLY_CHECK(check_range(*this, offset, out.size()));
+  if (out.empty()) return ok();
+  return submit(Op::kRead, offset, out.data(), out.size());
+}
+
+Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
+  if (read_only_) return Error::io(EROFS, uri_ + " is open read-only");
+  PLY_CHECK(check_range(*this, offset, in.size()));
+  if (in.empty()) return ok();
+  // libnbd only reads the buffer of a write.
+  return submit(Op::kWrite, offset, const_cast<std::byte*>(in.data()), in.size());
+}
+
+Result<void> NbdDevice::flush() {
+  if (read_only_) return ok();
+  // Multi-conn: a flush on any one connection covers the writes completed
+  // on every connection; without it there is only the one connection.
+  return submit(Op::kFlush, 0, nullptr, 0);
+}
+
+Result<void> NbdDevice::discard(uint64_t offset, uint64_t len) {
+  if (read_only_) return Error::io(EROFS, uri_ + " is open read-only");
+  PLY_CHECK(check_range(*this, offset, len));
+  if (len == 0 || !can_trim_) return ok();  // advisory (D7)
+  return submit(Op::kTrim, offset, nullptr, len);
+}
+
+Result<uint64_t> NbdDevice::resize(uint64_t at_least) {
+  (void)at_least;  // as a block device: the caller sees the size it gets
+  return size_;
+}
+
+}  // namespace plyfs

@@ -1,0 +1,72 @@
+#include "blockdev/blockdev.h"
+
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#ifdef PLYFS_HAVE_NBD
+#include "blockdev/nbd_device.h"
+#endif
+
+namespace plyfs {
+
+bool is_nbd_uri(std::string_view s) {
+  return s.starts_with("nbd://") || s.starts_with("nbds://") || s.starts_with("nbd+unix://") ||
+         s.starts_with("nbds+unix://");
+}
+
+namespace {
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string unescape(const std::string& f) {
+  std::string o;
+  for (size_t i = 0; i < f.size(); i++) {
+    if (f[i] == '\\' && i + 3 < f.size() && f[i + 1] >= '0' && f[i + 1] <= '3' && f[i + 2] >= '0' &&
+        f[i + 2] <= '7' && f[i + 3] >= '0' && f[i + 3] <= '7') {
+      o += char((f[i + 1] - '0') * 64 + (f[i + 2] - '0') * 8 + (f[i + 3] - '0'));
+      i += 3;
+    } else {
+      o += f[i];
+    }
+  }
+  return o;
+}
+
+// The mount point of a plyfs mount here whose source is `uri`, spelled the
+// same: what the lock of an image file finds for a file.
+std::optional<std::string> plyfs_mount_of(const std::string& uri) {
+  std::ifstream in("/proc/self/mountinfo");
+  for (std::string line; std::getline(in, line);) {
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
+    std::istringstream ls(line);
+    std::vector<std::string> f;
+    for (std::string w; ls >> w;) f.push_back(w);
+    size_t dash = 0;
+    while (dash < f.size() && f[dash] != "-") dash++;
+    if (f.size() < 5 || dash + 2 >= f.size() || f[dash + 1] != "fuse.plyfs") continue;
+    if (unescape(f[dash + 2]) == uri) return unescape(f[4]);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<BlockDevice>> open_device(const std::string& path_or_uri,
+                                                 FileOpenOptions opts) {
+  if (is_nbd_uri(path_or_uri)) {
+#ifdef PLYFS_HAVE_NBD
+    // NBD has no lock: a plyfs mount of the same URI here stands in for it
+    // (a second writer elsewhere is the server's to refuse).
+    if (opts.lock)
+      if (auto mnt = plyfs_mount_of(path_or_uri))
+        return Error::io(EBUSY, path_or_uri + " is mounted at " + *mnt);
+    return std::unique_ptr<BlockDevice>(PLY_TRY(NbdDevice::open(path_or_uri, opts.read_only)));
+#else
+    return Error::io(EOPNOTSUPP, path_or_uri + ": this build has no NBD support (meson -Dnbd=enabled, libnbd-dev)");
+#endif
+  }
+  return std::unique_ptr<BlockDevice>(PLY_TRY(FileDevice::open(path_or_uri, opts)));
+}
+
+}  // namespace plyfs
