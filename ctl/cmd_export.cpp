@@ -85,19 +85,6 @@ struct Output {
   }
 };
 
-std::string unescape_mountinfo(const std::string& s) {
-  std::string o;
-  for (size_t i = 0; i < s.size(); i++) {
-    if (s[i] == '\\' && i + 3 < s.size()) {
-      o += char((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-      i += 3;
-    } else {
-      o += s[i];
-    }
-  }
-  return o;
-}
-
 // Where the image of mount point `mnt` may be: the mount's source (the
 // daemon gives the image path as given to it, fsname=), and the files a
 // plyfs process holds open under that name. Which one it is, the clones

@@ -22,6 +22,7 @@
 
 #include "blockdev/blockdev.h"
 #include "control.h"
+#include "util/text.h"
 
 namespace plyfs::ctl {
 
@@ -164,22 +165,6 @@ Result<Json> request(const std::string& mnt, const Json& req, Progress* progress
 
 namespace {
 
-// A field of /proc/self/mountinfo with its octal escapes (\040 for a
-// space, proc_pid_mountinfo(5)) undone.
-std::string unescape(const std::string& f) {
-  std::string o;
-  for (size_t i = 0; i < f.size(); i++) {
-    if (f[i] == '\\' && i + 3 < f.size() && f[i + 1] >= '0' && f[i + 1] <= '3' && f[i + 2] >= '0' &&
-        f[i + 2] <= '7' && f[i + 3] >= '0' && f[i + 3] <= '7') {
-      o += char((f[i + 1] - '0') * 64 + (f[i + 2] - '0') * 8 + (f[i + 3] - '0'));
-      i += 3;
-    } else {
-      o += f[i];
-    }
-  }
-  return o;
-}
-
 // The same image: one block device, or one file.
 bool same_image(const struct stat& a, const struct stat& b) {
   if (S_ISBLK(a.st_mode) || S_ISBLK(b.st_mode)) return S_ISBLK(a.st_mode) && S_ISBLK(b.st_mode) && a.st_rdev == b.st_rdev;
@@ -203,13 +188,13 @@ std::optional<std::string> mount_of(const std::string& image) {
     auto dash = std::find(f.begin(), f.end(), "-");
     if (f.size() < 5 || dash == f.end() || f.end() - dash < 3 || dash[1] != "fuse.plyfs") continue;
     struct stat st;
-    const std::string source = unescape(dash[2]);
+    const std::string source = unescape_mountinfo(dash[2]);
     if (uri) {
-      if (source == image) return unescape(f[4]);
+      if (source == image) return unescape_mountinfo(f[4]);
       continue;
     }
     if (::stat(source.c_str(), &st) != 0 || !same_image(st, want)) continue;
-    return unescape(f[4]);
+    return unescape_mountinfo(f[4]);
   }
   return std::nullopt;
 }

@@ -1,5 +1,7 @@
 #include "blockdev/blockdev.h"
 
+#include "util/text.h"
+
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -18,21 +20,6 @@ bool is_nbd_uri(std::string_view s) {
 
 namespace {
 
-// mountinfo escapes space, tab, newline and backslash as \ooo.
-std::string unescape(const std::string& f) {
-  std::string o;
-  for (size_t i = 0; i < f.size(); i++) {
-    if (f[i] == '\\' && i + 3 < f.size() && f[i + 1] >= '0' && f[i + 1] <= '3' && f[i + 2] >= '0' &&
-        f[i + 2] <= '7' && f[i + 3] >= '0' && f[i + 3] <= '7') {
-      o += char((f[i + 1] - '0') * 64 + (f[i + 2] - '0') * 8 + (f[i + 3] - '0'));
-      i += 3;
-    } else {
-      o += f[i];
-    }
-  }
-  return o;
-}
-
 // The mount point of a plyfs mount here whose source is `uri`, spelled the
 // same: what the lock of an image file finds for a file.
 std::optional<std::string> plyfs_mount_of(const std::string& uri) {
@@ -45,7 +32,7 @@ std::optional<std::string> plyfs_mount_of(const std::string& uri) {
     size_t dash = 0;
     while (dash < f.size() && f[dash] != "-") dash++;
     if (f.size() < 5 || dash + 2 >= f.size() || f[dash + 1] != "fuse.plyfs") continue;
-    if (unescape(f[dash + 2]) == uri) return unescape(f[4]);
+    if (unescape_mountinfo(f[dash + 2]) == uri) return unescape_mountinfo(f[4]);
   }
   return std::nullopt;
 }

@@ -159,6 +159,12 @@ Result<size_t> apply_round(Volume& vol, TreeId tree, uint64_t root, const std::v
 
 }  // namespace
 
+std::vector<Problem> check_filesystem_tree(Volume& vol, TreeId tree) {
+  std::vector<Problem> out;
+  for (auto& f : scan_tree(vol, tree, false)) out.push_back(std::move(f.p));
+  return out;
+}
+
 std::vector<Problem> check_filesystems(Volume& vol, bool data) {
   std::vector<Problem> out;
   for (auto& f : check_branches(vol)) out.push_back(std::move(f.p));

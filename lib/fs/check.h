@@ -24,6 +24,10 @@ namespace plyfs {
 // block is read and compared with its checksum (fsck -c). Each problem says
 // what its repair costs (Problem::repair).
 std::vector<Problem> check_filesystems(Volume& vol, bool data = false);
+// The same checks of one filesystem tree as the open generation holds it
+// (a received branch before it is named, send.h S2); the branch-table
+// checks that look across trees (U3) are not made.
+std::vector<Problem> check_filesystem_tree(Volume& vol, TreeId tree);
 // Repairs what check_filesystems finds, in the open generation of a
 // read-write volume (the caller commits, so the repair lands whole): only
 // the Safe repairs unless `lossy`. Returns what it did, a sentence each.
