@@ -73,6 +73,8 @@ int cmd_hold(const std::string& cmd, const std::vector<std::string>& args);  // 
 int remove_branch(const std::string& image, const std::string& name, bool json);
 int cmd_import(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
+int cmd_send(const std::vector<std::string>& args);
+int cmd_receive(const std::vector<std::string>& args);
 int cmd_trim(const std::vector<std::string>& args);
 int cmd_du(const std::vector<std::string>& args);
 int cmd_resize(const std::vector<std::string>& args);

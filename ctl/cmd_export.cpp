@@ -47,44 +47,6 @@ bool ends_with(const std::string& s, std::string_view t) {
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
 
-// The output: stdout, or FILE written beside itself under a temporary name
-// and renamed over FILE once whole, so that a failed export leaves no
-// partial archive.
-struct Output {
-  std::string path, tmp;
-  int fd = -1;
-  ~Output() {
-    if (!tmp.empty()) ::unlink(tmp.c_str());
-    if (fd > 1) ::close(fd);
-  }
-  Result<void> open(const std::string& p) {
-    path = p;
-    if (p == "-") {
-      fd = 1;
-      return ok();
-    }
-    const size_t slash = p.rfind('/');
-    std::string t = slash == std::string::npos ? "" : p.substr(0, slash + 1);
-    t += ".";
-    t += slash == std::string::npos ? p : p.substr(slash + 1);
-    t += ".XXXXXX";
-    fd = ::mkstemp(t.data());
-    if (fd < 0) return Error::sys(errno, "cannot create " + p);
-    tmp = t;
-    const mode_t um = ::umask(0);
-    ::umask(um);
-    (void)::fchmod(fd, 0666 & ~um);
-    return ok();
-  }
-  Result<void> commit() {
-    if (fd == 1) return ok();
-    if (::fsync(fd) != 0) return Error::sys(errno, "cannot write " + path);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) return Error::sys(errno, "cannot write " + path);
-    tmp.clear();
-    return ok();
-  }
-};
-
 // Where the image of mount point `mnt` may be: the mount's source (the
 // daemon gives the image path as given to it, fsname=), and the files a
 // plyfs process holds open under that name. Which one it is, the clones
@@ -284,7 +246,7 @@ int cmd_export(const std::vector<std::string>& args) {
     return usage_error("refusing to write an archive to a terminal: give -o FILE or redirect standard output");
   std::vector<std::string> notes;
   o.note = [&](const std::string& n) { notes.push_back(n); };
-  Output out;
+  OutputFile out;
   const bool mounted = is_directory(where);
   Result<io::ExportStats> r = Error::invalid("");
   TreeId id{0};

@@ -1,7 +1,14 @@
-// What plyctl import and export share (cmd_import.cpp, cmd_export.cpp):
+// What plyctl import, export, send and receive share (cmd_import.cpp,
+// cmd_export.cpp, cmd_send.cpp):
 // their argument parsing and the counts of entries their JSON objects
 // report (plyctl.8; docs/plyctl.schema.json, Import and Export).
 #pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <optional>
 #include <set>
@@ -64,5 +71,43 @@ void put_counts(Json& j, const Stats& s) {
   j["whiteouts"] = s.whiteouts;
   j["opaque"] = s.opaque;
 }
+
+// The output: stdout, or FILE written beside itself under a temporary name
+// and renamed over FILE once whole, so that a failed export leaves no
+// partial archive.
+struct OutputFile {
+  std::string path, tmp;
+  int fd = -1;
+  ~OutputFile() {
+    if (!tmp.empty()) ::unlink(tmp.c_str());
+    if (fd > 1) ::close(fd);
+  }
+  Result<void> open(const std::string& p) {
+    path = p;
+    if (p == "-") {
+      fd = 1;
+      return ok();
+    }
+    const size_t slash = p.rfind('/');
+    std::string t = slash == std::string::npos ? "" : p.substr(0, slash + 1);
+    t += ".";
+    t += slash == std::string::npos ? p : p.substr(slash + 1);
+    t += ".XXXXXX";
+    fd = ::mkstemp(t.data());
+    if (fd < 0) return Error::sys(errno, "cannot create " + p);
+    tmp = t;
+    const mode_t um = ::umask(0);
+    ::umask(um);
+    (void)::fchmod(fd, 0666 & ~um);
+    return ok();
+  }
+  Result<void> commit() {
+    if (fd == 1) return ok();
+    if (::fsync(fd) != 0) return Error::sys(errno, "cannot write " + path);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) return Error::sys(errno, "cannot write " + path);
+    tmp.clear();
+    return ok();
+  }
+};
 
 }  // namespace plyfs::ctl

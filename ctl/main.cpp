@@ -10,6 +10,8 @@
 //   plyctl snapshot|clone|merge|rollback|delete|diff IMAGE|MOUNTPOINT ...
 //   plyctl import IMAGE BRANCH SOURCE [--parent P] [--format F]
 //   plyctl export IMAGE|MOUNTPOINT BRANCH [-o FILE] [--format tar|oci-layer] [--compress zstd|gzip]
+//   plyctl send IMAGE|MOUNTPOINT BRANCH [--parent SNAP] [-o FILE] [--compress zstd[:N]|none]
+//   plyctl receive IMAGE|MOUNTPOINT [-f FILE] [--name NAME]
 //   plyctl du IMAGE|MOUNTPOINT [BRANCH]
 //   plyctl trim IMAGE|MOUNTPOINT [--minimum SIZE]
 //   plyctl resize IMAGE|MOUNTPOINT SIZE|max
@@ -56,6 +58,8 @@ int real_main(int argc, char** argv) {
   if (cmd == "sync") return cmd_sync(args);
   if (cmd == "import") return cmd_import(args);
   if (cmd == "export") return cmd_export(args);
+  if (cmd == "send") return cmd_send(args);
+  if (cmd == "receive") return cmd_receive(args);
   if (cmd == "trim") return cmd_trim(args);
   if (cmd == "du") return cmd_du(args);
   if (cmd == "resize") return cmd_resize(args);

@@ -34,7 +34,7 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\nsend\nreceive\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).
@@ -57,7 +57,7 @@ _plyctl() {
         w=${COMP_WORDS[i]}
         if ((skip)); then skip=0; continue; fi
         case $w in
-            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | --rate | -o) skip=1 ;;
+            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | --rate | -o | -f) skip=1 ;;
             -*) ;;
             *) args+=("$w") ;;
         esac
@@ -75,8 +75,11 @@ _plyctl() {
             [[ $cmd == import ]] && COMPREPLY=($(compgen -W $'dir\ntar\noci-layer\noci\next4' -- "$cur"))
             [[ $cmd == export ]] && COMPREPLY=($(compgen -W $'tar\noci-layer' -- "$cur"))
             return ;;
-        --compress) COMPREPLY=($(compgen -W $'zstd\ngzip\nnone' -- "$cur")); return ;;
-        -o) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        --compress)
+            if [[ $cmd == send ]]; then COMPREPLY=($(compgen -W $'zstd\nzstd:1\nzstd:3\nzstd:9\nnone' -- "$cur"))
+            else COMPREPLY=($(compgen -W $'zstd\ngzip\nnone' -- "$cur")); fi
+            return ;;
+        -o | -f) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     esac
 
     local opts="--json"
@@ -97,6 +100,8 @@ _plyctl() {
         diff) opts+=$'\n-z' ;;
         import) opts+=$'\n--parent\n--format\n--ro\n--force' ;;
         export) opts+=$'\n-o\n--format\n--compress' ;;
+        send) opts+=$'\n-o\n--parent\n--compress' ;;
+        receive) opts+=$'\n-f\n--name' ;;
         trim) opts+=$'\n--minimum' ;;
         scrub) opts+=$'\n--rate' ;;
     esac
@@ -134,7 +139,7 @@ _plyctl() {
         hold | release) ((n >= 1)) && names=branch ;;
         clone) ((n == 1)) && names=branch ;;
         diff) ((n == 1 || n == 2)) && names=branch ;;
-        export | du) ((n == 1)) && names=branch ;;
+        export | du | send) ((n == 1)) && names=branch ;;
         import) ((n == 2)) && COMPREPLY=($(compgen -f -- "$cur")) ;;
         scrub) ((n == 1)) && COMPREPLY=($(compgen -W $'status\ncancel' -- "$cur")) ;;
     esac

@@ -111,12 +111,17 @@ Json progress_answer() {
                 {"fraction", running.fraction}}}};
 }
 
-// A request's arguments.
+}  // namespace
+
+// A request's arguments (daemon.h).
 Result<BranchMeta> arg_branch(const Json& req, const std::string& key) {
   if (req.contains(key) && req[key].is_number_unsigned())
     return find_branch(*g->vol, std::to_string(req[key].get<uint64_t>()));
   return find_branch(*g->vol, PLY_TRY(model::get_name(req, key)));
 }
+
+namespace {
+
 Result<bool> arg_bool(const Json& req, const std::string& key, bool dflt) {
   if (!req.contains(key)) return dflt;
   if (!req[key].is_boolean()) return Error::invalid("\"" + key + "\" must be true or false");
@@ -382,12 +387,12 @@ void RunningOp::update(uint64_t done, double fraction) {
   running.fraction = fraction;
 }
 
-Result<Json> control(const Json& req, bool may_change) {
+Result<Json> control(const Json& req, bool may_change, pid_t caller) {
   static const std::vector<std::string> kCommands = {"list",     "add",   "remove", "set",    "move",
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff",
                                                      "trim", "resize", "show", "branches", "views", "default",
                                                      "view-create", "view-delete", "view-default", "sync", "du",
-                                                     "hold", "release", "quota", "scrub"};
+                                                     "hold", "release", "quota", "scrub", "send", "receive"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -395,7 +400,7 @@ Result<Json> control(const Json& req, bool may_change) {
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
-                          "sync, du, hold, release, quota, scrub, scrub-cancel)");
+                          "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -413,8 +418,11 @@ Result<Json> control(const Json& req, bool may_change) {
   if (!may_change)
     return Error::io(EPERM, cmd == "diff"    ? "only root or the mount's owner may diff branches"
                             : cmd == "scrub" ? "only root or the mount's owner may scrub"
+                            : cmd == "send"  ? "only root or the mount's owner may send branches"
                                              : "only root or the mount's owner may change branches");
   if (cmd == "diff") return run_diff(req);
+  if (cmd == "send") return send_online(req, caller);
+  if (cmd == "receive") return receive_online(req, caller);
   // A scrub names the damaged files of every branch, as a diff names files.
   if (cmd == "scrub") {
     const Json& r = req.contains("rate") ? req["rate"] : Json(0);
@@ -453,14 +461,14 @@ Result<Json> control(const Json& req, bool may_change) {
 namespace {
 
 // One request as op_ioctl runs it: the text for the answer field, or an error.
-Result<std::string> answer(const std::string& request, bool may_change) {
+Result<std::string> answer(const std::string& request, bool may_change, pid_t caller) {
   Json req = Json::parse(request, nullptr, false);
   if (req.is_discarded() || !req.is_object()) return Error::invalid("the request is not a JSON object");
   const Json& c = req.contains("command") ? req["command"] : Json();
   if (c == "read" || c == "close") return page_in(req, c == "close");
   if (c == "progress") return model::dump(progress_answer());
   if (c == "scrub-cancel") return model::dump(cancel_scrub());
-  Json result = PLY_TRY(control(req, may_change));
+  Json result = PLY_TRY(control(req, may_change, caller));
   std::string text = model::dump(Json{{"result", std::move(result)}});
   if (text.size() <= Pending::kChunk) return text;
   return page_out(std::move(text));
@@ -493,7 +501,7 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
     const uid_t uid = fuse_req_ctx(req)->uid;
     Result<std::string> r = Error::io(EIO, "");
     try {
-      r = answer(m.request, uid == 0 || uid == ::getuid());
+      r = answer(m.request, uid == 0 || uid == ::getuid(), fuse_req_ctx(req)->pid);
     } catch (const std::exception& e) {  // nothing may cross the C callback
       r = Error::io(EIO, std::string("the control request failed: ") + e.what());
     }

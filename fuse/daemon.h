@@ -134,7 +134,15 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
 // invalidate_all (daemon.cpp).
 // Both answer with the JSON model's object for the command (snap/model.h).
 // lifecycle's `arg`: a rollback's target snapshot (empty: the newest).
-Result<nlohmann::ordered_json> control(const nlohmann::ordered_json& request, bool may_change);
+// `caller`: the requesting process (fuse_req_ctx), whose descriptors send
+// and receive take their streams from.
+Result<nlohmann::ordered_json> control(const nlohmann::ordered_json& request, bool may_change, pid_t caller = 0);
+// `send` and `receive` (stream.cpp, format.md#send-stream): the stream is
+// the caller's descriptor "fd".
+Result<nlohmann::ordered_json> send_online(const nlohmann::ordered_json& req, pid_t caller);
+Result<nlohmann::ordered_json> receive_online(const nlohmann::ordered_json& req, pid_t caller);
+// A request's branch argument: a name (M1) or an id (control.cpp).
+Result<BranchMeta> arg_branch(const nlohmann::ordered_json& req, const std::string& key);
 Result<nlohmann::ordered_json> lifecycle(const std::string& cmd, const std::string& name, const std::string& arg);
 Result<nlohmann::ordered_json> delete_online(const BranchMeta& b);
 // Trim (space.cpp, format.md#discard): the control request "trim" (under

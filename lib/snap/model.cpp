@@ -144,6 +144,8 @@ Json Branches::branch(const BranchMeta& b) const {
   // that branch is gone, or for a branch made empty).
   o["origin"] = b.origin.v ? ref(b.origin) : Json(nullptr);
   o["uuid"] = uuid_text(b.uuid);
+  // Received (plyctl receive): the uuid of the branch it copies.
+  o["received_uuid"] = uuid_text(b.received_uuid);
   o["created_generation"] = b.created.v;
   Json kids = Json::array();
   for (const BranchMeta* c : children(b.tree)) kids.push_back(ref(c->tree));
@@ -302,6 +304,50 @@ Json snapshot(const Branches& bs, const Snapshot& s) {
   const BranchMeta* live = bs.find(s.live.tree);
   o["snapshot"] = bs.branch(frozen ? *frozen : s.frozen);
   o["live"] = bs.branch(live ? *live : s.live);
+  return o;
+}
+
+// The counts send and receive both report, in the order of their objects.
+template <class Stats>
+static void put_stream_counts(Json& o, const Stats& s) {
+  o["records"] = s.records;
+  o["items"] = s.items;
+  o["deleted"] = s.deleted;
+  o["extents"] = s.extents;
+  o["shared"] = s.shared;
+  o["data_bytes"] = s.data_bytes;
+  o["prealloc_bytes"] = s.prealloc_bytes;
+  o["stream_bytes"] = s.stream_bytes;
+}
+
+Json sent(const Branches& bs, const BranchMeta& b, const std::optional<BranchMeta>& parent, const SendStats& s,
+          std::string_view output, int zstd_level) {
+  Json o = Json::object();
+  const BranchMeta* x = bs.find(b.tree);
+  o["branch"] = bs.branch(x ? *x : b);
+  if (parent) {
+    const BranchMeta* p = bs.find(parent->tree);
+    o["parent"] = bs.branch(p ? *p : *parent);
+  } else {
+    o["parent"] = nullptr;
+  }
+  put_name(o, "output", output);
+  o["compression"] = zstd_level > 0 ? "zstd:" + std::to_string(zstd_level) : std::string("none");
+  put_stream_counts(o, s);
+  return o;
+}
+
+Json received(const Branches& bs, const Received& r) {
+  Json o = Json::object();
+  const BranchMeta* x = bs.find(r.branch.tree);
+  o["branch"] = bs.branch(x ? *x : r.branch);
+  if (r.parent) {
+    const BranchMeta* p = bs.find(r.parent->tree);
+    o["parent"] = bs.branch(p ? *p : *r.parent);
+  } else {
+    o["parent"] = nullptr;
+  }
+  put_stream_counts(o, r.stats);
   return o;
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fs/scrub.h"
+#include "fs/send.h"
 #include "snap/snap.h"
 #include "snap/usage.h"
 
@@ -81,6 +82,13 @@ Result<Json> du(Volume& v, std::optional<TreeId> branch);
 Json snapshot(const Branches& bs, const Snapshot& s);  // Snapshot
 Json merge(const Branches& bs, const Merge& m);        // Merge
 Json rollback(const Branches& bs, const Rollback& r);  // Rollback
+// Send (plyctl send): the branch sent, its parent or null, where the stream
+// went, its compression ("zstd:N" or "none") and SendStats' counts.
+Json sent(const Branches& bs, const BranchMeta& b, const std::optional<BranchMeta>& parent, const SendStats& s,
+          std::string_view output, int zstd_level);
+// Receive (plyctl receive): the new branch, the parent it was applied to or
+// null, and ReceiveStats' counts.
+Json received(const Branches& bs, const Received& r);
 
 const char* change_name(Change c);  // "added", "removed", "modified", "renamed"
 const char* type_name(uint8_t dt);  // "file", "directory", "symlink"...

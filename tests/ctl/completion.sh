@@ -54,9 +54,12 @@ expect "the image as a file" "$IMG" branch list "$T/di"
 expect "branch names of the image" $'main\nmy\\ branch\nwork' branch remove "$IMG" ''
 expect "branch names by prefix" 'my\ branch' delete "$IMG" m'y'
 expect "hold and release take branch names, one after another" 'my\ branch' hold "$IMG" work m'y'
-expect "commands starting with r" $'release\nresize\nrollback' r
+expect "commands starting with r" $'receive\nrelease\nresize\nrollback' r
 expect "commands starting with h" $'hold' h
-expect "commands starting with s" $'scrub\nshow\nsnapshot\nsync' s
+expect "commands starting with s" $'scrub\nsend\nshow\nsnapshot\nsync' s
+expect "options of send" $'--compress\n--json\n--parent\n-o' send "$IMG" main -
+expect "send --parent takes a branch" $'work' send "$IMG" main --parent w
+expect "options of receive" $'--json\n--name\n-f' receive "$IMG" -
 expect "scrub: status and cancel after the mount point" $'cancel\nstatus' scrub "$T/mnt" ''
 expect "options of scrub" $'--json\n--rate' scrub "$IMG" -
 expect "--parent takes a branch" $'work' branch create "$IMG" new --parent w
