@@ -422,8 +422,18 @@ class Sender {
 
   Result<void> run(const BranchMeta& b, const std::optional<BranchMeta>& parent) {
     // What to send: every item, or the item difference from the parent.
+    // An incremental stream is the item difference from the parent, held
+    // whole (it is as large as the change). A full one is read in batches
+    // after a first pass that counts it, so that memory stays bounded
+    // whatever the branch's size.
     std::vector<Change> changes;
-    uint64_t max_ino = 0;
+    uint64_t max_ino = 0, items = 0, data = 0;
+    auto count = [&](Key k, std::span<const std::byte> val) {
+      if (k == Key{0, 0}) return;
+      items++;
+      if (extent_key(k))
+        if (auto e = decode_extent(k, val); e && !e->prealloc()) data += e->stored_count() * bs_;
+    };
     {
       auto t = PLY_TRY(v_.begin());
       if (parent) {
@@ -432,31 +442,23 @@ class Sender {
                              std::optional<std::span<const std::byte>> bb) {
                            Change c{k, {}, {}};
                            if (a) c.old_v.emplace(a->begin(), a->end());
-                           if (bb) c.new_v.emplace(bb->begin(), bb->end());
+                           if (bb) {
+                             c.new_v.emplace(bb->begin(), bb->end());
+                             count(k, *bb);
+                           }
                            changes.push_back(std::move(c));
                            return true;
                          },
                          nullptr, [&](double f) { report(f * 0.2); }));
       } else {
         PLY_CHECK(t.scan(tree_, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> val) {
-          changes.push_back(Change{k, {}, std::vector<std::byte>(val.begin(), val.end())});
+          count(k, val);
           return true;
         }));
       }
       // Every inode number of every tree is below the volume's counter:
       // the receiver's must pass it (a received tree keeps its numbers).
       max_ino = t.next_inode_number();
-    }
-    uint64_t items = 0, data = 0;
-    for (const auto& c : changes) {
-      if (c.key == Key{0, 0}) continue;
-      if (c.new_v) {
-        items++;
-        if (extent_key(c.key)) {
-          auto e = decode_extent(c.key, *c.new_v);
-          if (e) data += e->stored_count() * bs_;
-        }
-      }
     }
     // BRANCH.
     auto fi = PLY_TRY(info(b.tree));
@@ -467,11 +469,35 @@ class Sender {
     br.items.set(items);
     br.data_bytes.set(data);
     PLY_CHECK(w_.record(Rec::Branch, {raw(br)}));
-    for (size_t i = 0; i < changes.size(); i++) {
-      const Change& c = changes[i];
-      if (c.key == Key{0, 0}) continue;  // BRANCH carries FsInfo
-      PLY_CHECK(one(c, parent));
-      if ((i & 255) == 0) report((parent ? 0.2 : 0.0) + (parent ? 0.8 : 1.0) * double(i) / double(changes.size()));
+    const double base = parent ? 0.2 : 0.0, span = parent ? 0.8 : 1.0;
+    uint64_t done = 0;
+    auto send_all = [&](const std::vector<Change>& cs) -> Result<void> {
+      for (const Change& c : cs) {
+        if (c.key == Key{0, 0}) continue;  // BRANCH carries FsInfo
+        PLY_CHECK(one(c, parent));
+        if ((++done & 255) == 0) report(base + span * double(done) / double(std::max<uint64_t>(1, items + st_.deleted)));
+      }
+      return ok();
+    };
+    if (parent) {
+      PLY_CHECK(send_all(changes));
+    } else {
+      constexpr size_t kBatch = 4096;
+      for (Key from = Key::min();;) {
+        std::vector<Change> batch;
+        {
+          auto t = PLY_TRY(v_.begin());
+          PLY_CHECK(t.scan(tree_, from, Key::max(), [&](Key k, std::span<const std::byte> val) {
+            batch.push_back(Change{k, {}, std::vector<std::byte>(val.begin(), val.end())});
+            return batch.size() < kBatch;
+          }));
+        }
+        PLY_CHECK(send_all(batch));
+        if (batch.size() < kBatch) break;
+        const Key last = batch.back().key;
+        if (last == Key::max()) break;
+        from = last.lo == ~0ull ? Key{last.hi + 1, 0} : Key{last.hi, last.lo + 1};
+      }
     }
     disk::EndRec end{};
     end.records.set(w_.seq());

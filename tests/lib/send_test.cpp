@@ -732,3 +732,26 @@ TEST_CASE("send: a layer arrives as a layer on the received branch below it", "[
   require_equal(*src.vol, top, *dst.vol, l.branch.tree);
   require_fs_clean(*dst.dev);
 }
+
+TEST_CASE("send: a branch larger than one batch of items is sent whole", "[send]") {
+  FsImage src(128ull << 20), dst(128ull << 20);
+  {
+    auto fs = must(Filesystem::open(*src.vol, src.main));
+    uint64_t d = fs->root();
+    for (int i = 0; i < 3000; i++) {
+      if (i % 500 == 0) d = must(fs->mkdir(fs->root(), "d" + std::to_string(i), 0755, 0, 0)).ino;
+      Attr a = must(fs->mknod(d, "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0));
+      must(fs->write(a.ino, 0, bytes("content " + std::to_string(i))));
+      must(fs->setxattr(a.ino, "user.i", bytes(std::to_string(i)), 0));
+    }
+  }
+  must(src.vol->commit());
+  REQUIRE(items_of(*src.vol, src.main).size() > 2 * 4096);
+  MemFile f;
+  SendStats ss = must(send_branch(*src.vol, src.main, f.fd, SendOptions{}));
+  REQUIRE(ss.items + 1 == items_of(*src.vol, src.main).size());
+  f.rewind();
+  Received got = must(receive_branch(*dst.vol, f.fd, named("copy")));
+  require_equal(*src.vol, src.main, *dst.vol, got.branch.tree);
+  require_fs_clean(*dst.dev);
+}
