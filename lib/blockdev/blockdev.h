@@ -38,12 +38,27 @@
 
 namespace plyfs {
 
+// One write of a batch (BlockDevice::write_batch).
+struct WriteReq {
+  uint64_t offset;
+  std::span<const std::byte> data;
+};
+
 class BlockDevice {
  public:
   virtual ~BlockDevice() = default;
   virtual Result<void> read(uint64_t offset, std::span<std::byte> out) = 0;
   virtual Result<void> write(uint64_t offset, std::span<const std::byte> in) = 0;
   virtual Result<void> flush() = 0;  // durability barrier (D3)
+  // Several writes with no order among them: D2 already lets writes not
+  // yet covered by a flush persist in any order, so a device may have them
+  // all in flight at once (NbdDevice does: a commit's runs go out
+  // together). Returns when every one has completed; the first error, and
+  // then each target holds old or new bytes (D5). Default: one by one.
+  virtual Result<void> write_batch(std::span<const WriteReq> reqs) {
+    for (const auto& r : reqs) PLY_CHECK(write(r.offset, r.data));
+    return ok();
+  }
   virtual Result<void> discard(uint64_t offset, uint64_t len) = 0;
   virtual uint64_t size_bytes() const = 0;
   virtual uint32_t logical_sector_size() const = 0;

@@ -262,6 +262,59 @@ Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
   return submit(Op::kWrite, offset, const_cast<std::byte*>(in.data()), in.size());
 }
 
+Result<void> NbdDevice::write_batch(std::span<const WriteReq> reqs) {
+  if (read_only_) return Error::io(EROFS, uri_ + " is open read-only");
+  for (const auto& r : reqs) PLY_CHECK(check_range(*this, r.offset, r.data.size()));
+  if (reqs.size() <= 1) return reqs.empty() ? ok() : write(reqs[0].offset, reqs[0].data);
+  // The requests go round-robin to the connections, each connection's all
+  // submitted before any is waited for: a commit's runs are in flight
+  // together (queue depth: the runs over the connections), and a flush
+  // after covers them all (multi-conn).
+  const size_t n = conns_.size();
+  std::vector<Pending> pend(n);
+  int submit_errno = 0;
+  std::string submit_msg;
+  uint64_t failed_at = 0;
+  for (size_t ci = 0; ci < n; ci++) {
+    Conn& c = *conns_[ci];
+    std::unique_lock lk(c.mu);
+    for (size_t i = ci; i < reqs.size() && !submit_errno; i += n) {
+      auto* buf = const_cast<std::byte*>(reqs[i].data.data());  // libnbd only reads a write's buffer
+      for (uint64_t done = 0; done < reqs[i].data.size();) {
+        const uint64_t len = std::min<uint64_t>(max_request_, reqs[i].data.size() - done);
+        const nbd_completion_callback cb = {.callback = on_done, .user_data = &pend[ci], .free = nullptr};
+        if (nbd_aio_pwrite(c.h, buf + done, len, reqs[i].offset + done, cb, 0) < 0) {
+          const char* msg = nbd_get_error();
+          submit_msg = msg ? msg : "libnbd error";
+          submit_errno = gone_to_eio(nbd_get_errno());
+          if (nbd_aio_is_dead(c.h) || nbd_aio_is_closed(c.h)) {
+            submit_errno = EIO;
+            submit_msg = "the NBD server went away (" + submit_msg + ")";
+          }
+          failed_at = reqs[i].offset + done;
+          break;
+        }
+        pend[ci].left++;
+        done += len;
+      }
+    }
+    c.kick();
+  }
+  int err = 0;
+  for (size_t ci = 0; ci < n; ci++) {  // also for what went out before a failed submit (N3)
+    Conn& c = *conns_[ci];
+    std::unique_lock lk(c.mu);
+    c.wait(pend[ci], lk);
+    if (pend[ci].err && !err) err = pend[ci].err;
+  }
+  if (submit_errno)
+    return Error::io(submit_errno, "write at byte " + std::to_string(failed_at) + " of " + uri_ + " failed: " + submit_msg);
+  if (err)
+    return Error::io(gone_to_eio(err), "a write of " + uri_ + " failed: " +
+                                           (err == ENOTCONN ? "the NBD server went away" : std::strerror(err)));
+  return ok();
+}
+
 Result<void> NbdDevice::flush() {
   if (read_only_) return ok();
   // Multi-conn: a flush on any one connection covers the writes completed

@@ -44,6 +44,8 @@ class NbdDevice final : public BlockDevice {
   Result<void> read(uint64_t offset, std::span<std::byte> out) override;
   Result<void> write(uint64_t offset, std::span<const std::byte> in) override;
   Result<void> flush() override;
+  // Every write in flight at once, spread over the connections.
+  Result<void> write_batch(std::span<const WriteReq> reqs) override;
   Result<void> discard(uint64_t offset, uint64_t len) override;
   uint64_t size_bytes() const override { return size_; }
   uint32_t logical_sector_size() const override { return lss_; }
