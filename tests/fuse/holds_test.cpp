@@ -21,14 +21,7 @@ json held_json(const TempDir& tmp, std::vector<std::string> args) {
   Out o = ctl(tmp, std::move(args));
   REQUIRE(o.rc == 0);
   CHECK(o.err.empty());
-  json j = json::parse(o.out, nullptr, false);
-  REQUIRE(!j.is_discarded());
-  const auto problems = schema().validate(j, schema().command(cmd));
-  std::string all;
-  for (const auto& p : problems) all += p + "\n";
-  INFO("schema problems:\n" << all);
-  CHECK(problems.empty());
-  return j;
+  return schema_checked(cmd, o.out);
 }
 
 const std::string kHeldMsg = "plyctl: \"s1\" is held: release it first (plyctl release)\n";

@@ -110,4 +110,18 @@ inline const SchemaValidator& schema() {
   return v;
 }
 
+// `text` parsed, and valid by the schema of plyctl command `command`
+// (CHECKed, with the problems as the message); the parsed JSON.
+inline nlohmann::json schema_checked(const std::string& command, const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  INFO(command << ": " << text);
+  REQUIRE(!j.is_discarded());
+  const auto problems = schema().validate(j, schema().command(command));
+  std::string all;
+  for (const auto& p : problems) all += p + "\n";
+  INFO("schema problems:\n" << all);
+  CHECK(problems.empty());
+  return j;
+}
+
 }  // namespace plyfs::fusetest

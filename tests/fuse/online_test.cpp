@@ -33,16 +33,7 @@ std::string ok_out(const TempDir& tmp, std::vector<std::string> args) {
 // A command's --json output, valid by the schema of `command`.
 json validated(const TempDir& tmp, const std::string& command, std::vector<std::string> args) {
   args.push_back("--json");
-  const std::string text = ok_out(tmp, std::move(args));
-  json j = json::parse(text, nullptr, false);
-  INFO(command << ": " << text);
-  REQUIRE(!j.is_discarded());
-  const auto problems = schema().validate(j, schema().command(command));
-  std::string all;
-  for (const auto& p : problems) all += p + "\n";
-  INFO("schema problems:\n" << all);
-  CHECK(problems.empty());
-  return j;
+  return schema_checked(command, ok_out(tmp, std::move(args)));
 }
 
 uint64_t durable_generation(const TempDir& tmp, const std::string& where) {

@@ -113,14 +113,7 @@ json checked(const TempDir& tmp, const std::string& cmd, std::vector<std::string
   args.push_back("--json");
   CtlOut o = ctl(tmp, std::move(args));
   REQUIRE(o.rc == 0);
-  json j = json::parse(o.out, nullptr, false);
-  REQUIRE(!j.is_discarded());
-  const auto problems = schema().validate(j, schema().command(cmd));
-  std::string all;
-  for (const auto& p : problems) all += p + "\n";
-  INFO("schema problems:\n" << all);
-  CHECK(problems.empty());
-  return j;
+  return schema_checked(cmd, o.out);
 }
 
 std::string noise(size_t n, std::mt19937_64& r) {
