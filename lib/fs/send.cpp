@@ -832,6 +832,12 @@ class Receiver {
     const Key k{h.key_hi.get(), h.key_lo.get()};
     if (k == Key{0, 0}) return bad_stream("an item record for FsInfo");
     if (h.had_old > 1) return bad_stream("a malformed item record");
+    // The sender sends each key once, in key order (a scan or a diff). A
+    // key sent twice would let a later record replace or delete what an
+    // earlier one put, freeing data that got_ still offers to SHARED
+    // records (a reference taken on a free extent fails the volume).
+    if (last_key_ && !(*last_key_ < k)) return bad_stream("item records out of key order, or a key sent twice");
+    last_key_ = k;
     if (k.hi >= max_ino_ && k.hi != 0) return bad_stream("an item of an inode past the stream's range");
     if (k.hi == 0 && type_of(k) == ItemType::Orphan && off_of(k) >= max_ino_)
       return bad_stream("an orphan past the stream's range");
@@ -1013,7 +1019,7 @@ class Receiver {
         x.disk_start = pe.disk_start;
         x.disk_nblocks = pe.disk_nblocks;
       } else {
-        if (delta + e->nblocks > pe.nblocks)
+        if (delta > pe.nblocks || e->nblocks > pe.nblocks - delta)
           return bad_stream("a SHARED record maps past its parent's extent");
         for (uint32_t i = 0; i < e->nblocks; i++)
           if (pe.csums[delta + i] != e->csums[i])
@@ -1064,6 +1070,7 @@ class Receiver {
   TreeId tree_{0}, parent_{0};
   bool made_ = false;
   uint64_t max_ino_ = 0, total_items_ = 0, digest_ = 0;
+  std::optional<Key> last_key_;  // the last item record's key
   std::map<uint64_t, Got> got_;  // sender's stored first block -> ours
   ReceiveStats st_;
   Received out_;
