@@ -675,7 +675,10 @@ class Receiver {
     if (std::memcmp(br.info.uuid, h.uuid, 16) != 0) return bad_stream("the BRANCH record names another branch");
     if (br.info.magic.get() != disk::kFsMagic) return bad_stream("the BRANCH record holds no FsInfo");
     max_ino_ = br.max_ino.get();
-    if (max_ino_ >= (1ull << 63)) return bad_stream("an inode number out of range");
+    // The counter becomes max_ino + 1, which a superblock holds only below
+    // 2^63 (format.md, superblock field checks): past it, the next commit
+    // wrote a slot that recovery calls bad fields.
+    if (max_ino_ >= (1ull << 63) - 1) return bad_stream("an inode number out of range");
     PLY_CHECK(start(h, br, incremental));
     auto r = apply();
     if (!r) {

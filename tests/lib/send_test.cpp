@@ -698,6 +698,23 @@ TEST_CASE("send: forged SHARED deltas and keys sent twice are refused, the volum
     REQUIRE(!p.dst.vol->failure());
     require_nothing_left(p.dst, nb, used);
   }
+  SECTION("an inode range up to the counter's limit: the superblock stays valid (S1)") {
+    // max_ino 2^63 - 1 made the counter 2^63, which no superblock holds.
+    FsImage other(64ull << 20);
+    must(other.vol->commit());
+    const uint64_t used0 = other.vol->space_stats().used_blocks;
+    Parsed ps(p.full.bytes());
+    REQUIRE(ps.recs[0].first == 1);
+    for (uint64_t max_ino : {uint64_t(1) << 63, (uint64_t(1) << 63) - 1}) {
+      std::memcpy(ps.recs[0].second.data() + 144, &max_ino, 8);
+      f.set(ps.build());
+      auto r = receive_branch(*other.vol, f.fd, ReceiveOptions{});
+      REQUIRE(!r);
+      CHECK(r.error().code == EBADMSG);
+      require_nothing_left(other, 1, used0);
+      require_fs_clean(*other.dev);  // both superblock slots
+    }
+  }
   SECTION("a key sent twice: its extent deleted, then shared from the stream (S1)") {
     FsImage other(64ull << 20);
     must(other.vol->commit());
