@@ -972,7 +972,7 @@ class Receiver {
       x.offset = 0;
     }
     PLY_CHECK(put_extent(t, k, x, old));
-    got_[s.first] = Got{s.count, s.compressed, b.v, std::vector<uint64_t>(e->csums)};
+    got_[s.first] = Got{s.count, s.compressed, b.v, std::vector<uint64_t>(e->csums), e->frame_bytes, e->ram_blocks};
     st_.extents++;
     st_.data_bytes += data.size();
     return data.size();
@@ -1000,6 +1000,10 @@ class Receiver {
       const uint64_t at = s.first - it->first;
       if (g.compressed != s.compressed || at + s.count > g.count || (s.compressed && at != 0))
         return bad_stream("a SHARED record refers to data the stream never sent");
+      // A frame is shared whole, as the EXTENT that carried it said it
+      // decodes (S2): its length and size are not the SHARED record's to say.
+      if (s.compressed && (s.count != g.count || e->frame_bytes != g.frame_bytes || e->ram_blocks != g.ram_blocks))
+        return bad_stream("a SHARED record describes its frame otherwise than the data the stream sent");
       for (uint64_t i = 0; i < s.count; i++)
         if (e->csums[i] != g.csums[at + i]) return bad_stream("a SHARED record's checksums differ from its data");
       x.disk_start = g.local;
@@ -1064,6 +1068,7 @@ class Receiver {
     bool compressed = false;
     uint64_t local = 0;
     std::vector<uint64_t> csums;
+    uint32_t frame_bytes = 0, ram_blocks = 0;  // compressed: the frame as its EXTENT said it decodes
   };
 
   Volume& v_;

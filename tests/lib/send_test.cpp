@@ -715,6 +715,52 @@ TEST_CASE("send: forged SHARED deltas and keys sent twice are refused, the volum
       require_fs_clean(*other.dev);  // both superblock slots
     }
   }
+  SECTION("a SHARED record of a frame the stream sent, with another frame length or size (S2)") {
+    // A compressed file whose frame a partial overwrite split: a full
+    // stream carries the frame once and shares it with the second item.
+    FsImage src(64ull << 20);
+    std::mt19937_64 r(13);
+    {
+      auto fs = must(Filesystem::open(*src.vol, src.main));
+      Attr a = must(fs->mknod(fs->root(), "z", S_IFREG | 0644, 0, 0, 0));
+      must(fs->set_fsflags(a.ino, FS_COMPR_FL));
+      must(fs->write(a.ino, 0, text(16 * 4096, r)));
+      must(fs->write(a.ino, 5 * 4096, noise(4096, r)));
+    }
+    must(src.vol->commit());
+    MemFile full;
+    (void)must(send_branch(*src.vol, src.main, full.fd, SendOptions{}));
+    for (int field = 0; field < 3; field++) {
+      INFO("field " << field);
+      FsImage other(64ull << 20);
+      must(other.vol->commit());
+      const uint64_t used0 = other.vol->space_stats().used_blocks;
+      Parsed ps(full.bytes());
+      bool done = false;
+      for (auto& [type, pl] : ps.recs)
+        if (type == 5 && pl[36] == std::byte(0) && pl.size() >= 64 + 40 && pl[64 + 28] != std::byte(0) && !done) {
+          // The value after ItemHead and SharedRec: disk::Extent, then
+          // ExtentFrame {frame_bytes, ram_blocks}.
+          uint32_t frame_bytes, ram_blocks, nblocks;
+          std::memcpy(&nblocks, pl.data() + 64 + 24, 4);
+          std::memcpy(&frame_bytes, pl.data() + 64 + 32, 4);
+          std::memcpy(&ram_blocks, pl.data() + 64 + 36, 4);
+          if (field == 0) frame_bytes--;
+          if (field == 1) ram_blocks++;
+          if (field == 2) frame_bytes = 1;
+          std::memcpy(pl.data() + 64 + 32, &frame_bytes, 4);
+          std::memcpy(pl.data() + 64 + 36, &ram_blocks, 4);
+          done = true;
+        }
+      REQUIRE(done);
+      f.set(ps.build());
+      auto res = receive_branch(*other.vol, f.fd, named("z"));
+      if (res) require_fs_clean(*other.dev);  // with data: every frame decoded
+      REQUIRE(!res);
+      CHECK(res.error().code == EBADMSG);
+      require_nothing_left(other, 1, used0);
+    }
+  }
   SECTION("a key sent twice: its extent deleted, then shared from the stream (S1)") {
     FsImage other(64ull << 20);
     must(other.vol->commit());
