@@ -701,7 +701,10 @@ class Receiver {
     if (std::memcmp(br.info.uuid, h.uuid, 16) != 0) return bad_stream("the BRANCH record names another branch");
     if (br.info.magic.get() != disk::kFsMagic) return bad_stream("the BRANCH record holds no FsInfo");
     max_ino_ = br.max_ino.get();
-    if (max_ino_ >= (1ull << 63)) return bad_stream("an inode number out of range");
+    // The counter becomes max_ino + 1, which a superblock holds only below
+    // 2^63 (format.md, superblock field checks): past it, the next commit
+    // wrote a slot that recovery calls bad fields.
+    if (max_ino_ >= (1ull << 63) - 1) return bad_stream("an inode number out of range");
     PLY_CHECK(start(h, br, incremental));
     auto r = apply();
     if (!r) {
@@ -858,6 +861,12 @@ class Receiver {
     const Key k{h.key_hi.get(), h.key_lo.get()};
     if (k == Key{0, 0}) return bad_stream("an item record for FsInfo");
     if (h.had_old > 1) return bad_stream("a malformed item record");
+    // The sender sends each key once, in key order (a scan or a diff). A
+    // key sent twice would let a later record replace or delete what an
+    // earlier one put, freeing data that got_ still offers to SHARED
+    // records (a reference taken on a free extent fails the volume).
+    if (last_key_ && !(*last_key_ < k)) return bad_stream("item records out of key order, or a key sent twice");
+    last_key_ = k;
     if (k.hi >= max_ino_ && k.hi != 0) return bad_stream("an item of an inode past the stream's range");
     if (k.hi == 0 && type_of(k) == ItemType::Orphan && off_of(k) >= max_ino_)
       return bad_stream("an orphan past the stream's range");
@@ -989,7 +998,7 @@ class Receiver {
       x.offset = 0;
     }
     PLY_CHECK(put_extent(t, k, x, old));
-    got_[s.first] = Got{s.count, s.compressed, b.v, std::vector<uint64_t>(e->csums)};
+    got_[s.first] = Got{s.count, s.compressed, b.v, std::vector<uint64_t>(e->csums), e->frame_bytes, e->ram_blocks};
     st_.extents++;
     st_.data_bytes += data.size();
     return data.size();
@@ -1017,6 +1026,10 @@ class Receiver {
       const uint64_t at = s.first - it->first;
       if (g.compressed != s.compressed || at + s.count > g.count || (s.compressed && at != 0))
         return bad_stream("a SHARED record refers to data the stream never sent");
+      // A frame is shared whole, as the EXTENT that carried it said it
+      // decodes (S2): its length and size are not the SHARED record's to say.
+      if (s.compressed && (s.count != g.count || e->frame_bytes != g.frame_bytes || e->ram_blocks != g.ram_blocks))
+        return bad_stream("a SHARED record describes its frame otherwise than the data the stream sent");
       for (uint64_t i = 0; i < s.count; i++)
         if (e->csums[i] != g.csums[at + i]) return bad_stream("a SHARED record's checksums differ from its data");
       x.disk_start = g.local;
@@ -1039,7 +1052,7 @@ class Receiver {
         x.disk_start = pe.disk_start;
         x.disk_nblocks = pe.disk_nblocks;
       } else {
-        if (delta + e->nblocks > pe.nblocks)
+        if (delta > pe.nblocks || e->nblocks > pe.nblocks - delta)
           return bad_stream("a SHARED record maps past its parent's extent");
         for (uint32_t i = 0; i < e->nblocks; i++)
           if (pe.csums[delta + i] != e->csums[i])
@@ -1081,6 +1094,7 @@ class Receiver {
     bool compressed = false;
     uint64_t local = 0;
     std::vector<uint64_t> csums;
+    uint32_t frame_bytes = 0, ram_blocks = 0;  // compressed: the frame as its EXTENT said it decodes
   };
 
   Volume& v_;
@@ -1090,6 +1104,7 @@ class Receiver {
   TreeId tree_{0}, parent_{0};
   bool made_ = false;
   uint64_t max_ino_ = 0, total_items_ = 0, digest_ = 0;
+  std::optional<Key> last_key_;  // the last item record's key
   std::map<uint64_t, Got> got_;  // sender's stored first block -> ours
   ReceiveStats st_;
   Received out_;

@@ -16,7 +16,8 @@
 //   S1 a receive is atomic: the new branch is built as a DOOMED tree (over
 //      as many generations as its size needs) and named by one final
 //      transaction, as an import is (io.h, I1). A stream that is truncated,
-//      corrupt (a record's XXH3), reordered (record sequence numbers),
+//      corrupt (a record's XXH3), reordered (record sequence numbers;
+//      item keys strictly increasing, each key once),
 //      incomplete (no END record, or END's counts differ), refers to data it
 //      never sent, or does not match its parent on this image, leaves no
 //      branch and no block behind.

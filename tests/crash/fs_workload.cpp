@@ -2,7 +2,10 @@
 #include "util/checksum.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <linux/fs.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -10,11 +13,13 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "fs/check.h"
 #include "fs/compress.h"
 #include "fs/fs.h"
 #include "fs/items.h"
+#include "fs/send.h"
 #include "fsck/fsck.h"
 #include "snap/snap.h"
 #include "union/union.h"
@@ -246,6 +251,19 @@ struct Mount {
         // stay open while blocks move under them (format.md#relocation).
         (void)PLY_TRY(vol.resize(op.arg));
         return ok();
+      case FsOpKind::Receive: {
+        // As plyctl receive: the stream from a file descriptor, the branch
+        // built doomed over its own generations and named in the last.
+        const RecvStream& st = recv_stream(p);
+        const int fd = memfd_create("stream", 0);
+        if (fd < 0) return Error::sys(errno, "memfd_create");
+        const bool put = ::write(fd, st.bytes.data(), st.bytes.size()) == ssize_t(st.bytes.size()) &&
+                         lseek(fd, 0, SEEK_SET) == 0;
+        auto r = put ? receive_branch(vol, fd, ReceiveOptions{}) : Result<Received>(Error::sys(errno, "memfd"));
+        ::close(fd);
+        if (!r) return r.error();
+        return ok();
+      }
       case FsOpKind::Commit:
         return ok();
     }
@@ -389,6 +407,115 @@ const MemDevice& image(const std::string& name) {
   return *d;
 }
 
+// A tree's items with what is the image's own taken out (send_test.cpp's
+// items_of): the disk addresses of extents (and, for plain ones, where in
+// their space extent they start), and FsInfo but for the fields a stream
+// carries.
+Result<Items> received_items(Volume& v, TreeId tree) {
+  Items out;
+  auto t = PLY_TRY(v.begin());
+  PLY_CHECK(t.scan(tree, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> val) {
+    std::vector<std::byte> x(val.begin(), val.end());
+    if (k == Key{0, 0}) {
+      disk::FsInfo fi{};
+      if (fsitems::decode_info(val, fi)) {
+        disk::FsInfo keep{};
+        keep.root_ino = fi.root_ino;
+        keep.created_ns = fi.created_ns;
+        keep.compress = fi.compress;
+        keep.compress_level = fi.compress_level;
+        x.assign(reinterpret_cast<std::byte*>(&keep), reinterpret_cast<std::byte*>(&keep) + sizeof keep);
+      }
+    } else if (k.hi && fsitems::type_of(k) == disk::ItemType::Extent) {
+      if (auto e = fsitems::decode_extent(k, val)) {
+        e->disk_start = 0;
+        if (!e->compressed()) {
+          e->disk_nblocks = 0;
+          e->offset = 0;
+        }
+        x = fsitems::encode_extent(*e);
+      }
+    }
+    out.emplace(k, std::move(x));
+    return true;
+  }));
+  return out;
+}
+
+std::map<std::string, RecvStream> build_streams() {
+  auto dev = image("base").clone();
+  auto vol = Volume::open(*dev, rw_options());
+  SETUP(vol);
+  Volume& v = **vol;
+  auto main_tree = Filesystem::default_tree(v);
+  SETUP(main_tree);
+  uint64_t four = 0;
+  {
+    auto fs = Filesystem::open(v, *main_tree);
+    SETUP(fs);
+    Filesystem& f = **fs;
+    const uint64_t root = f.root();
+    auto file = [&](uint64_t dir, const char* n) {
+      auto a = f.mknod(dir, n, S_IFREG | 0644, 0, 0, 0);
+      SETUP(a);
+      return a->ino;
+    };
+    auto d = f.mkdir(root, "rd", 0755, 0, 0);
+    SETUP(d);
+    four = file(d->ino, "four");
+    SETUP(f.write(four, 0, pattern(4 * 4096, 41)));
+    const uint64_t holes = file(root, "holes");
+    SETUP(f.write(holes, 0, pattern(3000, 42)));
+    SETUP(f.write(holes, 3 * 4096, pattern(4096, 43)));  // blocks 1-2 a hole
+    SETUP(f.fallocate(holes, FALLOC_FL_KEEP_SIZE, 5 * 4096, 2 * 4096));
+    SETUP(f.link(holes, d->ino, "hard"));
+    SETUP(f.setxattr(holes, "user.r", pattern(30, 44), 0));
+    SETUP(f.setxattr(d->ino, "user.big", pattern(5000, 45), 0));  // out of line
+    const uint64_t z = file(root, "rz");
+    SETUP(f.set_fsflags(z, FS_COMPR_FL));
+    SETUP(f.write(z, 0, words(10 * 4096 + 7, 46)));
+    SETUP(f.release_all());
+  }
+  auto r1 = snapshot(v, *main_tree, "r1");
+  SETUP(r1);
+  {
+    auto fs = Filesystem::open(v, *main_tree);
+    SETUP(fs);
+    Filesystem& f = **fs;
+    const uint64_t root = f.root();
+    SETUP(f.write(four, 4096 + 5, pattern(200, 47)));  // splits four's extent: shared from r1
+    auto c = f.mknod(root, "rcopy", S_IFREG | 0644, 0, 0, 0);
+    SETUP(c);
+    SETUP(f.copy_range(four, 0, c->ino, 0, 4 * 4096));  // a reflink: shared in the stream
+    SETUP(f.unlink(root, "a"));
+    SETUP(f.release_all());
+  }
+  auto r2 = snapshot(v, *main_tree, "r2");
+  SETUP(r2);
+  SETUP(v.commit());
+  auto send = [&](const BranchMeta& b, std::optional<TreeId> parent) {
+    RecvStream s;
+    s.branch = b.name;
+    SendOptions so;
+    so.parent = parent;
+    const int fd = memfd_create("stream", 0);
+    if (fd < 0) std::abort();
+    SETUP(send_branch(v, b.tree, fd, so));
+    const off_t n = lseek(fd, 0, SEEK_END);
+    s.bytes.resize(size_t(n));
+    if (pread(fd, s.bytes.data(), s.bytes.size(), 0) != ssize_t(n)) std::abort();
+    ::close(fd);
+    auto items = received_items(v, b.tree);
+    SETUP(items);
+    s.items = std::move(*items);
+    return s;
+  };
+  std::map<std::string, RecvStream> out;
+  out["full"] = send(r1->frozen, std::nullopt);
+  out["incremental"] = send(r2->frozen, r1->frozen.tree);
+  return out;
+}
+
 // "prefix" + n (GCC 12 warns wrongly about "literal" + std::to_string at -O2).
 std::string numbered(const char* prefix, uint64_t n) {
   char b[64];
@@ -410,7 +537,7 @@ std::string FsOp::str() const {
                                 "copy-up",  "snapshot", "clone",    "merge",   "rollback",
                                 "add-branch", "delete-branch", "fill", "commit", "split-rename",
                                 "rename-branch", "quota", "shrink", "chattr",
-                                "write-text", "copy-range"};
+                                "write-text", "copy-range", "receive"};
   std::string s = names[int(kind)];
   if (!path.empty()) s += " " + path;
   if (!path2.empty()) s += " " + path2;
@@ -453,6 +580,33 @@ Result<std::string> list_view(Volume& v) {
   };
   PLY_CHECK(walk(u.root(), ""));
   return out;
+}
+
+const RecvStream& recv_stream(const std::string& name) {
+  static const std::map<std::string, RecvStream> streams = build_streams();
+  auto it = streams.find(name);
+  if (it == streams.end()) {
+    std::fprintf(stderr, "crash_tests: no stream named %s\n", name.c_str());
+    std::abort();
+  }
+  return it->second;
+}
+
+std::string check_received(Volume& v, const RecvStream& s) {
+  auto b = Filesystem::find(v, s.branch);
+  if (!b) return "cannot look up branch " + s.branch + ": " + b.error().message();
+  if (!*b) return "";  // none of it (a doomed tree is no branch; the next read-write open drops it)
+  auto got = received_items(v, (*b)->tree);
+  if (!got) return "cannot read branch " + s.branch + ": " + got.error().message();
+  if (*got == s.items) return "";
+  for (auto i = s.items.cbegin(), j = std::as_const(*got).begin();; ++i, ++j) {
+    if (i == s.items.end() || j == got->end() || i->first != j->first || i->second != j->second) {
+      const Key k = i != s.items.end() ? i->first : j->first;
+      return "branch " + s.branch + " (" + std::to_string(got->size()) + " items, its source " +
+             std::to_string(s.items.size()) + ") differs from its source at item " + std::to_string(k.hi) + "/" +
+             std::to_string(k.lo);
+    }
+  }
 }
 
 namespace {
@@ -596,6 +750,7 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
       fr.failed_ops++;
     }
     if (op.kind == FsOpKind::Commit && run.error.empty() && !v.failure()) {
+      uint64_t predumped = 0;  // the generation dumped before the commit (fault runs)
       if (faulty) {
         // The model of the generation this commit tries to write: after a
         // failed flush it may be durable anyway (D4).
@@ -604,13 +759,14 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
           run.error = "dump: " + d.error().message();
           break;
         }
-        run.model_at[v.open_generation().v] = std::move(*d);
+        predumped = v.open_generation().v;
+        run.model_at[predumped] = std::move(*d);
         auto l = list_view(v);
         if (!l) {
           run.error = "list before commit: " + l.error().message();
           break;
         }
-        fr.view_at[v.open_generation().v] = std::move(*l);
+        fr.view_at[predumped] = std::move(*l);
       }
       auto g = [&] {
         Armed a(gate);
@@ -629,6 +785,14 @@ FsRun record_fs(const FsWorkload& w, const FaultDevice::Rule* fault) {
         break;
       } else {
         acked = g->v;
+        // A commit with nothing to write (after an operation that committed
+        // its own work, as a receive does) writes no generation: the one
+        // dumped for it is the next operation's, which may write it inside
+        // itself (an inner generation, its content from the log).
+        if (predumped && acked != predumped) {
+          run.model_at.erase(predumped);
+          fr.view_at.erase(predumped);
+        }
       }
     }
     if (acked) {
@@ -724,6 +888,10 @@ std::string check_fs_state(const FsWorkload& w, const FsRun& r, const Spec& spec
           err = "VIEW_CHECK at generation " + std::to_string(gen) + ": " + p.code + ": " + p.message;
           break;
         }
+      for (const auto& op : w.ops)
+        if (err.empty() && op.kind == FsOpKind::Receive)
+          if (auto e = check_received(**vol, recv_stream(op.path)); !e.empty())
+            err = "RECEIVED at generation " + std::to_string(gen) + ": " + e;
       if (err.empty()) {
         auto l = list_view(**vol);
         if (!l) {
@@ -930,6 +1098,19 @@ std::vector<FsWorkload> fs_scenarios() {
     w.ops.push_back({K::Commit});
     out.push_back(w);
   }
+  {  // Send streams received (fs/send.h, S1): a full one, then an
+     // incremental one against the branch it made, each built doomed over
+     // its own generations and named in one final commit; a file written
+     // between them. Every crash state holds none of each received branch
+     // or all of it, equal to its source (check_received), and a read-write
+     // open drops what an unfinished receive left.
+    FsWorkload w;
+    w.id = "fs-scenario/receive";
+    w.image = "base";
+    w.ops = {{K::Receive, "full"},  {K::Commit}, {K::Create, "after"}, {K::Write, "after", "", 0, 6000},
+             {K::Receive, "incremental"}, {K::Commit}};
+    out.push_back(w);
+  }
   for (auto& w : fs_compress_scenarios()) out.push_back(std::move(w));
   return out;
 }
@@ -1091,6 +1272,14 @@ std::vector<FsWorkload> fs_fault_workloads() {
              {K::Commit}};
     out.push_back(std::move(w));
   }
+  // A fault while a stream is received (fs/send.h, S1): it must fail with a
+  // clean error, name nothing, and leave no block behind once the next
+  // read-write open drops its doomed tree (the write checks).
+  for (FsWorkload w : fs_scenarios())
+    if (w.id == "fs-scenario/receive") {
+      w.id = "fs-fault/receive";
+      out.push_back(std::move(w));
+    }
   return out;
 }
 

@@ -52,6 +52,7 @@ enum class FsOpKind : uint8_t {
   WriteText,   // as Write, with compressible text (low entropy: the compression test passes)
   CopyRange,   // copy_file_range of [off, off+arg) of path to the same offset of path2 (aligned:
                // the blocks are shared, compressed frames with them; else copied, compressed anew)
+  Receive,     // receive_branch of the stream named path ("full", "incremental": recv_stream)
 };
 
 struct FsOp {
@@ -123,6 +124,24 @@ struct FsOracleCache {
 };
 std::string check_fs_state(const FsWorkload& w, const FsRun& r, const Spec& spec, bool write_check,
                            FsOracleCache& cache);
+
+// The send streams the Receive operation applies (fs/send.h), made once on
+// another image (a copy of "base", changed): "full", a whole snapshot "r1"
+// of its main branch (files of inline and extent data with a hole, a
+// preallocated range, a hard link, xattrs small and out of line, a
+// compressed file); "incremental", the snapshot "r2" against r1 (partial
+// overwrites shared from r1, a reflinked copy, an unlink). `items`: the
+// branch's items as a receiver must hold them (send_test.cpp's items_of:
+// what is the image's own left out).
+struct RecvStream {
+  std::string branch;  // the name the stream gives its branch
+  std::vector<std::byte> bytes;
+  Items items;
+};
+const RecvStream& recv_stream(const std::string& name);
+// The branch `s.branch` of `v`, if named, must hold exactly `s.items`:
+// empty, or what is wrong.
+std::string check_received(Volume& v, const RecvStream& s);
 
 // Workloads.
 std::vector<FsOp> fs_instances();

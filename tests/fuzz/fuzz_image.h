@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "fsck/fsck.h"
 
@@ -34,7 +36,24 @@ void read_all_fs(Volume& vol);
 // fsck -n, -y, and -n again when -y says it corrected: that one must be clean.
 void fsck_cycle(MemDevice& dev, FsckOptions fo);
 
-// libFuzzer's custom mutator for both targets: mostly a structured patch
+// The receive fuzzer (fuzz_receive.cpp): its input is a send stream,
+// received into a copy of recv_base() (an image holding a received branch,
+// from tests/fuzz/corpus-recv/base.hex); the image must stay writable and
+// clean, with no block left behind by a refused stream.
+const MemDevice& recv_base();
+void run_one_recv(const uint8_t* data, size_t size);
+// Its mutator: the stream's records changed and put back together with
+// right checksums, END and (for a zstd stream) compression.
+size_t recv_mutate(uint8_t* data, size_t size, size_t max_size, unsigned seed,
+                   size_t (*byte_mutate)(uint8_t*, size_t, size_t));
+// The seed corpus: streams of one source image (base.hex among them).
+struct RecvSeed {
+  std::string name, note;
+  std::vector<uint8_t> bytes;
+};
+std::vector<RecvSeed> recv_corpus();
+
+// libFuzzer's custom mutator for both image targets: mostly a structured patch
 // (struct_mutate.h) appended to the input's whole patches, else libFuzzer's
 // own byte mutation (`byte_mutate`).
 // With `zbase` (the fs target), an input whose first patch selects it

@@ -2,7 +2,7 @@
 // the seed corpus and every input that ever crashed the fuzzer, as
 // regression tests. Each file: hex bytes, whitespace ignored, '#' starts a
 // comment to the end of the line (where the input came from).
-//   replay [--fs] FILE...
+//   replay [--fs | --recv] FILE...
 //   replay [--fs] --image OUT FILE   writes the patched image to OUT instead
 //                                    (to look at it with fsck.plyfs, plyctl)
 #include <cstdio>
@@ -42,6 +42,11 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--fs") {
       target = plyfs::fuzz::run_one_fs;
       fs = true;
+      continue;
+    }
+    // --recv: the inputs are send streams (fuzz_receive.cpp).
+    if (std::string(argv[i]) == "--recv") {
+      target = plyfs::fuzz::run_one_recv;
       continue;
     }
     if (std::string(argv[i]) == "--image" && i + 1 < argc) {

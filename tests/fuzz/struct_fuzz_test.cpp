@@ -324,3 +324,18 @@ TEST_CASE("write the compressed-image seed corpus", "[.corpus]") {
     write(name, "seed (struct_fuzz_test.cpp, [.corpus]): " + what, in);
   }
 }
+
+// Writes the receive fuzzer's seeds (tests/fuzz/corpus-recv/; hidden: run
+// with PLYFS_CORPUS_OUT=dir struct_fuzz_tests "[.corpus-recv]"). base.hex is
+// what fuzz_receive's image holds: the seeds apply to it only together.
+TEST_CASE("write the receive seed corpus", "[.corpus-recv]") {
+  const char* out = std::getenv("PLYFS_CORPUS_OUT");
+  REQUIRE(out);
+  for (const auto& s : fuzz::recv_corpus()) {
+    FILE* f = std::fopen((std::string(out) + "/" + s.name).c_str(), "w");
+    REQUIRE(f);
+    std::fprintf(f, "# %s\n%s", s.note.c_str(), hex(s.bytes).c_str());
+    if (s.bytes.size() % 32) std::fprintf(f, "\n");
+    std::fclose(f);
+  }
+}

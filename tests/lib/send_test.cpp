@@ -660,6 +660,146 @@ TEST_CASE("send: truncated, corrupt, reordered and forged streams are refused wi
   }
 }
 
+// A parent's hash of an extent item as ItemHead.old_hash carries it (send.cpp's
+// item_hash): what is the image's own left out.
+uint64_t old_hash_of(Key k, std::span<const std::byte> v) {
+  auto e = must(fsitems::decode_extent(k, v));
+  e.disk_start = 0;
+  if (!e.compressed()) {
+    e.disk_nblocks = 0;
+    e.offset = 0;
+  }
+  const auto n = fsitems::encode_extent(e);
+  return xxh3(std::span<const std::byte>(n));
+}
+
+// Found by fuzz_receive (tests/fuzz/corpus-recv/): records whose checksums
+// are right around content only a forger writes.
+TEST_CASE("send: forged SHARED deltas and keys sent twice are refused, the volume stays writable", "[send]") {
+  Pair p;
+  MemFile f;
+  SECTION("a SHARED delta that wraps past its parent's extent (S2)") {
+    const size_t nb = must(Filesystem::branches(*p.dst.vol)).size();
+    must(p.dst.vol->commit());
+    const uint64_t used = p.dst.vol->space_stats().used_blocks;
+    Parsed ps(p.inc.bytes());
+    bool done = false;
+    for (auto& [type, pl] : ps.recs)
+      if (type == 5 && pl[36] == std::byte(1) && !done) {
+        const uint64_t wrap = ~uint64_t(0);  // delta + nblocks wraps to below the parent's length
+        std::memcpy(pl.data() + 56, &wrap, 8);
+        done = true;
+      }
+    REQUIRE(done);
+    f.set(ps.build());
+    auto r = receive_branch(*p.dst.vol, f.fd, ReceiveOptions{});
+    REQUIRE(!r);
+    CHECK(r.error().code == EBADMSG);
+    REQUIRE(!p.dst.vol->failure());
+    require_nothing_left(p.dst, nb, used);
+  }
+  SECTION("an inode range up to the counter's limit: the superblock stays valid (S1)") {
+    // max_ino 2^63 - 1 made the counter 2^63, which no superblock holds.
+    FsImage other(64ull << 20);
+    must(other.vol->commit());
+    const uint64_t used0 = other.vol->space_stats().used_blocks;
+    Parsed ps(p.full.bytes());
+    REQUIRE(ps.recs[0].first == 1);
+    for (uint64_t max_ino : {uint64_t(1) << 63, (uint64_t(1) << 63) - 1}) {
+      std::memcpy(ps.recs[0].second.data() + 144, &max_ino, 8);
+      f.set(ps.build());
+      auto r = receive_branch(*other.vol, f.fd, ReceiveOptions{});
+      REQUIRE(!r);
+      CHECK(r.error().code == EBADMSG);
+      require_nothing_left(other, 1, used0);
+      require_fs_clean(*other.dev);  // both superblock slots
+    }
+  }
+  SECTION("a SHARED record of a frame the stream sent, with another frame length or size (S2)") {
+    // A compressed file whose frame a partial overwrite split: a full
+    // stream carries the frame once and shares it with the second item.
+    FsImage src(64ull << 20);
+    std::mt19937_64 r(13);
+    {
+      auto fs = must(Filesystem::open(*src.vol, src.main));
+      Attr a = must(fs->mknod(fs->root(), "z", S_IFREG | 0644, 0, 0, 0));
+      must(fs->set_fsflags(a.ino, FS_COMPR_FL));
+      must(fs->write(a.ino, 0, text(16 * 4096, r)));
+      must(fs->write(a.ino, 5 * 4096, noise(4096, r)));
+    }
+    must(src.vol->commit());
+    MemFile full;
+    (void)must(send_branch(*src.vol, src.main, full.fd, SendOptions{}));
+    for (int field = 0; field < 3; field++) {
+      INFO("field " << field);
+      FsImage other(64ull << 20);
+      must(other.vol->commit());
+      const uint64_t used0 = other.vol->space_stats().used_blocks;
+      Parsed ps(full.bytes());
+      bool done = false;
+      for (auto& [type, pl] : ps.recs)
+        if (type == 5 && pl[36] == std::byte(0) && pl.size() >= 64 + 40 && pl[64 + 28] != std::byte(0) && !done) {
+          // The value after ItemHead and SharedRec: disk::Extent, then
+          // ExtentFrame {frame_bytes, ram_blocks}.
+          uint32_t frame_bytes, ram_blocks, nblocks;
+          std::memcpy(&nblocks, pl.data() + 64 + 24, 4);
+          std::memcpy(&frame_bytes, pl.data() + 64 + 32, 4);
+          std::memcpy(&ram_blocks, pl.data() + 64 + 36, 4);
+          if (field == 0) frame_bytes--;
+          if (field == 1) ram_blocks++;
+          if (field == 2) frame_bytes = 1;
+          std::memcpy(pl.data() + 64 + 32, &frame_bytes, 4);
+          std::memcpy(pl.data() + 64 + 36, &ram_blocks, 4);
+          done = true;
+        }
+      REQUIRE(done);
+      f.set(ps.build());
+      auto res = receive_branch(*other.vol, f.fd, named("z"));
+      if (res) require_fs_clean(*other.dev);  // with data: every frame decoded
+      REQUIRE(!res);
+      CHECK(res.error().code == EBADMSG);
+      require_nothing_left(other, 1, used0);
+    }
+  }
+  SECTION("a key sent twice: its extent deleted, then shared from the stream (S1)") {
+    FsImage other(64ull << 20);
+    must(other.vol->commit());
+    const uint64_t used0 = other.vol->space_stats().used_blocks;
+    Parsed ps(p.full.bytes());
+    size_t at = 0;
+    for (size_t i = 0; i < ps.recs.size() && !at; i++)
+      if (ps.recs[i].first == 4) at = i;
+    REQUIRE(at);
+    const auto ext = ps.recs[at].second;
+    uint32_t vlen;
+    std::memcpy(&vlen, ext.data() + 32, 4);
+    const std::span<const std::byte> value(ext.data() + 40, vlen);
+    Key k;
+    std::memcpy(&k.hi, ext.data(), 8);
+    std::memcpy(&k.lo, ext.data() + 8, 8);
+    // DELETE of the key just put, with the hash of what it put.
+    std::vector<std::byte> del(ext.begin(), ext.begin() + 32);
+    const uint64_t h = old_hash_of(k, value);
+    std::memcpy(del.data() + 16, &h, 8);
+    del[24] = std::byte(1);
+    // SHARED from the stream: the data the EXTENT carried, freed by then.
+    std::vector<std::byte> sh(ext.begin(), ext.begin() + 32);
+    std::vector<std::byte> sr(32);
+    std::memcpy(sr.data(), &vlen, 4);
+    sh.insert(sh.end(), sr.begin(), sr.end());
+    sh.insert(sh.end(), value.begin(), value.end());
+    ps.recs.insert(ps.recs.begin() + long(at) + 1, {uint32_t(3), del});
+    ps.recs.insert(ps.recs.begin() + long(at) + 2, {uint32_t(5), sh});
+    f.set(ps.build());
+    auto r = receive_branch(*other.vol, f.fd, ReceiveOptions{});
+    REQUIRE(!r);
+    INFO(r.error().message());
+    CHECK(r.error().code == EBADMSG);
+    REQUIRE(!other.vol->failure());
+    require_nothing_left(other, 1, used0);
+  }
+}
+
 TEST_CASE("send: an incremental stream needs its parent, unchanged", "[send]") {
   Pair p;
   const size_t nb = must(Filesystem::branches(*p.dst.vol)).size();
