@@ -717,8 +717,12 @@ class Receiver {
  private:
   void chain(uint64_t sum) { digest_ = StreamWriter::xxh3_chain(digest_, sum); }
 
+  // The branch whose uuid, else received_uuid, is `u`; none for the nil
+  // uuid (a tree written before uuids has one, every branch not received
+  // has a nil received_uuid: neither identifies anything).
   Result<std::optional<BranchMeta>> by_uuid(Volume::Txn& t, const uint8_t* u) {
     std::optional<BranchMeta> hit;
+    if (nil(u)) return hit;
     for (auto& b : PLY_TRY(Filesystem::branches(t))) {
       if (b.doomed) continue;
       if (std::memcmp(b.uuid.data(), u, 16) == 0) return std::optional<BranchMeta>(b);
@@ -915,13 +919,7 @@ class Receiver {
       x.disk_start = PLY_TRY(t.alloc_extent(x.nblocks)).v;
       x.disk_nblocks = x.nblocks;
       x.offset = 0;
-      auto val = encode_extent(x);
-      if (auto r = t.put(tree_, k, val); !r) {
-        (void)t.dec_extent(BlockNo{x.disk_start});
-        return r.error();
-      }
-      PLY_CHECK(drop_old(t, k, old));
-      st_.items++;
+      PLY_CHECK(put_extent(t, k, x, old));
       st_.prealloc_bytes += uint64_t(x.nblocks) * bs_;
       return ok();
     }

@@ -20,6 +20,7 @@
 #include "fs/fs.h"
 #include "fs/items.h"
 #include "fs/send.h"
+#include "../received_items.h"
 #include "fsck/fsck.h"
 #include "snap/snap.h"
 #include "union/union.h"
@@ -407,40 +408,7 @@ const MemDevice& image(const std::string& name) {
   return *d;
 }
 
-// A tree's items with what is the image's own taken out (send_test.cpp's
-// items_of): the disk addresses of extents (and, for plain ones, where in
-// their space extent they start), and FsInfo but for the fields a stream
-// carries.
-Result<Items> received_items(Volume& v, TreeId tree) {
-  Items out;
-  auto t = PLY_TRY(v.begin());
-  PLY_CHECK(t.scan(tree, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> val) {
-    std::vector<std::byte> x(val.begin(), val.end());
-    if (k == Key{0, 0}) {
-      disk::FsInfo fi{};
-      if (fsitems::decode_info(val, fi)) {
-        disk::FsInfo keep{};
-        keep.root_ino = fi.root_ino;
-        keep.created_ns = fi.created_ns;
-        keep.compress = fi.compress;
-        keep.compress_level = fi.compress_level;
-        x.assign(reinterpret_cast<std::byte*>(&keep), reinterpret_cast<std::byte*>(&keep) + sizeof keep);
-      }
-    } else if (k.hi && fsitems::type_of(k) == disk::ItemType::Extent) {
-      if (auto e = fsitems::decode_extent(k, val)) {
-        e->disk_start = 0;
-        if (!e->compressed()) {
-          e->disk_nblocks = 0;
-          e->offset = 0;
-        }
-        x = fsitems::encode_extent(*e);
-      }
-    }
-    out.emplace(k, std::move(x));
-    return true;
-  }));
-  return out;
-}
+Result<Items> received_items(Volume& v, TreeId tree) { return test::received_items(v, tree); }
 
 std::map<std::string, RecvStream> build_streams() {
   auto dev = image("base").clone();

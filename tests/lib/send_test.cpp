@@ -23,6 +23,7 @@
 #include "fs/check.h"
 #include "fs/items.h"
 #include "fs/send.h"
+#include "../received_items.h"
 #include "fs_image.h"
 #include "snap/snap.h"
 #include "util/checksum.h"
@@ -69,37 +70,7 @@ std::vector<std::byte> noise(size_t n, std::mt19937_64& r) {
   return v;
 }
 
-// A tree's items with what is the image's own taken out: the disk
-// addresses of extents (and, for plain ones, where in their space extent
-// they start), and FsInfo but for the fields a stream carries.
-std::map<Key, std::vector<std::byte>> items_of(Volume& v, TreeId tree) {
-  std::map<Key, std::vector<std::byte>> out;
-  auto t = must(v.begin());
-  must(t.scan(tree, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> val) {
-    std::vector<std::byte> x(val.begin(), val.end());
-    if (k == Key{0, 0}) {
-      disk::FsInfo fi;
-      REQUIRE(fsitems::decode_info(val, fi));
-      disk::FsInfo keep{};
-      keep.root_ino = fi.root_ino;
-      keep.created_ns = fi.created_ns;
-      keep.compress = fi.compress;
-      keep.compress_level = fi.compress_level;
-      x.assign(reinterpret_cast<std::byte*>(&keep), reinterpret_cast<std::byte*>(&keep) + sizeof keep);
-    } else if (k.hi && fsitems::type_of(k) == disk::ItemType::Extent) {
-      auto e = must(fsitems::decode_extent(k, val));
-      e.disk_start = 0;
-      if (!e.compressed()) {
-        e.disk_nblocks = 0;
-        e.offset = 0;
-      }
-      x = fsitems::encode_extent(e);
-    }
-    out.emplace(k, std::move(x));
-    return true;
-  }));
-  return out;
-}
+std::map<Key, std::vector<std::byte>> items_of(Volume& v, TreeId tree) { return must(test::received_items(v, tree)); }
 
 // Every object's bytes and xattrs as the filesystem reads them.
 void require_same_reads(Volume& a, TreeId ta, Volume& b, TreeId tb) {
