@@ -2,8 +2,8 @@
 // stream, whole or as the difference from a parent snapshot, and a stream
 // made a new read-only branch of another image. On a mount point, or the
 // path of a mounted image, the mount's daemon does the work (control
-// requests `send` and `receive`: it opens this process's descriptor of the
-// stream through /proc); otherwise the image is opened here.
+// requests `send` and `receive`: it takes this process's descriptor of the
+// stream, fuse/stream.cpp); otherwise the image is opened here.
 #include <sys/stat.h>
 #include <unistd.h>
 

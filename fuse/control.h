@@ -24,6 +24,11 @@
 //   {"command": "sync"}
 //   {"command": "hold"|"release", "branches": [{"branch": B}...]}
 //   {"command": "quota", "branch": B[, "referenced": N][, "exclusive": N]}
+//   {"command": "send", "branch": B[, "parent": B][, "zstd": L], "fd": N[, "output": O]}
+//   {"command": "receive", "fd": N[, "name": S]}
+// (send and receive: N is the caller's descriptor of the stream, which the
+// daemon takes by the caller's pid, fuse/stream.cpp; O only names it in the
+// answer, a Send or Receive object.)
 // (B: a branch's name, or its id as a number.) The answer, with status 0,
 // is {"result": X}, X being exactly the object plyctl prints offline for
 // the same command (the stack: an array of StackEntry; a snapshot: a

@@ -138,7 +138,7 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
 // and receive take their streams from.
 Result<nlohmann::ordered_json> control(const nlohmann::ordered_json& request, bool may_change, pid_t caller = 0);
 // `send` and `receive` (stream.cpp, format.md#send-stream): the stream is
-// the caller's descriptor "fd".
+// the caller's descriptor "fd", taken by the caller's pid.
 Result<nlohmann::ordered_json> send_online(const nlohmann::ordered_json& req, pid_t caller);
 Result<nlohmann::ordered_json> receive_online(const nlohmann::ordered_json& req, pid_t caller);
 // A request's branch argument: a name (M1) or an id (control.cpp).

@@ -1,11 +1,13 @@
 // The control requests `send` and `receive` (control.h; format.md#send-stream):
 // a branch of the mounted image written as a stream, or a stream received as
 // a new branch, by the daemon that holds the image. The stream is a file
-// descriptor of the calling plyctl, opened here through /proc/PID/fd/N with
-// the caller's pid as the kernel gives it with the request (fuse_req_ctx),
-// so a caller names only its own descriptors; and only root or the mount's
-// owner may send or receive, as they alone change branches.
+// descriptor of the calling plyctl, taken with pidfd_getfd (or opened
+// through /proc/PID/fd/N) by the caller's pid as the kernel gives it with the
+// request (fuse_req_ctx), so a caller names only its own descriptors; and
+// only root or the mount's owner may send or receive, as they alone change
+// branches.
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <string>
@@ -21,12 +23,31 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// The caller's descriptor "fd", opened anew with `flags`.
+// The caller's descriptor "fd": the very open file (pidfd_getfd, Linux
+// 5.6: its offset and flags shared, a socket or pipe as well as a file),
+// else the same file opened anew through /proc with `flags`. The caller
+// waits in its ioctl meanwhile, so its pid names it.
 Result<int> caller_fd(const Json& req, pid_t caller, int flags) {
   if (!req.contains("fd") || !req["fd"].is_number_unsigned() || req["fd"].get<uint64_t>() > 1u << 30)
     return Error::invalid("\"fd\" must be the caller's file descriptor of the stream");
   if (caller <= 0) return Error::invalid("no caller to take the stream from");
-  const std::string path = "/proc/" + std::to_string(caller) + "/fd/" + std::to_string(req["fd"].get<uint64_t>());
+  const int theirs = req["fd"].get<int>();
+  const int pidfd = int(::syscall(SYS_pidfd_open, caller, 0));
+  if (pidfd >= 0) {
+    const int fd = int(::syscall(SYS_pidfd_getfd, pidfd, theirs, 0));
+    const int e = errno;
+    ::close(pidfd);
+    if (fd >= 0) {
+      // Its access mode must allow what the request does.
+      const int acc = ::fcntl(fd, F_GETFL) & O_ACCMODE;
+      if (acc == O_RDWR || acc == (flags & O_ACCMODE)) return fd;
+      ::close(fd);
+      return Error::io(EBADF, std::string("the caller's stream is not open for ") +
+                                  ((flags & O_ACCMODE) == O_RDONLY ? "reading" : "writing"));
+    }
+    if (e == EBADF) return Error::io(EBADF, "the caller has no file descriptor " + std::to_string(theirs));
+  }
+  const std::string path = "/proc/" + std::to_string(caller) + "/fd/" + std::to_string(theirs);
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
   if (fd < 0) return Error::sys(errno, "cannot open the caller's stream");
   return fd;

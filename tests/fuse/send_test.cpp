@@ -230,6 +230,21 @@ TEST_CASE("send: streams from a mount received offline and online, equal to thei
   CHECK(r3["branch"]["name"] == "s2");
   CHECK(r3["parent"]["name"] == "s1");
 
+  // Through pipes at both ends, both online: send's standard output and
+  // receive's standard input are pipes (the daemons take the descriptors).
+  const std::string e = tmp / "e.img";
+  mkfs(e, "256M", tmp / "mkfs.log");
+  Mount me(e, tmp / "me");
+  me.start();
+  {
+    const std::string cmd = "'" + plyctl_bin() + "' send '" + ma.path() + "' s1 | '" + plyctl_bin() +
+                            "' receive '" + me.path() + "' --name piped > '" + (tmp / "pipe.out") + "' 2>&1";
+    const int rc = std::system(cmd.c_str());
+    INFO(read_file(tmp / "pipe.out"));
+    REQUIRE(rc == 0);
+    CHECK(read_file(tmp / "pipe.out").rfind("received \"piped\"", 0) == 0);
+  }
+
   // A truncated stream and one whose parent is missing: one line, exit 1,
   // nothing received.
   const std::string d = tmp / "d.img";
@@ -262,8 +277,10 @@ TEST_CASE("send: streams from a mount received offline and online, equal to thei
   require_same(ma.path() + L + "s2/data", mb.path() + L + "second/data");
   require_same(ma.path() + L + "s1/data", mc.path() + L + "s1/data");
   require_same(ma.path() + L + "s2/data", mc.path() + L + "s2/data");
+  require_same(ma.path() + L + "s1/data", me.path() + L + "piped/data");
+  REQUIRE(me.unmount() == 0);
   REQUIRE(ma.unmount() == 0);
   REQUIRE(mb.unmount() == 0);
   REQUIRE(mc.unmount() == 0);
-  for (const auto& img : {a, b, c, d}) require_fsck_clean(img, tmp / "fsck.log");
+  for (const auto& img : {a, b, c, d, e}) require_fsck_clean(img, tmp / "fsck.log");
 }
