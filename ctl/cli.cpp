@@ -10,6 +10,8 @@
 #include "mount_client.h"
 #include "snap/snap.h"
 
+#include "commit/devices.h"
+
 namespace plyfs::ctl {
 
 namespace {
@@ -151,8 +153,13 @@ Result<uint64_t> number(const std::string& s, const char* what) {
   return v;
 }
 
+std::vector<std::string>& extra_devices() {
+  static std::vector<std::string> v;
+  return v;
+}
+
 Result<std::unique_ptr<BlockDevice>> open_image(const std::string& path, bool write) {
-  return open_device(path, FileOpenOptions{!write, true});
+  return ::plyfs::open_volume(path, extra_devices(), FileOpenOptions{!write, true});
 }
 
 Result<Opened> open_volume(const std::string& image, bool write) {

@@ -33,6 +33,9 @@ void usage(FILE* out);
 
 Result<uint64_t> number(const std::string& s, const char* what);
 Result<std::unique_ptr<BlockDevice>> open_image(const std::string& path, bool write);
+// What --device gave: the other devices of a multi-device volume, or
+// directories to scan for them (format.md#multi-device).
+std::vector<std::string>& extra_devices();
 bool is_directory(const std::string& p);
 
 // An image opened for the branch commands (offline: it must not be mounted).
@@ -79,6 +82,7 @@ int cmd_trim(const std::vector<std::string>& args);
 int cmd_du(const std::vector<std::string>& args);
 int cmd_resize(const std::vector<std::string>& args);
 int cmd_scrub(const std::vector<std::string>& args);
+int cmd_device(const std::string& sub, const std::vector<std::string>& args);
 int cmd_tree(std::vector<std::string> args);
 int cmd_fields(std::vector<std::string> args);
 int cmd_corrupt(std::vector<std::string> args);

@@ -42,6 +42,21 @@ int real_main(int argc, char** argv) {
     std::printf("%s (plyfs) %s\n", kProg, PLYFS_VERSION);
     return 0;
   }
+  // --device PATH, anywhere before "--" and any number of times: the other
+  // devices of a multi-device volume, or directories to scan (cli.h).
+  for (size_t i = 0; i < args.size() && args[i] != "--";) {
+    if (args[i].rfind("--device=", 0) == 0) {
+      extra_devices().push_back(args[i].substr(9));
+      args.erase(args.begin() + static_cast<long>(i));
+    } else if (args[i] == "--device") {
+      if (i + 1 >= args.size()) return usage_error("--device needs a path");
+      extra_devices().push_back(args[i + 1]);
+      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+    } else {
+      i++;
+    }
+  }
+  if (args.empty()) return usage_error("no command given");
   const std::string cmd = args[0];
   args.erase(args.begin());
   if (cmd == "show") return cmd_show(args);
@@ -64,6 +79,12 @@ int real_main(int argc, char** argv) {
   if (cmd == "du") return cmd_du(args);
   if (cmd == "resize") return cmd_resize(args);
   if (cmd == "scrub") return cmd_scrub(args);
+  if (cmd == "device") {
+    if (args.empty()) return usage_error("device needs a subcommand: list");
+    const std::string sub = args[0];
+    args.erase(args.begin());
+    return cmd_device(sub, args);
+  }
   if (cmd == "debug") {
     if (args.empty()) return usage_error("debug needs a subcommand: tree, fields or corrupt");
     const std::string sub = args[0];

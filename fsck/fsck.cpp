@@ -11,11 +11,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "util/json.h"
 #include "util/parse.h"
 #include "util/progress.h"
 #include "blockdev/blockdev.h"
+#include "commit/devices.h"
 #include "fsck/fsck.h"
 #include "fs/check.h"
 #include "union/view.h"
@@ -39,12 +41,14 @@ struct Args {
   // another checker the bar). Without -C: the bar on a terminal.
   std::optional<int> progress_fd;
   std::string path;
+  std::vector<std::string> others;  // the other devices of a multi-device volume
 };
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "Usage: %s [-n|-p|-a|-y] [-f] [-c] [-C FD] [-v] [--json] DEVICE|IMAGE\n"
-               "Check a plyfs filesystem and repair it.\n\n"
+               "Usage: %s [-n|-p|-a|-y] [-f] [-c] [-C FD] [-v] [--json] DEVICE|IMAGE [DEVICE...]\n"
+               "Check a plyfs filesystem and repair it. A multi-device volume's other\n"
+               "devices (or directories to scan for them) follow the first.\n\n"
                "  -n      check only; open read-only and change nothing (the default)\n"
                "  -p, -a  preen: repair what loses nothing, without asking\n"
                "  -y      repair everything that can be repaired\n"
@@ -242,8 +246,9 @@ int real_main(int argc, char** argv) {
     }
   }
   if (optind == argc) return usage_error("no device or image file given");
-  if (argc - optind > 1) return usage_error("more than one device given");
   a.path = argv[optind];
+  // The other devices of a multi-device volume (or directories to scan).
+  for (int i = optind + 1; i < argc; i++) a.others.push_back(argv[i]);
 
   if (a.progress_fd && *a.progress_fd > 0 && ::fcntl(*a.progress_fd, F_GETFD) < 0) {
     std::fprintf(stderr, "%s: %s\n", kProg,
@@ -252,7 +257,7 @@ int real_main(int argc, char** argv) {
                      .c_str());
     return kFsckOperational;
   }
-  auto dev = open_device(a.path, FileOpenOptions{a.mode == FsckMode::Check, true});
+  auto dev = open_volume(a.path, a.others, FileOpenOptions{a.mode == FsckMode::Check, true});
   if (!dev) {
     std::fprintf(stderr, "%s: %s\n", kProg, dev.error().message().c_str());
     return kFsckOperational;

@@ -392,7 +392,8 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
                                                      "snapshot", "merge", "rollback", "clone", "delete", "diff",
                                                      "trim", "resize", "show", "branches", "views", "default",
                                                      "view-create", "view-delete", "view-default", "sync", "du",
-                                                     "hold", "release", "quota", "scrub", "send", "receive"};
+                                                     "hold", "release", "quota", "scrub", "send", "receive",
+                                                     "devices"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -400,7 +401,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
-                          "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive)");
+                          "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive, devices)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -413,6 +414,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     if (req.contains("branch")) b = PLY_TRY(arg_branch(req, "branch")).tree;
     return model::du(*g->vol, b);
   }
+  if (cmd == "devices") return model::devices(*g->vol);
   // A diff names files in directories the caller may not be allowed to
   // list, and pauses every operation while it runs: root or the owner only.
   if (!may_change)

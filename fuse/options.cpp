@@ -19,7 +19,7 @@ namespace plyfs::daemon {
 
 namespace {
 
-enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO, KEY_ALLOW_OTHER, KEY_ALLOW_ROOT, KEY_DEFAULT_PERMISSIONS };
+enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO, KEY_ALLOW_OTHER, KEY_ALLOW_ROOT, KEY_DEFAULT_PERMISSIONS, KEY_DEVICE };
 
 }  // namespace
 
@@ -63,6 +63,7 @@ const struct fuse_opt kOpts[] = {
     FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
     FUSE_OPT_KEY("allow_root", KEY_ALLOW_ROOT),
     FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
+    FUSE_OPT_KEY("device=", KEY_DEVICE),
     FUSE_OPT_END};
 
 Config::~Config() {
@@ -84,6 +85,9 @@ int opt_proc(void* data, const char* arg, int key, struct fuse_args*) {
     case KEY_ALLOW_OTHER: c->allow_other = 1; return 1;
     case KEY_ALLOW_ROOT: c->allow_root = 1; return 1;
     case KEY_DEFAULT_PERMISSIONS: c->default_permissions = 1; return 1;
+    // -o device=PATH, any number of times: the other devices of a
+    // multi-device volume, or directories to scan for them (devices.h).
+    case KEY_DEVICE: c->devices.emplace_back(arg + 7); return 0;
     case FUSE_OPT_KEY_NONOPT:
       // A second string given as IMAGE or MOUNTPOINT (fuse_opt keeps the
       // last of an option given twice) would leak the first.
@@ -218,6 +222,8 @@ void usage() {
       "                     (K, M, G, T: powers of 1024; KB, MB, GB: of 1000;\n"
       "                     default 256M)\n"
       "  -o ro              read-only\n"
+      "  -o device=PATH     another device of a multi-device volume, or a directory\n"
+      "                     to scan for them; give it once per device\n"
       "  -o view=NAME       show the view NAME (plyctl view list); default: the\n"
       "                     default view, or the default branch read-write\n"
       "  -o branches=A=rw:B=ro:...\n"

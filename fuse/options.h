@@ -18,6 +18,9 @@
 #include "union/union.h"
 #include "util/result.h"
 
+#include <string>
+#include <vector>
+
 namespace plyfs::daemon {
 
 struct Config {
@@ -41,6 +44,7 @@ struct Config {
   const char* timeout_s = nullptr;
   const char* compress_s = nullptr;        // -o compress=zstd[:N]|none
   const char* compress_force_s = nullptr;  // -o compress-force=zstd[:N]
+  std::vector<std::string> devices;  // -o device=PATH, each time given (format.md#multi-device)
   int ro = 0, foreground = 0, debug = 0, help = 0, version = 0;
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
   int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it

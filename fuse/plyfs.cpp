@@ -42,6 +42,7 @@
 
 #include "blockdev/blockdev.h"
 #include "blockdev/log_device.h"
+#include "commit/devices.h"
 #include "fs/fs.h"
 #include "union/union.h"
 #include "union/view.h"
@@ -343,7 +344,7 @@ int main(int argc, char** argv) {
   // the terminal still attached.
   FileOpenOptions fo;
   fo.read_only = cfg.ro;
-  auto dev = open_device(cfg.image, fo);
+  auto dev = open_volume(cfg.image, cfg.devices, fo);
   if (!dev) {
     if (dev.error().code == EBUSY)
       return refuse(-1, 32, std::string(cfg.image) += " is already mounted or in use by another plyfs program");
@@ -363,7 +364,7 @@ int main(int argc, char** argv) {
     status_fd = daemonize(&code);
     if (status_fd < 0) return code;
     if (nbd) {
-      auto again = open_device(cfg.image, fo);
+      auto again = open_volume(cfg.image, cfg.devices, fo);
       if (!again) return refuse(status_fd, 32, again.error().user_message(cfg.image));
       *dev = std::move(*again);
     }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <uuid/uuid.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cinttypes>
 #include <cstdio>
@@ -30,6 +31,9 @@
 #include <utility>
 
 #include "blockdev/blockdev.h"
+#include "blockdev/device_set.h"
+#include "commit/devices.h"
+#include "commit/disk_superblock.h"
 #include "blockdev/test_devices.h"
 #include "commit/superblock.h"
 #include "commit/volume.h"
@@ -52,6 +56,9 @@ struct Args {
   bool force = false, dry_run = false, quiet = false, help = false, version = false, nodiscard = false;
   std::string label, path, root_dir;
   std::optional<std::string> uuid, block_size, size;  // empty when not given
+  std::vector<std::string> paths;        // every DEVICE given; path is the first
+  std::vector<std::string> class_args;   // --class NAME=DEVICE, in order
+  std::string metadata_class;            // --metadata CLASS
 };
 
 struct Options {
@@ -59,18 +66,28 @@ struct Options {
   FormatOptions format;  // size_bytes 0: the whole device or existing file
   std::string path;
   std::string root_dir;  // -d: the first branch holds this directory's tree
+  // Several devices (format.md#multi-device): each path with its class.
+  std::vector<std::string> paths;
+  std::vector<uint8_t> path_class;
 };
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "Usage: %s [options] DEVICE|IMAGE\n"
-               "Create a plyfs filesystem on a block device or an image file.\n\n"
+               "Usage: %s [options] DEVICE|IMAGE [DEVICE|IMAGE...]\n"
+               "Create a plyfs filesystem on a block device or an image file, or one\n"
+               "volume across several of them.\n\n"
                "Options:\n"
+               "  -C, --class NAME=DEVICE\n"
+               "                the device's class (several devices); classes are\n"
+               "                named fastest first; a device without one is 'default'\n"
+               "  -M, --metadata CLASS\n"
+               "                the class metadata goes to (default: the fastest)\n"
                "  -f            overwrite an existing filesystem or partition table\n"
                "  -L LABEL      volume label (at most 64 bytes)\n"
                "  -U UUID       filesystem UUID, or 'random' (the default)\n"
                "  -b SIZE       block size, a power of two from 4096 to 65536 (default 4096)\n"
-               "  -s SIZE       filesystem size; creates or extends an image file\n"
+               "  -s SIZE       filesystem size (each device's, with several); creates or\n"
+               "                extends an image file\n"
                "  -K            do not discard the device's blocks first\n"
                "  -d DIR        the first branch holds DIR's tree (as mke2fs -d)\n"
                "  -n            show what would be done; write nothing\n"
@@ -86,9 +103,12 @@ Result<Args> parse_args(int argc, char** argv) {
   Args a;
   opterr = 0;  // our own messages, so that each starts with "mkfs.plyfs: "
   static const option kLong[] = {
-      {"help", no_argument, nullptr, 'h'}, {"version", no_argument, nullptr, 'V'}, {}};
-  for (int c; (c = getopt_long(argc, argv, ":fL:U:b:s:d:KnqVh", kLong, nullptr)) != -1;) {
+      {"help", no_argument, nullptr, 'h'}, {"version", no_argument, nullptr, 'V'},
+      {"class", required_argument, nullptr, 'C'}, {"metadata", required_argument, nullptr, 'M'}, {}};
+  for (int c; (c = getopt_long(argc, argv, ":fL:U:b:s:d:KnqVhC:M:", kLong, nullptr)) != -1;) {
     switch (c) {
+      case 'C': a.class_args.push_back(optarg); break;
+      case 'M': a.metadata_class = optarg; break;
       case 'f': a.force = true; break;
       case 'L': a.label = optarg; break;
       case 'U': a.uuid = optarg; break;
@@ -107,9 +127,8 @@ Result<Args> parse_args(int argc, char** argv) {
     }
   }
   if (a.help || a.version) return a;
-  if (optind == argc) return Error::invalid("no device or image file given");
-  if (argc - optind > 1) return Error::invalid("more than one device given");
-  a.path = argv[optind];
+  for (int i = optind; i < argc; i++) a.paths.push_back(argv[i]);
+  if (a.paths.empty() && a.class_args.empty()) return Error::invalid("no device or image file given");
   return a;
 }
 
@@ -129,7 +148,49 @@ Result<Options> resolve(const Args& a) {
   o.dry_run = a.dry_run;
   o.quiet = a.quiet;
   o.discard = !a.nodiscard;
-  o.path = a.path;
+  // Devices: the positional ones in order, then those only --class names.
+  std::vector<std::pair<std::string, std::string>> named;  // device, class
+  for (const auto& c : a.class_args) {
+    const size_t eq = c.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == c.size())
+      return Error::invalid("--class " + c + ": expected NAME=DEVICE");
+    const std::string name = c.substr(0, eq), dev = c.substr(eq + 1);
+    if (name.size() > 15 || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
+      return Error::invalid("--class " + c + ": a class name is 1 to 15 of a-z, 0-9, _ and -");
+    for (const auto& [d, n] : named)
+      if (d == dev) return Error::invalid("--class: " + dev + " is given a class twice");
+    named.emplace_back(dev, name);
+    if (std::find(o.format.classes.begin(), o.format.classes.end(), name) == o.format.classes.end())
+      o.format.classes.push_back(name);
+  }
+  o.paths = a.paths;
+  for (const auto& [d, n] : named)
+    if (std::find(o.paths.begin(), o.paths.end(), d) == o.paths.end()) o.paths.push_back(d);
+  for (size_t i = 0; i < o.paths.size(); i++)
+    for (size_t j = 0; j < i; j++)
+      if (o.paths[i] == o.paths[j]) return Error::invalid(o.paths[i] + " is given twice");
+  if (o.paths.size() > 1 || !named.empty()) {
+    if (o.paths.size() > disk::kMaxDevices)
+      return Error::invalid("a volume has at most " + std::to_string(disk::kMaxDevices) + " devices");
+    for (const auto& p : o.paths) {
+      auto it = std::find_if(named.begin(), named.end(), [&](const auto& n) { return n.first == p; });
+      const std::string cls = it == named.end() ? "default" : it->second;
+      auto ci = std::find(o.format.classes.begin(), o.format.classes.end(), cls);
+      if (ci == o.format.classes.end()) ci = o.format.classes.insert(o.format.classes.end(), cls);
+      o.path_class.push_back(static_cast<uint8_t>(ci - o.format.classes.begin()));
+    }
+    if (o.format.classes.size() > disk::kMaxClasses)
+      return Error::invalid("a volume has at most " + std::to_string(disk::kMaxClasses) + " classes");
+    if (!a.metadata_class.empty()) {
+      auto ci = std::find(o.format.classes.begin(), o.format.classes.end(), a.metadata_class);
+      if (ci == o.format.classes.end())
+        return Error::invalid("--metadata " + a.metadata_class + ": no device has that class");
+      o.format.meta_class = static_cast<uint32_t>(ci - o.format.classes.begin());
+    }
+  } else if (!a.metadata_class.empty()) {
+    return Error::invalid("--metadata needs several devices");
+  }
+  o.path = o.paths[0];
   o.format.label = a.label;
   o.root_dir = a.root_dir;
   struct stat st {};
@@ -166,13 +227,25 @@ void print_summary(const Options& o, const SuperInfo& s) {
   if (o.quiet) return;
   char uuid[37];
   uuid_unparse_lower(s.uuid.data(), uuid);
+  const std::string on = o.paths.size() > 1 ? std::to_string(o.paths.size()) + " devices" : o.path;
   std::printf("%s a plyfs filesystem on %s%s\n", o.dry_run ? "Would create" : "Creating",
-              o.path.c_str(), o.dry_run ? " (dry run: nothing written)" : "");
+              on.c_str(), o.dry_run ? " (dry run: nothing written)" : "");
   std::printf("  UUID        %s\n", uuid);
   std::printf("  Label       %s\n", s.label.empty() ? "(none)" : s.label.c_str());
+  uint64_t blocks = s.total_blocks;
+  if (!s.devices.empty()) {  // the devices' blocks, not the gaps between them
+    blocks = 0;
+    for (const auto& d : s.devices) blocks += d.nblocks;
+  }
   std::printf("  Size        %s (%" PRIu64 " blocks of %u bytes)\n",
-              human_bytes(s.total_blocks * s.block_size).c_str(), s.total_blocks, s.block_size);
+              human_bytes(blocks * s.block_size).c_str(), blocks, s.block_size);
   std::printf("  Reserved    %" PRIu64 " blocks for deletions and commits\n", s.reserve_blocks);
+  for (size_t i = 0; i < s.devices.size(); i++) {
+    const DeviceInfo& d = s.devices[i];
+    std::printf("  Device %-4zu %s: %s, class %s%s\n", i, i < o.paths.size() ? o.paths[i].c_str() : "?",
+                human_bytes(d.nblocks * s.block_size).c_str(), s.classes[d.class_id].c_str(),
+                d.class_id == s.meta_class ? " (metadata)" : "");
+  }
   // A plan has no generation yet; format writes 1 and then 2 (volume.cpp).
   if (!o.dry_run) std::printf("  Generation  %" PRIu64 "\n", s.generation.v);
 }
@@ -452,7 +525,129 @@ Result<void> make_on_nbd(const Options& o) {
   return ok();
 }
 
+// Several devices (format.md#multi-device): each checked as one device
+// would be (M2, M3), image files created or extended to -s, every check
+// before any write (M1); then one volume laid out across them.
+Result<void> make_multi(const Options& o) {
+  std::vector<DeviceSet::Member> members;
+  std::vector<std::string> created;
+  auto undo = [&] {
+    for (const auto& p : created) ::unlink(p.c_str());
+  };
+  for (const auto& p : o.paths) {
+    if (is_nbd_uri(p)) return Error::invalid(p + ": an NBD export cannot be one of several devices");
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      if (errno != ENOENT) return Error::sys(errno, "cannot access " + p);
+      PLY_CHECK(refuse_in_dev(p));
+      if (o.format.size_bytes == 0)
+        return Error::invalid(p + " does not exist; give -s SIZE to create image files");
+      continue;
+    }
+    auto dev = PLY_TRY(FileDevice::open(p, FileOpenOptions{.read_only = true}));
+    if (o.dry_run && dev->is_block_device()) PLY_CHECK(check_not_busy(p));
+    if (!o.force) {
+      PLY_CHECK(refuse_if_in_use(*dev, p));
+      auto label = read_device_label(*dev);
+      if (label && *label)
+        return Error{EEXIST, p + " is a device of the plyfs volume " + uuid_text((*label)->volume_uuid) +
+                                 "; use -f to overwrite"};
+    }
+  }
+  // The plan on stand-ins of the devices' sizes: every check before a write (M1).
+  std::vector<uint64_t> sizes;
+  for (const auto& p : o.paths) {
+    // A block device: all of it, or -s of it. An image file: -s (created
+    // or extended to it), else its size.
+    struct stat st {};
+    uint64_t size = o.format.size_bytes;
+    if (::stat(p.c_str(), &st) == 0) {
+      auto dev = PLY_TRY(FileDevice::open(p, FileOpenOptions{.read_only = true}));
+      if (dev->is_block_device() && size > dev->size_bytes())
+        return Error::invalid("-s " + std::to_string(size) + " is more than the " +
+                              std::to_string(dev->size_bytes()) + " bytes of " + p);
+      if (!size) size = dev->size_bytes();
+    }
+    sizes.push_back(size);
+  }
+  const auto layout = plan_devices(sizes, o.format.block_size);
+  {
+    std::vector<DeviceSet::Member> stand_ins;
+    for (size_t i = 0; i < sizes.size(); i++)
+      stand_ins.push_back(DeviceSet::Member{std::make_unique<MemDevice>(sizes[i]),
+                                            layout[i].first * o.format.block_size,
+                                            layout[i].second * o.format.block_size, o.paths[i]});
+    auto set = PLY_TRY(DeviceSet::make(std::move(stand_ins), disk::kReservedBytes));
+    FormatOptions f = o.format;
+    f.size_bytes = 0;
+    f.device_classes = o.path_class;
+    const SuperInfo plan = PLY_TRY(Volume::plan(*set, f));
+    if (o.dry_run) {
+      print_summary(o, plan);
+      return ok();
+    }
+  }
+  for (size_t i = 0; i < o.paths.size(); i++) {
+    const std::string& p = o.paths[i];
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd < 0) {
+        undo();
+        return Error::sys(errno, "cannot create " + p);
+      }
+      created.push_back(p);
+      ::close(fd);
+    } else if (o.force) {
+      Probe probe = PLY_TRY(Probe::open(p, true));
+      PLY_CHECK(probe.wipe_all(p));
+    }
+    if (!S_ISBLK(st.st_mode) && ::truncate(p.c_str(), static_cast<off_t>(sizes[i])) != 0) {
+      undo();
+      return Error::sys(errno, "cannot size " + p);
+    }
+    auto dev = FileDevice::open(p);
+    if (!dev) {
+      undo();
+      return dev.error();
+    }
+    members.push_back(DeviceSet::Member{std::move(*dev), layout[i].first * o.format.block_size,
+                                        layout[i].second * o.format.block_size, p});
+  }
+  auto set = DeviceSet::make(std::move(members), disk::kReservedBytes);
+  if (!set) {
+    undo();
+    return set.error();
+  }
+  for (size_t i = 0; i < o.paths.size(); i++) {
+    Options one = o;
+    one.path = o.paths[i];
+    SuperInfo span;
+    span.block_size = o.format.block_size;
+    span.total_blocks = layout[i].second;
+    if (auto r = discard_all((*set)->member(i), one, span); !r) {
+      undo();
+      return r.error();
+    }
+  }
+  FormatOptions f = o.format;
+  f.size_bytes = 0;
+  f.device_classes = o.path_class;
+  Options multi = o;
+  multi.format = f;
+  SuperInfo plan = PLY_TRY(Volume::plan(**set, f));
+  auto done = write_filesystem(**set, multi, plan);
+  if (!done) {
+    undo();
+    return done.error();
+  }
+  for (const auto& p : created) PLY_CHECK(sync_parent(p));
+  print_summary(o, *done);
+  return ok();
+}
+
 Result<void> run(const Options& o) {
+  if (!o.path_class.empty()) return make_multi(o);
   if (is_nbd_uri(o.path)) return make_on_nbd(o);
   struct stat st {};
   if (::stat(o.path.c_str(), &st) == 0) return make_on_existing(o);

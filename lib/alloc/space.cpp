@@ -53,6 +53,46 @@ SpaceManager::SpaceManager(BlockCache& cache, uint64_t fs_id, SpaceGeometry geo,
   uint64_t usable = geo_.total_blocks > geo_.first_block ? geo_.total_blocks - geo_.first_block : 0;
   groups_.resize((usable + kGroupBlocks - 1) / kGroupBlocks);
   cursor_ = geo_.first_block;
+  for (const auto& h : geo_.holes) hole_blocks_ += h.nblocks;
+  if (!geo_.regions.empty()) {
+    classes_.resize(geo_.class_count);
+    for (const auto& r : geo_.regions) {
+      if (r.class_id >= classes_.size() || r.start < geo_.first_block || r.end <= r.start) continue;
+      auto& cg = classes_[r.class_id];
+      for (size_t g = (r.start - geo_.first_block) / kGroupBlocks;
+           g < groups_.size() && geo_.first_block + g * kGroupBlocks < r.end; g++)
+        cg.groups.push_back(g);
+    }
+    for (auto& cg : classes_)
+      cg.cursor = cg.groups.empty() ? 0 : geo_.first_block + cg.groups[0] * kGroupBlocks;
+    meta_order_.push_back(geo_.meta_class);
+    for (uint8_t c = 0; c < geo_.class_count; c++)
+      if (c != geo_.meta_class) meta_order_.push_back(c);
+    for (uint8_t c = geo_.class_count; c-- > 0;) data_order_.push_back(c);
+  }
+}
+
+// The parts of group g that no device backs (SpaceGeometry::holes) out of
+// its free map.
+void SpaceManager::hide_holes_locked(size_t g, std::map<uint64_t, uint64_t>& fm) const {
+  const uint64_t gs = geo_.first_block + g * kGroupBlocks;
+  const uint64_t ge = std::min(gs + kGroupBlocks, geo_.total_blocks);
+  for (const auto& h : geo_.holes) {
+    const uint64_t hs = std::max(h.start, gs), he = std::min(h.start + h.nblocks, ge);
+    if (hs >= he) continue;
+    auto it = fm.upper_bound(hs);
+    if (it != fm.begin()) --it;
+    while (it != fm.end() && it->first < he) {
+      const uint64_t fs = it->first, fe = fs + it->second;
+      if (fe <= hs) {
+        ++it;
+        continue;
+      }
+      it = fm.erase(it);
+      if (fs < hs) fm[fs] = hs - fs;
+      if (fe > he) it = fm.emplace(he, fe - he).first;
+    }
+  }
 }
 
 SpaceManager::~SpaceManager() = default;
@@ -65,6 +105,7 @@ std::unique_ptr<SpaceManager> SpaceManager::fresh(BlockCache& cache, uint64_t fs
     uint64_t ge = std::min(gs + kGroupBlocks, geo.total_blocks);
     sm->groups_[g].loaded = true;
     sm->groups_[g].free[gs] = ge - gs;
+    sm->hide_holes_locked(g, sm->groups_[g].free);
   }
   return sm;
 }
@@ -279,7 +320,7 @@ SpaceCounters SpaceManager::counters() const {
 }
 
 uint64_t SpaceManager::free_now_locked() const {
-  uint64_t usable = geo_.total_blocks - geo_.first_block;
+  uint64_t usable = geo_.total_blocks - geo_.first_block - hole_blocks_;
   // Blocks trim() holds out of the free map count as free: an allocation
   // that finds nothing else waits for them (alloc_locked).
   // Free blocks past a shrink's limit are not free to anyone.
@@ -289,7 +330,7 @@ uint64_t SpaceManager::free_now_locked() const {
 
 SpaceStats SpaceManager::stats() const {
   std::lock_guard lk(mu_);
-  return SpaceStats{geo_.total_blocks - geo_.first_block,
+  return SpaceStats{geo_.total_blocks - geo_.first_block - hole_blocks_,
                     counters_.used_blocks,
                     deferred_blocks_,
                     free_now_locked(),
@@ -362,6 +403,7 @@ Result<void> SpaceManager::load_group_locked(size_t g) {
   }));
   PLY_CHECK(std::move(bad));
   if (ge > pos) free[pos] = ge - pos;
+  hide_holes_locked(g, free);
   hide_beyond_locked(free);
   // Extents freed by generations not yet durable are not in the tree any more
   // but must not be handed out (A2).
@@ -439,15 +481,37 @@ Result<BlockNo> SpaceManager::alloc_locked(std::unique_lock<std::mutex>& lk, uin
 Result<BlockNo> SpaceManager::find_locked(uint64_t nblocks, ExtentKind kind) {
   if (nblocks == 0 || nblocks > kGroupBlocks)
     return Error::invalid("extent length " + std::to_string(nblocks) + " out of range");
+  if (!classes_.empty()) {
+    // Multi-device (format.md#placement): class by class in the kind's
+    // order, next fit within each class's groups.
+    for (uint8_t c : kind == ExtentKind::Meta ? meta_order_ : data_order_) {
+      auto& cg = classes_[c];
+      auto b = PLY_TRY(find_in_locked(&cg.groups, cg.groups.size(), cg.pos, cg.cursor, nblocks, kind));
+      if (b) return *b;
+    }
+    return Error::no_space("no free extent of " + std::to_string(nblocks) + " blocks");
+  }
   const size_t ngroups = groups_.size();
   if (ngroups == 0) return Error::no_space("the filesystem has no usable blocks");
-  const size_t start_g = (cursor_ - geo_.first_block) / kGroupBlocks % std::max<size_t>(ngroups, 1);
   // Next fit: from the cursor to the end, then wrap around once.
-  for (size_t k = 0; k <= ngroups; k++) {
-    const size_t g = (start_g + k) % ngroups;
+  size_t pos = (cursor_ - geo_.first_block) / kGroupBlocks % ngroups;
+  auto b = PLY_TRY(find_in_locked(nullptr, ngroups, pos, cursor_, nblocks, kind));
+  if (b) return *b;
+  return Error::no_space("no free extent of " + std::to_string(nblocks) + " blocks");
+}
+
+// Next fit over `n` groups (groups[i], or group i without a list), from
+// group `pos` at block `cursor`, wrapping around once; both move to the
+// extent found. Nothing found: an empty optional.
+Result<std::optional<BlockNo>> SpaceManager::find_in_locked(const std::vector<size_t>* groups,
+                                                            size_t n, size_t& pos, uint64_t& cursor,
+                                                            uint64_t nblocks, ExtentKind kind) {
+  for (size_t k = 0; k <= n && n > 0; k++) {
+    const size_t i = (pos + k) % n;
+    const size_t g = groups ? (*groups)[i] : i;
     PLY_CHECK(load_group_locked(g));
     auto& fm = groups_[g].free;
-    const uint64_t from = k == 0 ? cursor_ : 0;
+    const uint64_t from = k == 0 ? cursor : 0;
     auto it = fm.upper_bound(from);
     if (it != fm.begin()) --it;
     for (; it != fm.end(); ++it) {
@@ -457,16 +521,17 @@ Result<BlockNo> SpaceManager::find_locked(uint64_t nblocks, ExtentKind kind) {
       fm.erase(it);
       if (s > es) fm[es] = s - es;
       if (es + el > s + nblocks) fm[s + nblocks] = es + el - (s + nblocks);
-      cursor_ = s + nblocks;
+      cursor = s + nblocks;
+      pos = i;
       if (pending_.count(s) && !early_reuse_)
         return Error::corrupt(s, "allocator handed out an extent with queued changes");
       pending_[s] = Delta{1, nblocks, kind, true};
       pending_size_.store(pending_.size(), std::memory_order_relaxed);
       account_locked(kind, static_cast<int64_t>(nblocks));
-      return BlockNo{s};
+      return std::optional<BlockNo>(BlockNo{s});
     }
   }
-  return Error::no_space("no free extent of " + std::to_string(nblocks) + " blocks");
+  return std::optional<BlockNo>();
 }
 
 Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool reserved) {

@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -52,10 +53,32 @@ struct SpaceCounters {
   uint64_t data_blocks = 0;
 };
 
+// A run of blocks, for discards.
+struct BlockRange {
+  uint64_t start = 0, nblocks = 0;
+};
+
+// The blocks of one device of a multi-device volume, and its class
+// (format.md#placement).
+struct DeviceRegion {
+  uint64_t start = 0, end = 0;  // the device's usable blocks
+  uint8_t class_id = 0;
+};
+
 struct SpaceGeometry {
   uint64_t first_block = 0;   // blocks below are the reserved area (format.md#layout)
   uint64_t total_blocks = 0;  // blocks the filesystem spans
   uint64_t reserve_blocks = 0;
+  // Multi-device volumes only (format.md#multi-device): the blocks no device
+  // backs for data (the gaps between devices, and the reserved area each
+  // device but the first begins with), never free and never counted as
+  // usable; and each device's usable blocks with its class. Metadata goes
+  // to `meta_class` first, data to the classes from the last to the first
+  // (format.md#placement); each falls back to the next class when one is full.
+  std::vector<BlockRange> holes;
+  std::vector<DeviceRegion> regions;
+  uint8_t meta_class = 0;
+  uint8_t class_count = 0;
 };
 
 struct SpaceStats {
@@ -67,11 +90,6 @@ struct SpaceStats {
   uint64_t reserve_blocks; // kept for deletions and commits
   uint64_t meta_blocks, data_blocks;
   uint64_t discarding;     // released, waiting for their discard (A6)
-};
-
-// A run of blocks, for discards.
-struct BlockRange {
-  uint64_t start = 0, nblocks = 0;
 };
 
 class SpaceManager {
@@ -198,6 +216,19 @@ class SpaceManager {
   Result<void> take_range_locked(uint64_t start, uint64_t nblocks);
   Result<BlockNo> alloc_locked(std::unique_lock<std::mutex>& lk, uint64_t nblocks, ExtentKind kind);
   Result<BlockNo> find_locked(uint64_t nblocks, ExtentKind kind);
+  Result<std::optional<BlockNo>> find_in_locked(const std::vector<size_t>* groups, size_t n,
+                                                size_t& pos, uint64_t& cursor, uint64_t nblocks,
+                                                ExtentKind kind);
+  void hide_holes_locked(size_t g, std::map<uint64_t, uint64_t>& fm) const;
+  uint64_t hole_blocks_ = 0;
+  // Multi-device: the groups of each class, and the next-fit position in them.
+  struct ClassGroups {
+    std::vector<size_t> groups;
+    size_t pos = 0;
+    uint64_t cursor = 0;
+  };
+  std::vector<ClassGroups> classes_;
+  std::vector<uint8_t> meta_order_, data_order_;
   Result<std::optional<disk::SpaceItem>> item_locked(BlockNo start);
   void free_range_locked(uint64_t start, uint64_t len);
   void hide_beyond_locked(std::map<uint64_t, uint64_t>& fm);

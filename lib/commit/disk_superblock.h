@@ -68,6 +68,59 @@ struct SuperSector7 {      // bytes 3584..4095
 };
 static_assert(sizeof(SuperSector7) == 512);
 
+// The device table of a multi-device volume (format.md#device-table,
+// incompat MULTI_DEVICE): its header in sector 1, its entries in sectors 2..6,
+// seven to a sector. Without the feature these sectors are zero.
+inline constexpr uint32_t kMaxDevices = 32;
+inline constexpr uint32_t kMaxClasses = 8;
+inline constexpr uint32_t kDevicesPerSector = 7;
+
+struct DeviceTableHeader {  // sector 1 (SuperSectorN s[0])
+  le32 device_count;        // 1..kMaxDevices
+  le32 class_count;         // 1..kMaxClasses
+  le32 meta_class;          // the class metadata goes to (format.md#placement)
+  le32 reserved0;           // 0
+  uint8_t class_names[8][16];  // NUL-padded, [a-z0-9_-], class 0 the fastest
+  uint8_t reserved[360];    // 0
+  le64 stamp;               // = generation
+};
+static_assert(sizeof(DeviceTableHeader) == 512);
+
+struct DeviceEntry {        // 64 bytes (format.md#device-table)
+  uint8_t uuid[16];         // the device's own uuid (its label's)
+  le64 first_block;         // where the device begins in the volume's block space
+  le64 nblocks;             // blocks of the device the volume spans
+  uint8_t class_id;         // index into class_names
+  uint8_t flags;            // none defined; 0
+  uint8_t reserved[30];     // 0
+};
+static_assert(sizeof(DeviceEntry) == 64);
+
+struct DeviceTableSector {  // sectors 2..6
+  DeviceEntry entries[kDevicesPerSector];
+  uint8_t reserved[56];     // 0
+  le64 stamp;               // = generation
+};
+static_assert(sizeof(DeviceTableSector) == 512);
+static_assert(5 * kDevicesPerSector >= kMaxDevices);
+
+// A device's label (format.md#device-label): 512 bytes at byte 32 KiB of
+// every device of a multi-device volume, in the boot area before the
+// superblock slots. Written once, when the device joins the volume; it says
+// which volume and which device this is, so that devices can be found and
+// told apart in any order and a device of another volume is refused.
+inline constexpr uint8_t kLabelMagic[8] = {'P', 'L', 'Y', 'F', 'S', 'D', 'V', '1'};
+inline constexpr uint64_t kLabelOffset = 32 * 1024;
+struct DeviceLabel {
+  uint8_t magic[8];         // kLabelMagic
+  uint8_t volume_uuid[16];  // the superblock's uuid
+  uint8_t device_uuid[16];  // this device's entry in the device table
+  le64 joined_ns;           // CLOCK_REALTIME when it joined
+  uint8_t reserved[456];    // 0
+  le64 checksum;            // XXH3-64 over bytes [0, 504)
+};
+static_assert(sizeof(DeviceLabel) == 512);
+
 struct Superblock {        // format.md#superblock
   SuperSector0 s0;
   SuperSectorN s[6];

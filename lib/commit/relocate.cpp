@@ -196,6 +196,8 @@ Result<bool> Volume::relocate_batch(uint64_t end, uint64_t& moved_blocks) {
 Result<Generation> Volume::shrink(uint64_t total_blocks,
                                   const std::function<void(uint64_t, uint64_t)>& progress) {
   PLY_CHECK(writable());
+  if (is_multi_device(info_))
+    return Error::io(EOPNOTSUPP, "a multi-device volume cannot be resized (format.md#multi-device)");
   const uint64_t bs = info_.block_size, first = info_.first_block;
   const uint64_t now = this->total_blocks();
   if (total_blocks >= now) return durable_generation();

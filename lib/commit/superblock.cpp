@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "alloc/space.h"
+#include "blockdev/device_set.h"
 #include "commit/disk_superblock.h"
 #include "util/checksum.h"
 
@@ -29,6 +31,8 @@ uint64_t stamp_of(const disk::Superblock& sb, int sector) {
 }
 
 }  // namespace
+
+bool is_multi_device(const SuperInfo& s) { return (s.incompat & kIncompatMultiDevice) != 0; }
 
 const char* slot_state_name(SlotState s) {
   switch (s) {
@@ -74,6 +78,22 @@ std::vector<std::byte> encode_superblock(const SuperInfo& s) {
   h.reserve_blocks.set(s.reserve_blocks);
   h.mkfs_time_ns.set(s.mkfs_time_ns);
   h.commit_time_ns.set(s.commit_time_ns);
+  if (is_multi_device(s)) {
+    auto* th = reinterpret_cast<disk::DeviceTableHeader*>(&sb->s[0]);
+    th->device_count.set(static_cast<uint32_t>(s.devices.size()));
+    th->class_count.set(static_cast<uint32_t>(s.classes.size()));
+    th->meta_class.set(s.meta_class);
+    for (size_t c = 0; c < s.classes.size() && c < disk::kMaxClasses; c++)
+      std::memcpy(th->class_names[c], s.classes[c].data(), std::min<size_t>(s.classes[c].size(), 16));
+    for (size_t i = 0; i < s.devices.size() && i < disk::kMaxDevices; i++) {
+      auto* ts = reinterpret_cast<disk::DeviceTableSector*>(&sb->s[1 + i / disk::kDevicesPerSector]);
+      auto& e = ts->entries[i % disk::kDevicesPerSector];
+      std::memcpy(e.uuid, s.devices[i].uuid.data(), 16);
+      e.first_block.set(s.devices[i].first_block);
+      e.nblocks.set(s.devices[i].nblocks);
+      e.class_id = s.devices[i].class_id;
+    }
+  }
   // The generation in every sector (format.md#superblock, invariant C2).
   h.stamp.set(s.generation.v);
   for (auto& sec : sb->s) sec.stamp.set(s.generation.v);
@@ -81,6 +101,74 @@ std::vector<std::byte> encode_superblock(const SuperInfo& s) {
   sb->s7.checksum.set(xxh3(out.data(), disk::kSuperSize - 16));
   return out;
 }
+
+namespace {
+
+// The device table of a slot whose checksum is right (format.md#device-table).
+std::string decode_device_table(const disk::Superblock& sb, SuperInfo& s) {
+  const auto* th = reinterpret_cast<const disk::DeviceTableHeader*>(&sb.s[0]);
+  const uint32_t n = th->device_count.get(), nc = th->class_count.get();
+  if (n < 1 || n > disk::kMaxDevices) return "device count " + std::to_string(n) + " out of range";
+  if (nc < 1 || nc > disk::kMaxClasses) return "class count " + std::to_string(nc) + " out of range";
+  if (th->meta_class.get() >= nc) return "the metadata class is not a class";
+  if (th->reserved0.get() != 0 || !all_zero(th->reserved, sizeof th->reserved))
+    return "reserved fields of the device table are not zero";
+  s.meta_class = th->meta_class.get();
+  for (uint32_t c = 0; c < disk::kMaxClasses; c++) {
+    const char* name = reinterpret_cast<const char*>(th->class_names[c]);
+    const size_t len = strnlen(name, 16);
+    if (c >= nc) {
+      if (!all_zero(th->class_names[c], 16)) return "an unused class name is not zero";
+      continue;
+    }
+    if (len == 0 || !all_zero(th->class_names[c] + len, 16 - len)) return "class name " + std::to_string(c) + " is malformed";
+    std::string cls(name, len);
+    for (char ch : cls)
+      if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-'))
+        return "class name " + std::to_string(c) + " is malformed";
+    for (const auto& other : s.classes)
+      if (other == cls) return "class " + cls + " is named twice";
+    s.classes.push_back(std::move(cls));
+  }
+  uint64_t end = 0;
+  for (uint32_t i = 0; i < 5 * disk::kDevicesPerSector; i++) {
+    const auto* ts = reinterpret_cast<const disk::DeviceTableSector*>(&sb.s[1 + i / disk::kDevicesPerSector]);
+    const auto& e = ts->entries[i % disk::kDevicesPerSector];
+    if (i % disk::kDevicesPerSector == 0 && !all_zero(ts->reserved, sizeof ts->reserved))
+      return "reserved fields of the device table are not zero";
+    if (i >= n) {
+      if (!all_zero(reinterpret_cast<const uint8_t*>(&e), sizeof e)) return "an unused device entry is not zero";
+      continue;
+    }
+    DeviceInfo d;
+    std::memcpy(d.uuid.data(), e.uuid, 16);
+    d.first_block = e.first_block.get();
+    d.nblocks = e.nblocks.get();
+    d.class_id = e.class_id;
+    if (e.flags != 0 || !all_zero(e.reserved, sizeof e.reserved))
+      return "reserved fields of device " + std::to_string(i) + " are not zero";
+    if (d.class_id >= nc) return "device " + std::to_string(i) + " has no class";
+    if (all_zero(d.uuid.data(), 16)) return "device " + std::to_string(i) + " has a nil uuid";
+    for (const auto& other : s.devices)
+      if (other.uuid == d.uuid) return "device " + std::to_string(i) + " is listed twice";
+    // Device 0 begins the block space; every other one at a group boundary
+    // (format.md#device-table), so that no extent crosses from one device
+    // into the next, and each begins with its own reserved area.
+    const uint64_t g = SpaceManager::kGroupBlocks;
+    if (i == 0 ? d.first_block != 0
+               : (d.first_block < end || (d.first_block - s.first_block) % g != 0))
+      return "device " + std::to_string(i) + " begins at block " + std::to_string(d.first_block) +
+             ", not at a group boundary after the device before it";
+    if (d.nblocks < s.first_block + 1 || d.nblocks > (~0ull - d.first_block) / s.block_size / 2)
+      return "device " + std::to_string(i) + " spans " + std::to_string(d.nblocks) + " blocks";
+    end = d.first_block + d.nblocks;
+    s.devices.push_back(d);
+  }
+  if (end != s.total_blocks) return "the device table does not end where the filesystem ends";
+  return {};
+}
+
+}  // namespace
 
 SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_t device_bytes) {
   SlotReport r;
@@ -199,31 +287,40 @@ SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_
   bool zero = h.flags.get() == 0 && all_zero(h.reserved, sizeof h.reserved) &&
               all_zero(h.root_tree.reserved, 7) && all_zero(h.space_tree.reserved, 7) &&
               all_zero(sb->s7.reserved, sizeof sb->s7.reserved);
-  for (const auto& sec : sb->s) zero = zero && all_zero(sec.reserved, sizeof sec.reserved);
+  if (s.incompat & kIncompatMultiDevice) {
+    auto why = decode_device_table(*sb, s);
+    if (!why.empty()) return fail(SlotState::BadFields, why);
+  } else {
+    for (const auto& sec : sb->s) zero = zero && all_zero(sec.reserved, sizeof sec.reserved);
+  }
   if (!zero) return fail(SlotState::BadFields, "reserved fields are not zero");
   r.state = SlotState::Valid;
   r.info = std::move(s);
   return r;
 }
 
-Result<SuperChoice> read_superblocks(BlockDevice& dev, bool trust_torn) {
-  SuperChoice c;
-  if (dev.logical_sector_size() > disk::kSuperSize)
-    return Error::invalid("the device's " + std::to_string(dev.logical_sector_size()) +
-                          "-byte sectors are larger than plyfs blocks can be");
-  if (dev.size_bytes() < disk::kReservedBytes)
-    return Error::invalid("the device is too small to hold a plyfs filesystem");
+namespace {
+
+struct DeviceSlots {
+  SlotReport reports[2];
+  std::vector<std::byte> raw[2];
+};
+
+// Both slots of one device, decoded against `span_bytes`, the size of what
+// the volume spans.
+DeviceSlots read_slots(BlockDevice& dev, uint64_t span_bytes, bool trust_torn) {
+  DeviceSlots d;
   for (int slot = 0; slot < 2; slot++) {
     std::vector<std::byte> buf(disk::kSuperSize);
     auto r = dev.read(disk::kSuperOffset[slot], buf);
     for (int retry = 0; retry < 2 && !r; retry++) r = dev.read(disk::kSuperOffset[slot], buf);
     if (!r) {
-      c.reports[slot].state = SlotState::Unreadable;
-      c.reports[slot].detail = r.error().message();
+      d.reports[slot].state = SlotState::Unreadable;
+      d.reports[slot].detail = r.error().message();
       continue;
     }
-    c.reports[slot] = decode_superblock(buf, slot, dev.size_bytes());
-    if (trust_torn && c.reports[slot].state == SlotState::Torn) {
+    d.reports[slot] = decode_superblock(buf, slot, span_bytes);
+    if (trust_torn && d.reports[slot].state == SlotState::Torn) {
       // Planted bug: trust the stamps over the header. A torn copy is read as
       // the newest generation any of its sectors carries, with whatever roots
       // its sector 0 holds (which may be the previous write's).
@@ -240,8 +337,79 @@ Result<SuperChoice> read_superblocks(BlockDevice& dev, bool trust_torn) {
       for (int i = 0; i < 8; i++) std::memcpy(raw + i * 512 + 504, raw + 136, 8);
       uint64_t sum = xxh3(buf.data(), disk::kSuperSize - 16);
       std::memcpy(raw + 4080, &sum, 8);
-      c.reports[slot] = decode_superblock(buf, slot, dev.size_bytes());
+      d.reports[slot] = decode_superblock(buf, slot, span_bytes);
     }
+    d.raw[slot] = std::move(buf);
+  }
+  return d;
+}
+
+// format.md#multi-device-recovery: the newest generation every member holds
+// whole and identical. A commit writes the same superblock to every member
+// and is durable only once every member flushed it, so a member may be one
+// generation ahead of another (its copy landed, the other's not), or hold a
+// copy of a generation that was cut short and written again since (the same
+// number, other bytes): neither is agreed on, and the slot beside holds the
+// generation before, which every member has.
+Result<SuperChoice> choose_common(DeviceSet& set, bool trust_torn) {
+  std::vector<DeviceSlots> m;
+  for (size_t i = 0; i < set.member_count(); i++)
+    m.push_back(read_slots(set.member(i), set.size_bytes(), trust_torn));
+  for (size_t i = 0; i < m.size(); i++)
+    for (const auto& rep : m[i].reports)
+      if (rep.state == SlotState::Unsupported)
+        return Error::io(EOPNOTSUPP, "device " + std::to_string(i) + ": " + rep.detail);
+  SuperChoice c;
+  c.reports[0] = m[0].reports[0];
+  c.reports[1] = m[0].reports[1];
+  int best = -1;
+  for (int slot = 0; slot < 2; slot++) {
+    if (m[0].reports[slot].state != SlotState::Valid) continue;
+    const uint64_t gen = m[0].reports[slot].info->generation.v;
+    bool agreed = true;
+    for (size_t i = 1; i < m.size() && agreed; i++)
+      agreed = m[i].reports[slot].state == SlotState::Valid && m[i].raw[slot] == m[0].raw[slot];
+    if (agreed && (best < 0 || gen > c.reports[best].info->generation.v)) best = slot;
+  }
+  if (best < 0) {
+    std::string why;
+    for (size_t i = 0; i < m.size(); i++)
+      for (int slot = 0; slot < 2; slot++) {
+        const auto& r = m[i].reports[slot];
+        why += (why.empty() ? "" : "; ") + std::string("device ") + std::to_string(i) + " slot " +
+               std::to_string(slot) + ": " + slot_state_name(r.state) +
+               (r.state == SlotState::Valid ? " generation " + std::to_string(r.info->generation.v)
+                                            : ", " + r.detail);
+      }
+    return Error::corrupt(Error::kNoBlock,
+                          "the devices of the volume hold no superblock in common (" + why + ")");
+  }
+  c.slot = best;
+  c.info = *c.reports[best].info;
+  for (const auto& d : m) {
+    const auto& other = d.reports[1 - best];
+    if (other.state != SlotState::Valid && other.state != SlotState::Empty) c.fell_back = true;
+    if (other.state == SlotState::Valid && other.info->generation > c.info.generation)
+      c.fell_back = true;
+  }
+  return c;
+}
+
+}  // namespace
+
+Result<SuperChoice> read_superblocks(BlockDevice& dev, bool trust_torn) {
+  if (dev.logical_sector_size() > disk::kSuperSize)
+    return Error::invalid("the device's " + std::to_string(dev.logical_sector_size()) +
+                          "-byte sectors are larger than plyfs blocks can be");
+  if (dev.size_bytes() < disk::kReservedBytes)
+    return Error::invalid("the device is too small to hold a plyfs filesystem");
+  if (auto* set = dynamic_cast<DeviceSet*>(&dev); set && set->member_count() > 1)
+    return choose_common(*set, trust_torn);
+  SuperChoice c;
+  {
+    DeviceSlots d = read_slots(dev, dev.size_bytes(), trust_torn);
+    c.reports[0] = std::move(d.reports[0]);
+    c.reports[1] = std::move(d.reports[1]);
   }
   // A newer program wrote a whole superblock this one cannot read: falling
   // back to the older slot would roll its work back at the next commit.

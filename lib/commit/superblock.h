@@ -36,11 +36,26 @@ inline constexpr uint64_t kRoCompatKnown = kRoCompatHeldBranches | kRoCompatBran
 // format.md#fs-compress). An older reader refuses a compressed extent (EIO)
 // and its fsck would delete it.
 inline constexpr uint64_t kIncompatCompress = 1ull << 2;
-inline constexpr uint64_t kIncompatKnown = kIncompatLargeXattr | kIncompatBranchInfoV4 | kIncompatCompress;
+// incompat bit 3: several devices (format.md#multi-device): the device
+// table in superblock sectors 1..6, device labels, block addresses mapped
+// across devices. An older reader would take the first device for the whole
+// volume.
+inline constexpr uint64_t kIncompatMultiDevice = 1ull << 3;
+inline constexpr uint64_t kIncompatKnown =
+    kIncompatLargeXattr | kIncompatBranchInfoV4 | kIncompatCompress | kIncompatMultiDevice;
 // next_tree_id and next_inode stay below this (format.md#superblock).
 inline constexpr uint64_t kCounterLimit = 1ull << 63;
 inline constexpr uint32_t kVersionMajor = 1;
 inline constexpr uint32_t kVersionMinor = 0;
+
+// One device of a multi-device volume (format.md#device-table).
+struct DeviceInfo {
+  std::array<uint8_t, 16> uuid{};
+  uint64_t first_block = 0;  // its first block in the volume's block space
+  uint64_t nblocks = 0;      // blocks of it the volume spans
+  uint8_t class_id = 0;      // index into SuperInfo::classes
+  bool operator==(const DeviceInfo&) const = default;
+};
 
 // The superblock in host form.
 struct SuperInfo {
@@ -60,7 +75,14 @@ struct SuperInfo {
   uint64_t used_blocks = 0, meta_blocks = 0, data_blocks = 0;
   uint64_t reserve_blocks = 0;
   uint64_t mkfs_time_ns = 0, commit_time_ns = 0;
+  // A multi-device volume's device table (kIncompatMultiDevice); all empty
+  // for a volume of one device. Class 0 is the fastest.
+  std::vector<std::string> classes;
+  uint32_t meta_class = 0;
+  std::vector<DeviceInfo> devices;
 };
+
+bool is_multi_device(const SuperInfo& s);
 
 std::vector<std::byte> encode_superblock(const SuperInfo& s);
 
@@ -84,6 +106,8 @@ struct SlotReport {
 };
 
 // Decodes one slot's 4096 bytes read from byte offset kSuperOffset[slot].
+// `device_bytes` is the size of what the volume spans: the device, or the
+// whole device set (~0 for one member read before its set is assembled).
 SlotReport decode_superblock(std::span<const std::byte> bytes, int slot, uint64_t device_bytes);
 
 struct SuperChoice {
@@ -92,7 +116,11 @@ struct SuperChoice {
   bool fell_back = false;  // the other slot is damaged (torn, corrupt): a commit was cut short
   SlotReport reports[2];
 };
-// Reads both slots and picks the valid one with the higher generation.
+// Reads both slots and picks the valid one with the higher generation. On a
+// DeviceSet (format.md#multi-device-recovery): both slots of every member,
+// and the newest generation whose superblock every member holds, byte for
+// byte; the reports are the first member's, and fell_back says that some
+// member holds a newer or damaged copy.
 // trust_torn is a planted bug for the crash harness's self-test (it accepts
 // a slot whose stamps or checksum are wrong); never set it otherwise.
 Result<SuperChoice> read_superblocks(BlockDevice& dev, bool trust_torn = false);

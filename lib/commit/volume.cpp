@@ -8,6 +8,8 @@
 #include <ctime>
 #include <utility>
 
+#include "blockdev/device_set.h"
+#include "commit/devices.h"
 #include "commit/disk_root.h"
 #include "commit/disk_superblock.h"
 #include "util/checksum.h"
@@ -158,12 +160,8 @@ Result<SuperInfo> Volume::plan(const BlockDevice& dev, const FormatOptions& o) {
     return Error::invalid("the label must be at most 64 bytes, without NUL");
   s.label = o.label;
   s.uuid = o.uuid;
-  if (std::all_of(s.uuid.begin(), s.uuid.end(), [](uint8_t b) { return b == 0; })) {
-    if (getrandom(s.uuid.data(), s.uuid.size(), 0) != 16)
-      return Error::sys(errno, "cannot get random bytes for the uuid");
-    s.uuid[6] = static_cast<uint8_t>((s.uuid[6] & 0x0f) | 0x40);  // RFC 4122 version 4
-    s.uuid[8] = static_cast<uint8_t>((s.uuid[8] & 0x3f) | 0x80);
-  }
+  if (std::all_of(s.uuid.begin(), s.uuid.end(), [](uint8_t b) { return b == 0; }))
+    s.uuid = PLY_TRY(random_uuid());
   s.fs_id = xxh3(s.uuid.data(), 16);
   s.reserve_blocks = reserve_for(s.total_blocks - s.first_block);
   s.next_tree_id = kFirstTreeId;
@@ -173,9 +171,56 @@ Result<SuperInfo> Volume::plan(const BlockDevice& dev, const FormatOptions& o) {
   return s;
 }
 
+SpaceGeometry space_geometry(const SuperInfo& s) {
+  SpaceGeometry g{s.first_block, s.total_blocks, s.reserve_blocks, {}, {}, 0, 0};
+  if (!is_multi_device(s)) return g;
+  g.meta_class = static_cast<uint8_t>(s.meta_class);
+  g.class_count = static_cast<uint8_t>(s.classes.size());
+  uint64_t end = 0;
+  for (size_t i = 0; i < s.devices.size(); i++) {
+    const DeviceInfo& d = s.devices[i];
+    // Each device but the first begins with its own reserved area (its
+    // label and superblock copies), after a gap up to a group boundary.
+    const uint64_t usable = i == 0 ? s.first_block : d.first_block + s.first_block;
+    if (i > 0 && usable > end) g.holes.push_back(BlockRange{end, usable - end});
+    g.regions.push_back(DeviceRegion{usable, d.first_block + d.nblocks, d.class_id});
+    end = d.first_block + d.nblocks;
+  }
+  return g;
+}
+
 Result<SuperInfo> Volume::format(BlockDevice& dev, const FormatOptions& o) {
   SuperInfo s = PLY_TRY(plan(dev, o));
   const uint32_t bs = s.block_size;
+  auto* set = dynamic_cast<DeviceSet*>(&dev);
+  if (!o.device_classes.empty()) {
+    if (!set || set->member_count() != o.device_classes.size())
+      return Error::invalid("a class for each device of the set is needed");
+    if (o.classes.empty() || o.classes.size() > disk::kMaxClasses)
+      return Error::invalid("a multi-device volume has 1 to " + std::to_string(disk::kMaxClasses) +
+                            " classes");
+    if (set->member_count() > disk::kMaxDevices)
+      return Error::invalid("a volume has at most " + std::to_string(disk::kMaxDevices) + " devices");
+    if (o.meta_class >= o.classes.size()) return Error::invalid("the metadata class is not a class");
+    s.incompat |= kIncompatMultiDevice;
+    s.classes = o.classes;
+    s.meta_class = o.meta_class;
+    for (size_t i = 0; i < set->member_count(); i++) {
+      const auto& m = set->member_info(i);
+      if (o.device_classes[i] >= o.classes.size()) return Error::invalid("a device has no class");
+      DeviceInfo d;
+      d.first_block = m.base / bs;
+      d.nblocks = m.bytes / bs;
+      d.class_id = o.device_classes[i];
+      d.uuid = PLY_TRY(random_uuid());
+      s.devices.push_back(d);
+    }
+    s.total_blocks = s.devices.back().first_block + s.devices.back().nblocks;
+    const SpaceGeometry g = space_geometry(s);
+    uint64_t holes = 0;
+    for (const auto& h : g.holes) holes += h.nblocks;
+    s.reserve_blocks = reserve_for(s.total_blocks - s.first_block - holes);
+  }
   // Wipe the reserved area (both superblock slots) and flush first: a crash
   // during mkfs then leaves no superblock at all, never an old one in front
   // of half-written new trees.
@@ -184,10 +229,16 @@ Result<SuperInfo> Volume::format(BlockDevice& dev, const FormatOptions& o) {
     PLY_CHECK(dev.write(off, std::span(zero).first(std::min<uint64_t>(zero.size(),
                                                                        s.first_block * bs - off))));
   PLY_CHECK(dev.flush());
+  // Then each device's label (format.md#device-label): which volume, which
+  // device; the superblocks that list the devices follow.
+  if (is_multi_device(s)) {
+    for (size_t i = 0; i < set->member_count(); i++)
+      PLY_CHECK(write_device_label(set->member(i), s.uuid, s.devices[i].uuid, s.mkfs_time_ns));
+    PLY_CHECK(dev.flush());
+  }
 
   BlockCache cache(dev, bs, 64ull << 20);
-  auto space = SpaceManager::fresh(cache, s.fs_id,
-                                   SpaceGeometry{s.first_block, s.total_blocks, s.reserve_blocks});
+  auto space = SpaceManager::fresh(cache, s.fs_id, space_geometry(s));
   const Generation g1{1};
   PLY_CHECK(space->create_tree(g1));
   MutCtx m{g1, space->unshared(g1)};
@@ -234,7 +285,7 @@ Result<std::unique_ptr<Volume>> Volume::open(BlockDevice& dev, VolumeOptions opt
   v->recovery_ = choice;
   v->cache_ = std::make_unique<BlockCache>(dev, s.block_size, v->opts_.cache_bytes);
   v->space_ = std::make_unique<SpaceManager>(
-      *v->cache_, s.fs_id, SpaceGeometry{s.first_block, s.total_blocks, s.reserve_blocks},
+      *v->cache_, s.fs_id, space_geometry(s),
       s.space_tree, SpaceCounters{s.used_blocks, s.meta_blocks, s.data_blocks});
   v->root_tree_ = std::make_unique<BTree>(
       *v->cache_, s.fs_id, TreeConfig{kRootTreeId, false, Generation{0}, {}}, s.root_tree);
@@ -510,8 +561,22 @@ bool Volume::reclaim() {
   return bool(commit());
 }
 
+Result<std::vector<Volume::DeviceUse>> Volume::device_usage() {
+  const SuperInfo sb = super();
+  std::vector<DeviceUse> out(std::max<size_t>(1, sb.devices.size()));
+  for (const auto& e : PLY_TRY(space_->extents_from(sb.first_block))) {
+    size_t i = 0;
+    while (i + 1 < sb.devices.size() && sb.devices[i + 1].first_block <= e.start) i++;
+    out[i].used_blocks += e.nblocks;
+    (e.kind == ExtentKind::Meta ? out[i].meta_blocks : out[i].data_blocks) += e.nblocks;
+  }
+  return out;
+}
+
 Result<Generation> Volume::grow(uint64_t total_blocks) {
   PLY_CHECK(writable());
+  if (is_multi_device(info_))
+    return Error::io(EOPNOTSUPP, "a multi-device volume cannot be resized (format.md#multi-device)");
   const uint64_t bs = info_.block_size;
   {
     std::lock_guard cl(commit_mu_);  // a freeze sees the old size or the new one, whole
@@ -531,6 +596,8 @@ Result<Generation> Volume::grow(uint64_t total_blocks) {
 Result<Generation> Volume::resize(std::optional<uint64_t> bytes,
                                   const std::function<void(uint64_t, uint64_t)>& progress) {
   PLY_CHECK(writable());
+  if (is_multi_device(info_))
+    return Error::io(EOPNOTSUPP, "a multi-device volume cannot be resized (format.md#multi-device)");
   std::lock_guard rl(resize_mu_);
   const uint64_t bs = info_.block_size;
   if (bytes && *bytes / bs < total_blocks()) {

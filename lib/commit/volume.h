@@ -61,7 +61,18 @@ struct FormatOptions {
   std::string label;
   uint64_t size_bytes = 0;         // 0: the whole device
   uint64_t time_ns = 0;            // 0: now
+  // A multi-device volume (format.md#multi-device), formatted on a
+  // DeviceSet laid out by plan_devices(): the class names, the fastest
+  // first, and each member's class, in the set's order. Empty: one device.
+  std::vector<std::string> classes;
+  std::vector<uint8_t> device_classes;
+  uint32_t meta_class = 0;  // the class metadata goes to (format.md#placement)
 };
+
+// The free-space geometry a superblock describes: for a multi-device volume
+// also the blocks no device backs and each device's class
+// (format.md#placement).
+SpaceGeometry space_geometry(const SuperInfo& s);
 
 // Deliberate bugs for the crash harness's self-test (tests/crash): each must
 // be caught. Never set outside tests.
@@ -188,6 +199,15 @@ class Volume {
   SuperInfo super() const;                       // the newest durable superblock
   const SuperChoice& recovery() const { return recovery_; }
   SpaceStats space_stats() const { return space_->stats(); }
+  // The blocks in use on each device of a multi-device volume's table (one
+  // entry for a volume of one device): what the space tree records, with
+  // the open generation's changes to extents it holds (format.md#placement).
+  struct DeviceUse {
+    uint64_t used_blocks = 0, meta_blocks = 0, data_blocks = 0;
+  };
+  Result<std::vector<DeviceUse>> device_usage();
+  // What the volume lives on: a DeviceSet for a multi-device volume.
+  BlockDevice& device() const { return dev_; }
   // Discards every free range of at least min_bytes inside bytes
   // [start, start + len) of the device (fstrim's job, A6): the bytes
   // discarded. Runs beside operations and commits; EROFS on a read-only

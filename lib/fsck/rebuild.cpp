@@ -167,7 +167,7 @@ Result<RebuildResult> rebuild(BlockDevice& dev, const SuperInfo& base, const Reb
   // The new space: claims for what is in use, holds for what only the old
   // generation reaches (R1).
   auto sm = SpaceManager::fresh(cache, base.fs_id,
-                                SpaceGeometry{base.first_block, base.total_blocks, base.reserve_blocks});
+                                space_geometry(base));
   for (const auto& [b, n] : c.node_refs)
     PLY_CHECK(sm->claim(BlockNo{b}, 1, n, ExtentKind::Meta));
   for (const auto& [start, d] : c.data)

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "blockdev/device_set.h"
+#include "commit/devices.h"
 #include "fs/disk_fs.h"
 #include "util/text.h"
 
@@ -85,10 +87,7 @@ Json Branches::ref(TreeId t) const {
 // A uuid as text, or null for none (a tree written before FsInfo version 4).
 static Json uuid_text(const std::array<uint8_t, 16>& u) {
   if (std::all_of(u.begin(), u.end(), [](uint8_t x) { return x == 0; })) return nullptr;
-  char b[37];
-  std::snprintf(b, sizeof b, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-  return std::string(b);
+  return ::plyfs::uuid_text(u);
 }
 
 // A branch's limits (format.md#quotas): bytes, or null for none.
@@ -160,6 +159,35 @@ Json space_use(const SpaceUse& u) {
   o["metadata"] = u.metadata;
   o["total"] = u.total();
   return o;
+}
+
+Result<Json> devices(Volume& v) {
+  const SuperInfo sb = v.super();
+  const auto use = PLY_TRY(v.device_usage());
+  const uint64_t bs = sb.block_size;
+  auto* set = dynamic_cast<DeviceSet*>(&v.device());
+  Json list = Json::array();
+  const size_t n = std::max<size_t>(1, sb.devices.size());
+  for (size_t i = 0; i < n; i++) {
+    Json d;
+    d["index"] = i;
+    const bool multi = !sb.devices.empty();
+    d["uuid"] = multi ? uuid_text(sb.devices[i].uuid) : Json(nullptr);
+    d["class"] = multi ? Json(sb.classes[sb.devices[i].class_id]) : Json(nullptr);
+    d["path"] = set && i < set->member_count() ? Json(set->member_info(i).name) : Json(nullptr);
+    const uint64_t blocks = multi ? sb.devices[i].nblocks : sb.total_blocks;
+    d["size_bytes"] = blocks * bs;
+    d["used_bytes"] = use[i].used_blocks * bs;
+    d["metadata_bytes"] = use[i].meta_blocks * bs;
+    d["data_bytes"] = use[i].data_blocks * bs;
+    d["metadata"] = !multi || sb.devices[i].class_id == sb.meta_class;
+    list.push_back(std::move(d));
+  }
+  Json classes = Json::array();
+  for (const auto& c : sb.classes) classes.push_back(c);
+  return Json{{"devices", std::move(list)},
+              {"classes", std::move(classes)},
+              {"metadata_class", sb.classes.empty() ? Json(nullptr) : Json(sb.classes[sb.meta_class])}};
 }
 
 Result<Json> du(Volume& v, std::optional<TreeId> branch) {

@@ -78,6 +78,9 @@ Json scrub(const ScrubReport& r);         // Scrub
 // Du (plyctl du): every live branch's space, or with `branch` that one's,
 // with the bytes of it each other branch shares; and the volume's totals.
 Result<Json> du(Volume& v, std::optional<TreeId> branch);
+// Devices (plyctl device list): the devices of the volume with their class,
+// path, size and use; the classes, fastest first, and metadata's.
+Result<Json> devices(Volume& v);
 
 Json snapshot(const Branches& bs, const Snapshot& s);  // Snapshot
 Json merge(const Branches& bs, const Merge& m);        // Merge

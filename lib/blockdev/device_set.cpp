@@ -1,0 +1,110 @@
+#include "blockdev/device_set.h"
+
+#include <algorithm>
+
+namespace plyfs {
+
+Result<std::unique_ptr<DeviceSet>> DeviceSet::make(std::vector<Member> members,
+                                                   uint64_t mirrored_bytes) {
+  if (members.empty()) return Error::invalid("a device set needs at least one device");
+  std::unique_ptr<DeviceSet> s(new DeviceSet());
+  uint64_t end = 0;
+  for (size_t i = 0; i < members.size(); i++) {
+    const Member& m = members[i];
+    if (!m.dev) return Error::invalid("a device set member is missing");
+    if ((i == 0 && m.base != 0) || (i > 0 && m.base < end))
+      return Error::invalid("device set members overlap or are out of order");
+    if (m.bytes < mirrored_bytes || m.bytes > m.dev->size_bytes())
+      return Error::invalid("device " + std::to_string(i) + " of the set is smaller than its " +
+                            std::to_string(m.bytes) + " bytes in the volume");
+    s->lss_ = std::max(s->lss_, m.dev->logical_sector_size());
+    s->pss_ = std::max(s->pss_, m.dev->physical_sector_size());
+    end = m.base + m.bytes;
+  }
+  for (const Member& m : members)
+    if (m.base % s->lss_ || m.bytes % s->lss_)
+      return Error::invalid("a device set member is not aligned to the sector size");
+  s->members_ = std::move(members);
+  s->mirrored_ = mirrored_bytes;
+  s->size_ = end;
+  return s;
+}
+
+int DeviceSet::member_at(uint64_t offset) const {
+  auto it = std::upper_bound(members_.begin(), members_.end(), offset,
+                             [](uint64_t off, const Member& m) { return off < m.base; });
+  if (it == members_.begin()) return -1;
+  --it;
+  if (offset - it->base >= it->bytes) return -1;
+  return static_cast<int>(it - members_.begin());
+}
+
+Result<std::pair<size_t, uint64_t>> DeviceSet::locate(uint64_t offset, uint64_t len) const {
+  PLY_CHECK(check_range(*this, offset, len));
+  const int i = member_at(offset);
+  if (i < 0 || len > members_[i].bytes - (offset - members_[i].base))
+    return Error::io(EIO, "I/O at " + std::to_string(offset) + "+" + std::to_string(len) +
+                              " is not inside one device of the set");
+  return std::pair<size_t, uint64_t>{static_cast<size_t>(i), offset - members_[i].base};
+}
+
+Result<void> DeviceSet::read(uint64_t offset, std::span<std::byte> out) {
+  auto [i, off] = PLY_TRY(locate(offset, out.size()));
+  return members_[i].dev->read(off, out);
+}
+
+Result<void> DeviceSet::write(uint64_t offset, std::span<const std::byte> in) {
+  auto [i, off] = PLY_TRY(locate(offset, in.size()));
+  if (offset < mirrored_) {
+    // The reserved area is every member's own copy (the superblocks): all of
+    // them, each an independent write (D2 lets them land in any order).
+    if (in.size() > mirrored_ - offset)
+      return Error::invalid("a write crosses the end of the mirrored area");
+    Result<void> first = ok();
+    for (auto& m : members_) {
+      auto r = m.dev->write(offset, in);
+      if (!r && first) first = std::move(r);
+    }
+    return first;
+  }
+  return members_[i].dev->write(off, in);
+}
+
+Result<void> DeviceSet::write_batch(std::span<const WriteReq> reqs) {
+  std::vector<std::vector<WriteReq>> per(members_.size());
+  for (const auto& r : reqs) {
+    if (r.offset < mirrored_) {
+      PLY_CHECK(write(r.offset, r.data));
+      continue;
+    }
+    auto [i, off] = PLY_TRY(locate(r.offset, r.data.size()));
+    per[i].push_back(WriteReq{off, r.data});
+  }
+  Result<void> first = ok();
+  for (size_t i = 0; i < members_.size(); i++) {
+    if (per[i].empty()) continue;
+    auto r = members_[i].dev->write_batch(per[i]);
+    if (!r && first) first = std::move(r);
+  }
+  return first;
+}
+
+Result<void> DeviceSet::flush() {
+  // Every member, even after one failed: the others' writes are then durable
+  // and the caller learns of the failure either way (D4).
+  Result<void> first = ok();
+  for (auto& m : members_) {
+    auto r = m.dev->flush();
+    if (!r && first) first = std::move(r);
+  }
+  return first;
+}
+
+Result<void> DeviceSet::discard(uint64_t offset, uint64_t len) {
+  if (len == 0) return ok();
+  auto [i, off] = PLY_TRY(locate(offset, len));
+  if (offset < mirrored_) return Error::invalid("the reserved area is never discarded");
+  return members_[i].dev->discard(off, len);
+}
+
+}  // namespace plyfs

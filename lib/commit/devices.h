@@ -1,0 +1,54 @@
+// The devices of a volume (format.md#multi-device): their labels, how a new
+// volume lays them out in one block space, and finding and assembling them
+// when a volume is opened.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blockdev/blockdev.h"
+#include "commit/superblock.h"
+
+namespace plyfs {
+
+// A random RFC 4122 version 4 uuid.
+Result<std::array<uint8_t, 16>> random_uuid();
+
+// The label at byte 32 KiB of each device (format.md#device-label).
+struct DeviceLabelInfo {
+  std::array<uint8_t, 16> volume_uuid{}, device_uuid{};
+  uint64_t joined_ns = 0;
+};
+Result<void> write_device_label(BlockDevice& dev, const std::array<uint8_t, 16>& volume_uuid,
+                                const std::array<uint8_t, 16>& device_uuid, uint64_t joined_ns);
+// Empty: no label (a volume of one device, or not plyfs). EUCLEAN: a label
+// whose checksum is wrong.
+Result<std::optional<DeviceLabelInfo>> read_device_label(BlockDevice& dev);
+
+// Where each device of a new volume lies in its block space
+// (format.md#device-table): the first at block 0, every other at the first
+// group boundary after the one before. Returns {first_block, nblocks} each.
+std::vector<std::pair<uint64_t, uint64_t>> plan_devices(const std::vector<uint64_t>& device_bytes,
+                                                        uint32_t block_size);
+
+// The newest valid superblock of one device of a set, read on its own
+// (before the set is assembled): where its device table comes from.
+Result<SuperInfo> member_superblock(BlockDevice& dev);
+
+// Opens the volume at `path`. A device without a label is a volume of one
+// device and comes back as open_device() gives it. A device of a
+// multi-device volume comes back as a DeviceSet of every device of its
+// table, found among `others`: paths of devices, or directories whose
+// files and block devices are scanned for the volume's labels. A device
+// missing from the table is ENODEV; a given device of another volume, or not
+// in this volume's table, EINVAL; all with what to do in the message.
+Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
+                                                 const std::vector<std::string>& others,
+                                                 FileOpenOptions opts = {});
+
+std::string uuid_text(const std::array<uint8_t, 16>& u);
+
+}  // namespace plyfs
