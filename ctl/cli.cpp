@@ -118,6 +118,7 @@ void usage(FILE* out) {
                "                               the branch as a stream, whole or what differs from SNAP\n"
                "  receive IMAGE|MNT [-f FILE] [--name NAME]\n"
                "                               a stream as a new read-only branch\n"               "Space:\n"
+               "  device list IMAGE|MNT        the devices of a volume on several: class, size, use\n"
                "  du IMAGE|MNT [BRANCH]        each branch's referenced and exclusive bytes, or one\n"
                "                               branch's, with what it shares with each other branch\n"
                "  trim IMAGE|MNT [--minimum SIZE]  discard every free block (fstrim's job):\n"
@@ -140,6 +141,8 @@ void usage(FILE* out) {
                "      field checks themselves must find the damage.\n\n"
                "Every command takes --json: one JSON value on stdout (plyctl(8), JSON SCHEMA).\n"
                "A branch is named by its name or its id; -- ends the options.\n"
+               "--device PATH (any number, anywhere): another device of a volume on several,\n"
+               "or a directory to scan for them, when IMAGE is one of its devices.\n"
                "Exit status: 0 success, 1 failure, 2 usage error.\n",
                kProg);
 }

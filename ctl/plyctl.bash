@@ -34,12 +34,12 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\nsend\nreceive\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\nsend\nreceive\ndevice\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).
     local first=2
-    case $cmd in branch | layer | view | debug) first=3 ;; esac
+    case $cmd in branch | layer | view | debug | device) first=3 ;; esac
     if ((COMP_CWORD == 2 && first == 3)); then
         local subs
         case $cmd in
@@ -47,6 +47,7 @@ _plyctl() {
             layer) subs=$'list\ncreate\ndelete' ;;
             view) subs=$'list\ncreate\ndelete\ndefault' ;;
             debug) subs=$'tree\nfields\ncorrupt' ;;
+            device) subs=$'list' ;;
         esac
         COMPREPLY=($(compgen -W "$subs" -- "$cur"))
         return

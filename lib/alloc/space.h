@@ -75,8 +75,8 @@ struct SpaceGeometry {
   // usable; and each device's usable blocks with its class. Metadata goes
   // to `meta_class` first, data to the classes from the last to the first
   // (format.md#placement); each falls back to the next class when one is full.
-  std::vector<BlockRange> holes;
-  std::vector<DeviceRegion> regions;
+  std::vector<BlockRange> holes{};
+  std::vector<DeviceRegion> regions{};
   uint8_t meta_class = 0;
   uint8_t class_count = 0;
 };

@@ -193,7 +193,14 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
 
   // A3, A4: the space tree against what was found.
   uint64_t used = 0, meta = 0, data = 0, prev_end = sb.first_block;
+  const SpaceGeometry geo = space_geometry(sb);
   for (const auto& [start, e] : extents) {
+    // A multi-device volume: no extent where no device is (format.md#placement).
+    for (const auto& h : geo.holes)
+      if (start < h.start + h.nblocks && start + e.nblocks > h.start) {
+        problem("A-hole", start, "extent lies where no device of the volume is (a gap, or a device's reserved area)");
+        break;
+      }
     rep.extents++;
     used += e.nblocks;
     (e.kind == 1 ? meta : data) += e.nblocks;

@@ -1,0 +1,139 @@
+// A volume on two image files (format.md#multi-device) end to end: made by
+// mkfs.plyfs with a class for each, mounted from either device with the
+// other named (-o device=) or found in a scanned directory, files written
+// and read back, metadata on the fast device and data on the slow one until
+// it is full, then on the fast one; plyctl device list online and offline
+// (checked against the schema) agreeing on it; fsck clean; and the refusals:
+// a device missing, a device of another volume, bad --class values.
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "fuse_util.h"
+#include "json_schema.h"
+
+using namespace plyfs::fusetest;
+using nlohmann::json;
+
+namespace {
+
+int mkfs_status(const TempDir& tmp, std::vector<std::string> args, std::string* out = nullptr) {
+  args.insert(args.begin(), mkfs_bin());
+  const std::string log = tmp / "mkfs.log";
+  ::unlink(log.c_str());
+  const int rc = run(args, log);
+  if (out) *out = slurp(log);
+  UNSCOPED_INFO("mkfs.plyfs: " << slurp(log));
+  return rc;
+}
+
+// plyfs IMAGE MNT -f with `opts`, expected to refuse: its status and output.
+int refused_mount(const TempDir& tmp, const std::string& img, const std::vector<std::string>& opts,
+                  std::string& out) {
+  std::vector<std::string> argv{plyfs_bin(), img, tmp / "never", "-f"};
+  ::mkdir((tmp / "never").c_str(), 0755);
+  for (const auto& o : opts) argv.insert(argv.end(), {"-o", o});
+  const int rc = run(argv, tmp / "refused.log", 60);
+  out = slurp(tmp / "refused.log");
+  return rc;
+}
+
+json devices(const TempDir& tmp, std::vector<std::string> args) {
+  auto r = ctl(tmp, std::move(args));
+  REQUIRE(r.rc == 0);
+  return schema_checked("device list", r.out);
+}
+
+}  // namespace
+
+TEST_CASE("multidev-fuse: one volume on a fast and a slow image, placed by class", "[multidev-fuse]") {
+  TempDir tmp;
+  const std::string fast = tmp / "fast.img", slow = tmp / "slow.img";
+  REQUIRE(mkfs_status(tmp, {"-q", "-s", "192M", "-C", "fast=" + fast, "-C", "slow=" + slow}) == 0);
+
+  std::map<std::string, std::string> files;
+  std::mt19937_64 rng(0x6d756c7469ull);
+  {
+    Mount m(fast, tmp / "mnt", {"device=" + slow});
+    m.start();
+    ::mkdir((m / "small").c_str(), 0755);
+    for (int i = 0; i < 300; i++) {
+      const std::string name = "small/f" + std::to_string(i);
+      files[name] = random_bytes(rng, 1 + rng() % 16384);
+      write_file(m / name, files[name]);
+    }
+    // 240 MiB of large files: more than the slow device holds.
+    for (int i = 0; i < 60; i++) {
+      const std::string name = "big" + std::to_string(i);
+      files[name] = random_bytes(rng, (4 << 20) - rng() % 4096);
+      write_file(m / name, files[name]);
+    }
+    ::sync();
+    const json d = devices(tmp, {"device", "list", m.path(), "--json"});
+    INFO(d.dump());
+    REQUIRE(d["classes"] == json::array({"fast", "slow"}));
+    REQUIRE(d["metadata_class"] == "fast");
+    REQUIRE(d["devices"].size() == 2);
+    const json& f = d["devices"][0];
+    const json& s = d["devices"][1];
+    REQUIRE(f["class"] == "fast");
+    REQUIRE(f["metadata"] == true);
+    REQUIRE(s["metadata"] == false);
+    REQUIRE(f["path"].get<std::string>().ends_with("/fast.img"));
+    REQUIRE(s["path"].get<std::string>().ends_with("/slow.img"));
+    // Metadata only on the fast device; data filled the slow one first.
+    REQUIRE(f["metadata_bytes"].get<uint64_t>() > 0);
+    REQUIRE(s["metadata_bytes"].get<uint64_t>() == 0);
+    REQUIRE(s["data_bytes"].get<uint64_t>() > s["size_bytes"].get<uint64_t>() * 9 / 10);
+    REQUIRE(f["data_bytes"].get<uint64_t>() > 0);
+    uint64_t data = f["data_bytes"].get<uint64_t>() + s["data_bytes"].get<uint64_t>();
+    REQUIRE(data >= 240ull << 20);
+    REQUIRE(m.unmount() == 0);
+  }
+  std::string out;
+  REQUIRE(run({fsck_bin(), fast, slow}, tmp / "fsck.log") == 0);
+  // Offline, the slow device found by scanning the directory: the same use.
+  const json off = devices(tmp, {"--device", tmp.path(), "device", "list", fast, "--json"});
+  REQUIRE(off["devices"][1]["data_bytes"].get<uint64_t>() > 0);
+
+  SECTION("mounted from the other device, the first found by a scan: every byte back") {
+    Mount m(slow, tmp / "mnt2", {"device=" + tmp.path()});
+    m.start();
+    for (const auto& [name, content] : files) {
+      INFO(name);
+      REQUIRE(read_file(m / name) == content);
+    }
+    REQUIRE(m.unmount() == 0);
+  }
+  SECTION("a missing device, or one of another volume, refuses the mount and fsck") {
+    REQUIRE(refused_mount(tmp, fast, {}, out) != 0);
+    REQUIRE(out.find("is missing") != std::string::npos);
+    REQUIRE(out.find("class slow") != std::string::npos);
+    const std::string o0 = tmp / "other0.img", o1 = tmp / "other1.img";
+    REQUIRE(mkfs_status(tmp, {"-q", "-s", "64M", o0, o1}) == 0);
+    REQUIRE(refused_mount(tmp, fast, {"device=" + o1}, out) != 0);
+    REQUIRE(out.find("another plyfs volume") != std::string::npos);
+    REQUIRE(run({fsck_bin(), fast}, tmp / "fsck2.log") == 8);
+    REQUIRE(slurp(tmp / "fsck2.log").find("is missing") != std::string::npos);
+    auto r = ctl(tmp, {"device", "list", fast});
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("is missing") != std::string::npos);
+    // A device of a volume is not formatted over without -f.
+    REQUIRE(mkfs_status(tmp, {"-q", slow}, &out) == 1);
+    REQUIRE(out.find("use -f") != std::string::npos);
+  }
+  SECTION("bad classes are one-line usage errors, and nothing is written") {
+    const std::string n0 = tmp / "n0.img", n1 = tmp / "n1.img";
+    for (const auto& bad : std::vector<std::vector<std::string>>{
+             {"-C", "fast", n0},
+             {"-C", "Fast=" + n0, n1},
+             {"-C", "a=" + n0, "-C", "b=" + n0},
+             {"-C", "a=" + n0, "-M", "nosuch", n1}}) {
+      std::vector<std::string> args{"-s", "64M"};
+      args.insert(args.end(), bad.begin(), bad.end());
+      REQUIRE(mkfs_status(tmp, args, &out) == 1);
+      REQUIRE(std::count(out.begin(), out.end(), '\n') == 1);
+      REQUIRE(::access(n0.c_str(), F_OK) != 0);
+      REQUIRE(::access(n1.c_str(), F_OK) != 0);
+    }
+  }
+}

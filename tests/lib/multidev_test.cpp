@@ -1,0 +1,422 @@
+// Volumes across several devices (format.md#multi-device): the device table
+// and labels, placement by class, recovery when the devices disagree, a
+// power cut during a commit with each device torn on its own, and finding
+// the devices (missing, foreign, removed) when a volume is opened.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "blockdev/device_set.h"
+#include "commit/devices.h"
+#include "commit/disk_superblock.h"
+#include "test_util.h"
+#include "util/checksum.h"
+
+using namespace plyfs;
+using namespace plyfs::test;
+
+namespace {
+
+// A member of a set whose device the test keeps (to clone, tear or damage).
+class Borrowed final : public BlockDevice {
+ public:
+  explicit Borrowed(BlockDevice& d) : d_(d) {}
+  Result<void> read(uint64_t o, std::span<std::byte> out) override { return d_.read(o, out); }
+  Result<void> write(uint64_t o, std::span<const std::byte> in) override { return d_.write(o, in); }
+  Result<void> flush() override { return d_.flush(); }
+  Result<void> discard(uint64_t o, uint64_t n) override { return d_.discard(o, n); }
+  uint64_t size_bytes() const override { return d_.size_bytes(); }
+  uint32_t logical_sector_size() const override { return d_.logical_sector_size(); }
+  uint32_t physical_sector_size() const override { return d_.physical_sector_size(); }
+
+ private:
+  BlockDevice& d_;
+};
+
+// The set over `devs` as plan_devices lays them out.
+std::unique_ptr<DeviceSet> assemble(const std::vector<BlockDevice*>& devs) {
+  std::vector<uint64_t> sizes;
+  for (auto* d : devs) sizes.push_back(d->size_bytes());
+  const auto layout = plan_devices(sizes, 4096);
+  std::vector<DeviceSet::Member> m;
+  for (size_t i = 0; i < devs.size(); i++)
+    m.push_back(DeviceSet::Member{std::make_unique<Borrowed>(*devs[i]), layout[i].first * 4096,
+                                  layout[i].second * 4096, "dev" + std::to_string(i)});
+  return must(DeviceSet::make(std::move(m), disk::kReservedBytes));
+}
+
+template <class D>
+std::vector<BlockDevice*> ptrs(const std::vector<std::unique_ptr<D>>& v) {
+  std::vector<BlockDevice*> out;
+  for (const auto& d : v) out.push_back(d.get());
+  return out;
+}
+
+// Fresh in-memory devices formatted as one volume: `classes` named, device
+// i of class device_classes[i].
+std::vector<std::unique_ptr<MemDevice>> make_volume(const std::vector<uint64_t>& sizes,
+                                                    const std::vector<std::string>& classes,
+                                                    const std::vector<uint8_t>& device_classes) {
+  std::vector<std::unique_ptr<MemDevice>> mem;
+  for (uint64_t s : sizes) mem.push_back(std::make_unique<MemDevice>(s));
+  auto set = assemble(ptrs(mem));
+  FormatOptions fo;
+  fo.classes = classes;
+  fo.device_classes = device_classes;
+  must(Volume::format(*set, fo));
+  return mem;
+}
+
+std::vector<std::unique_ptr<MemDevice>> clones(const std::vector<std::unique_ptr<MemDevice>>& v) {
+  std::vector<std::unique_ptr<MemDevice>> out;
+  for (const auto& d : v) out.push_back(d->clone());
+  return out;
+}
+
+// Which device of `sb` holds block b (-1: none).
+int device_of(const SuperInfo& sb, uint64_t b) {
+  for (size_t i = 0; i < sb.devices.size(); i++) {
+    const auto& d = sb.devices[i];
+    const uint64_t lo = i == 0 ? sb.first_block : d.first_block + sb.first_block;
+    if (b >= lo && b < d.first_block + d.nblocks) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// A deterministic batch of puts and erases on tree `t`.
+void change(Volume& v, TreeId t, Model& m, uint64_t seed, int n = 400) {
+  std::mt19937_64 rng(seed);
+  auto txn = must(v.begin());
+  for (int i = 0; i < n; i++) {
+    Key k{rng() % 5000, 0};
+    if (rng() % 4 == 0) {
+      (void)must(txn.erase(t, k));
+      m.erase(k);
+    } else {
+      auto val = bytes("v" + std::to_string(rng()) + std::string(rng() % 160, 'x'));
+      must(txn.put(t, k, val));
+      m[k] = val;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("multidev: the device table and the labels describe the volume", "[multidev]") {
+  auto mem = make_volume({64 << 20, 96 << 20, 80 << 20}, {"fast", "slow"}, {0, 1, 1});
+  auto set = assemble(ptrs(mem));
+  auto vol = must(Volume::open(*set));
+  const SuperInfo sb = vol->super();
+  REQUIRE(is_multi_device(sb));
+  REQUIRE(sb.classes == std::vector<std::string>{"fast", "slow"});
+  REQUIRE(sb.devices.size() == 3);
+  REQUIRE(sb.devices[0].first_block == 0);
+  for (size_t i = 0; i < 3; i++) {
+    REQUIRE(sb.devices[i].nblocks * 4096 == mem[i]->size_bytes());
+    REQUIRE(sb.devices[i].class_id == (i == 0 ? 0 : 1));
+    if (i > 0) {  // at a group boundary past the one before
+      REQUIRE(sb.devices[i].first_block >= sb.devices[i - 1].first_block + sb.devices[i - 1].nblocks);
+      REQUIRE((sb.devices[i].first_block - sb.first_block) % SpaceManager::kGroupBlocks == 0);
+    }
+    auto label = must(read_device_label(*mem[i]));
+    REQUIRE(label);
+    REQUIRE(label->volume_uuid == sb.uuid);
+    REQUIRE(label->device_uuid == sb.devices[i].uuid);
+  }
+  // Usable space is the devices' blocks less each one's reserved area: the
+  // gaps between them count for nothing.
+  const SpaceStats st = vol->space_stats();
+  REQUIRE(st.usable_blocks == (64 + 96 + 80) * 256 - 3 * sb.first_block);
+  must(vol->close());
+  require_clean(*set);
+}
+
+TEST_CASE("multidev: metadata on its class, data from the slowest class, the next when one is full",
+          "[multidev]") {
+  auto mem = make_volume({64 << 20, 40 << 20}, {"fast", "slow"}, {0, 1});
+  auto set = assemble(ptrs(mem));
+  auto vol = must(Volume::open(*set));
+  const SuperInfo sb = vol->super();
+  TreeId t;
+  {
+    auto txn = must(vol->begin());
+    t = must(txn.create_tree(kKindPlain));
+  }
+  Model m;
+  change(*vol, t, m, 1, 3000);
+  must(vol->commit());
+  // Every node so far on the fast device.
+  auto use = must(vol->device_usage());
+  REQUIRE(use.size() == 2);
+  REQUIRE(use[0].meta_blocks > 3);
+  REQUIRE(use[1].meta_blocks == 0);
+  // Data: the slow device until it is full, then the fast one, then ENOSPC.
+  std::vector<int> where;
+  for (;;) {
+    auto txn = must(vol->begin());
+    auto b = txn.alloc_extent(256);
+    if (!b) {
+      REQUIRE(b.error().code == ENOSPC);
+      break;
+    }
+    where.push_back(device_of(sb, b->v));
+  }
+  REQUIRE(where.size() > 10);
+  const auto first_fast = std::find(where.begin(), where.end(), 0);
+  REQUIRE(first_fast != where.begin());
+  REQUIRE(std::all_of(where.begin(), first_fast, [](int d) { return d == 1; }));
+  REQUIRE(std::all_of(first_fast, where.end(), [](int d) { return d == 0; }));
+  REQUIRE(std::count(where.begin(), where.end(), -1) == 0);
+  // The slow device was used up to within what one extent could not fill.
+  use = must(vol->device_usage());
+  REQUIRE(use[1].data_blocks + 256 > sb.devices[1].nblocks - sb.first_block);
+}
+
+TEST_CASE("multidev: a device a generation ahead, or with another copy of one, is not believed",
+          "[multidev]") {
+  auto base = make_volume({32 << 20, 32 << 20}, {"a"}, {0, 0});
+  Model m0;
+  TreeId t;
+  {
+    auto set = assemble(ptrs(base));
+    auto vol = must(Volume::open(*set));
+    {
+      auto txn = must(vol->begin());
+      t = must(txn.create_tree(kKindPlain));
+    }
+    change(*vol, t, m0, 7);
+    must(vol->close());
+  }
+  // Two futures of the same generation, committed on copies.
+  auto a = clones(base), b = clones(base);
+  Model ma = m0, mb = m0;
+  Generation ga, gb;
+  for (auto* side : {&a, &b}) {
+    auto set = assemble(ptrs(*side));
+    auto vol = must(Volume::open(*set));
+    change(*vol, t, side == &a ? ma : mb, side == &a ? 11 : 12);
+    (side == &a ? ga : gb) = must(vol->commit());
+  }
+  REQUIRE(ga == gb);
+  REQUIRE(ma != mb);
+  SECTION("one device has the new generation, the other the old") {
+    std::vector<BlockDevice*> mixed{a[0].get(), base[1].get()};
+    auto set = assemble(mixed);
+    auto vol = must(Volume::open(*set));
+    REQUIRE(vol->durable_generation() < ga);
+    REQUIRE(vol->recovery().fell_back);
+    REQUIRE(dump(*vol, t) == m0);
+  }
+  SECTION("each device has its own copy of the new generation") {
+    std::vector<BlockDevice*> mixed{a[0].get(), b[1].get()};
+    auto set = assemble(mixed);
+    auto vol = must(Volume::open(*set));
+    REQUIRE(vol->durable_generation() < ga);
+    REQUIRE(dump(*vol, t) == m0);
+    // And the volume goes on from there: a commit makes a generation both hold.
+    Model m = m0;
+    change(*vol, t, m, 13);
+    must(vol->close());
+    auto again = must(Volume::open(*set));
+    REQUIRE(dump(*again, t) == m);
+    REQUIRE(!again->recovery().fell_back);
+  }
+}
+
+TEST_CASE("multidev: a power cut during a commit, each device torn on its own, leaves the old or the new",
+          "[multidev]") {
+  // Device j's calls are cut at its call k (every later write and flush
+  // there fails); the other goes on. Then every device drops or tears what
+  // it had not flushed, each with its own dice (D1, D2 per device). The
+  // volume must open to exactly the state before or after the commit.
+  const uint64_t s0 = seed("multidev-power-cut");
+  uint64_t states = 0, saw_old = 0, saw_new = 0;
+  auto base = make_volume({1 << 20, 24 << 20, 24 << 20}, {"fast", "slow"}, {0, 1, 1});
+  TreeId t;
+  Model before;
+  {
+    auto set = assemble(ptrs(base));
+    auto vol = must(Volume::open(*set));
+    {
+      auto txn = must(vol->begin());
+      t = must(txn.create_tree(kKindPlain));
+    }
+    for (int round = 0; round < 6; round++) {
+      change(*vol, t, before, s0 + 100 + round, 3000);
+      must(vol->commit());
+    }
+    must(vol->close());
+  }
+  Model after = before;
+  change(*must(Volume::open(*assemble(ptrs(clones(base))))), t, after, s0 + 1, 3000);
+  {
+    // The metadata class's device is small: the trees spill onto the others,
+    // so that every device has nodes to lose, not only superblocks.
+    auto set = assemble(ptrs(base));
+    auto vol = must(Volume::open(*set));
+    auto use = must(vol->device_usage());
+    REQUIRE(use[1].meta_blocks + use[2].meta_blocks > 0);
+  }
+  for (size_t j = 0; j < base.size(); j++) {
+    for (uint64_t k = 1;; k++) {
+      auto devs = clones(base);
+      for (auto& d : devs) d->track_unflushed(true);
+      FaultDevice cut(*devs[j]);
+      cut.add({FaultDevice::Op::Modify, k, true, FaultDevice::Kind::Eio, 0});
+      std::vector<BlockDevice*> members = ptrs(devs);
+      members[j] = &cut;
+      bool done;
+      {
+        auto set = assemble(members);
+        auto vol = must(Volume::open(*set));
+        Model m = before;
+        change(*vol, t, m, s0 + 1, 3000);
+        done = vol->commit().ok();
+      }
+      for (uint64_t tear = 0; tear < 8; tear++) {
+        std::vector<std::unique_ptr<MemDevice>> crashed;
+        for (size_t i = 0; i < devs.size(); i++) {
+          crashed.push_back(devs[i]->clone());
+          std::mt19937_64 rng(s0 ^ (k * 131 + tear * 7 + i * 1009 + j * 65537));
+          crashed.back()->crash(rng);
+        }
+        auto set = assemble(ptrs(crashed));
+        auto vol = must(Volume::open(*set));
+        auto got = dump(*vol, t);
+        INFO("device " << j << " cut at call " << k << " tear " << tear);
+        const bool is_old = got == before, is_new = got == after;
+        REQUIRE((is_old || is_new));
+        saw_old += is_old;
+        saw_new += is_new;
+        states++;
+        vol.reset();
+        auto rep = must(verify_image(*set));
+        for (const auto& p : rep.problems) REQUIRE(p.code == "S-slot");
+      }
+      if (done) break;
+    }
+  }
+  std::printf("[multidev-power-cut] %llu crash states: %llu old, %llu new\n", (unsigned long long)states,
+              (unsigned long long)saw_old, (unsigned long long)saw_new);
+  REQUIRE(saw_old > 0);
+  REQUIRE(saw_new > 0);
+}
+
+TEST_CASE("multidev: opening finds the devices and refuses a missing, foreign or removed one",
+          "[multidev]") {
+  char tmpl[] = "/tmp/plyfs_multidev.XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  const std::string dirp = tmpl;
+  struct Cleanup {
+    std::string p;
+    ~Cleanup() { std::filesystem::remove_all(p); }
+  } cleanup{dirp};
+  auto file = [&](const std::string& name, uint64_t size) {
+    const std::string p = dirp + "/" + name;
+    const int fd = ::open(p.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(size)) == 0);
+    ::close(fd);
+    return p;
+  };
+  auto format = [&](const std::vector<std::string>& paths) {
+    std::vector<std::unique_ptr<FileDevice>> devs;
+    for (const auto& p : paths) devs.push_back(must(FileDevice::open(p)));
+    auto set = assemble(ptrs(devs));
+    FormatOptions fo;
+    fo.classes = {"fast", "slow"};
+    for (size_t i = 0; i < paths.size(); i++) fo.device_classes.push_back(i == 0 ? 0 : 1);
+    return must(Volume::format(*set, fo));
+  };
+  const std::string a0 = file("a0.img", 32 << 20), a1 = file("a1.img", 48 << 20);
+  const std::string b0 = file("b0.img", 32 << 20), b1 = file("b1.img", 32 << 20);
+  const std::string single = file("single.img", 32 << 20);
+  const SuperInfo sa = format({a0, a1});
+  format({b0, b1});
+  {
+    auto d = must(FileDevice::open(single));
+    must(Volume::format(*d, FormatOptions{}));
+  }
+  // Named, in either order, or found in a scanned directory.
+  for (const auto& others : {std::vector<std::string>{a1}, std::vector<std::string>{dirp}}) {
+    auto dev = must(open_volume(a0, others));
+    auto vol = must(Volume::open(*dev));
+    REQUIRE(vol->super().uuid == sa.uuid);
+    REQUIRE(vol->super().devices.size() == 2);
+  }
+  {
+    auto dev = must(open_volume(a1, {a0}));
+    auto* set = dynamic_cast<DeviceSet*>(dev.get());
+    REQUIRE(set);
+    REQUIRE(set->member_info(0).name.ends_with("a0.img"));  // in the table's order
+  }
+  auto refused = [&](const std::string& path, const std::vector<std::string>& others, int code,
+                     const std::string& says) {
+    auto r = open_volume(path, others);
+    REQUIRE(!r);
+    INFO(r.error().message());
+    REQUIRE(r.error().code == code);
+    REQUIRE(r.error().message().find(says) != std::string::npos);
+  };
+  refused(a0, {}, ENODEV, "is missing");
+  refused(a0, {b1}, EINVAL, "another plyfs volume");
+  refused(a0, {a1, single}, EINVAL, "not a device of a multi-device");
+  refused(single, {a1}, EINVAL, "not a device of a multi-device");
+  // A device whose label was damaged.
+  {
+    auto d = must(FileDevice::open(a1));
+    std::vector<std::byte> buf(512);
+    must(d->read(disk::kLabelOffset, buf));
+    buf[20] ^= std::byte{1};
+    must(d->write(disk::kLabelOffset, buf));
+    must(d->flush());
+  }
+  refused(a0, {a1}, EUCLEAN, "label");
+  // A single-device image still opens as itself.
+  auto one = must(open_volume(single, {}));
+  REQUIRE(dynamic_cast<DeviceSet*>(one.get()) == nullptr);
+}
+
+TEST_CASE("multidev: a damaged device table is caught, a request across two devices is EIO",
+          "[multidev]") {
+  auto mem = make_volume({32 << 20, 32 << 20}, {"fast", "slow"}, {0, 1});
+  {
+    auto set = assemble(ptrs(mem));
+    // Between the devices lies a gap: no request may reach into it.
+    const auto& m1 = set->member_info(1);
+    std::vector<std::byte> buf(8192);
+    REQUIRE(set->read(m1.base - 4096, buf).error().code == EIO);
+    REQUIRE(set->read(32 << 20, std::span(buf).first(4096)).error().code == EIO);
+    must(set->read(m1.base + (1 << 20), buf));
+  }
+  SECTION("a field of the table, the checksum made to match") {
+    for (auto& d : mem) {
+      for (int slot = 0; slot < 2; slot++) {
+        auto sb = d->peek(disk::kSuperOffset[slot], disk::kSuperSize);
+        auto* s = reinterpret_cast<disk::Superblock*>(sb.data());
+        auto* th = reinterpret_cast<disk::DeviceTableHeader*>(&s->s[0]);
+        th->device_count.set(40);
+        s->s7.checksum.set(xxh3(sb.data(), disk::kSuperSize - 16));
+        d->poke(disk::kSuperOffset[slot], sb);
+      }
+    }
+    auto set = assemble(ptrs(mem));
+    auto r = read_superblocks(*set);
+    REQUIRE(!r);
+    REQUIRE(r.error().code == EUCLEAN);
+    REQUIRE(r.error().message().find("device count") != std::string::npos);
+  }
+  SECTION("one device's copies only: the volume is refused, not guessed") {
+    for (int slot = 0; slot < 2; slot++) {
+      auto sb = mem[1]->peek(disk::kSuperOffset[slot] + 1024, 8);
+      sb[0] ^= std::byte{0x40};
+      mem[1]->poke(disk::kSuperOffset[slot] + 1024, sb);
+    }
+    auto set = assemble(ptrs(mem));
+    auto r = Volume::open(*set);
+    REQUIRE(!r);
+    REQUIRE(r.error().code == EUCLEAN);
+    REQUIRE(r.error().message().find("no superblock in common") != std::string::npos);
+  }
+}
