@@ -119,6 +119,7 @@ void usage(FILE* out) {
                "  receive IMAGE|MNT [-f FILE] [--name NAME]\n"
                "                               a stream as a new read-only branch\n"               "Space:\n"
                "  device list IMAGE|MNT        the devices of a volume on several: class, size, use\n"
+               "  where PATH                   on which devices a file's data lies (on a mount)\n"
                "  du IMAGE|MNT [BRANCH]        each branch's referenced and exclusive bytes, or one\n"
                "                               branch's, with what it shares with each other branch\n"
                "  trim IMAGE|MNT [--minimum SIZE]  discard every free block (fstrim's job):\n"

@@ -1,6 +1,12 @@
 // plyctl device list (plyctl.8): the devices of a volume
 // (format.md#multi-device), offline or through a mount's daemon.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli.h"
 #include "mount_client.h"
@@ -44,6 +50,51 @@ int cmd_device(const std::string& sub, const std::vector<std::string>& args) {
   }
   if (p->opt.count("--json")) print_json(*r);
   else print_devices(*r);
+  return 0;
+}
+
+// plyctl where PATH: the mount PATH lies in (the topmost directory above it
+// on the same device), asked where the file's data is.
+int cmd_where(const std::vector<std::string>& args) {
+  auto p = parse(args, {}, {"--json"});
+  if (!p) return usage_error(p.error().message());
+  if (p->pos.size() != 1) return usage_error("usage: plyctl where PATH [--json]");
+  const std::string& path = p->pos[0];
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return fail_on(path, Error::sys(errno, "cannot stat it"));
+  if (!S_ISREG(st.st_mode)) return fail(path + ": not a regular file");
+  char* rp = ::realpath(path.c_str(), nullptr);
+  if (!rp) return fail_on(path, Error::sys(errno, "cannot resolve it"));
+  std::string mnt = rp;
+  std::free(rp);
+  for (;;) {
+    const size_t slash = mnt.rfind('/');
+    const std::string up = slash == 0 ? "/" : mnt.substr(0, slash);
+    struct stat ps {};
+    if (mnt == "/" || ::stat(up.c_str(), &ps) != 0 || ps.st_dev != st.st_dev) break;
+    mnt = up;
+  }
+  // Data still in the kernel's cache has no place yet: written back and
+  // committed first, as fsync(1) would.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::fsync(fd);
+    ::close(fd);
+  }
+  auto r = request(mnt, Json{{"command", "where"}, {"ino", uint64_t(st.st_ino)}});
+  if (!r) return fail(path + ": " + r.error().message());
+  if (p->opt.count("--json")) {
+    print_json(*r);
+    return 0;
+  }
+  std::printf("%s: %zu extents\n", path.c_str(), (*r)["extents"].size());
+  for (const auto& d : (*r)["devices"]) {
+    const std::string cls = d["class"].is_string() ? d["class"].get<std::string>() : "-";
+    const std::string dev = d["path"].is_string() ? d["path"].get<std::string>() : "-";
+    std::printf("  device %llu (%s): %s  %s\n", (unsigned long long)d["device"].get<uint64_t>(), cls.c_str(),
+                format_size(d["stored_bytes"].get<uint64_t>()).c_str(), dev.c_str());
+  }
+  if ((*r)["extents"].empty()) std::printf("  no extents: the data is inline, with the metadata, or there is none\n");
   return 0;
 }
 

@@ -79,6 +79,7 @@ int real_main(int argc, char** argv) {
   if (cmd == "du") return cmd_du(args);
   if (cmd == "resize") return cmd_resize(args);
   if (cmd == "scrub") return cmd_scrub(args);
+  if (cmd == "where") return cmd_where(args);
   if (cmd == "device") {
     if (args.empty()) return usage_error("device needs a subcommand: list");
     const std::string sub = args[0];

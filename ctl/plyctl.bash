@@ -34,7 +34,7 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\nsend\nreceive\ndevice\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\nsend\nreceive\ndevice\nwhere\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).

@@ -393,7 +393,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
                                                      "trim", "resize", "show", "branches", "views", "default",
                                                      "view-create", "view-delete", "view-default", "sync", "du",
                                                      "hold", "release", "quota", "scrub", "send", "receive",
-                                                     "devices"};
+                                                     "devices", "where"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -401,7 +401,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
-                          "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive, devices)");
+                          "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive, devices, where)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -415,6 +415,15 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     return model::du(*g->vol, b);
   }
   if (cmd == "devices") return model::devices(*g->vol);
+  // Where a file's data lies: its inode number as stat(2) shows it on the
+  // mount (the union's, format.md#fs-union).
+  if (cmd == "where") {
+    if (!req.contains("ino") || !req["ino"].is_number_unsigned())
+      return Error::invalid("\"ino\" must be an inode number");
+    const uint64_t ino = req["ino"].get<uint64_t>();
+    if (ino >> 63) return Error::invalid("the control folder's files have no data of their own");
+    return model::where(*g->vol, PLY_TRY(g->u->placement(ino)));
+  }
   // A diff names files in directories the caller may not be allowed to
   // list, and pauses every operation while it runs: root or the owner only.
   if (!may_change)

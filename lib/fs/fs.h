@@ -293,6 +293,15 @@ class Filesystem {
   Result<void> fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len);
   // SEEK_DATA or SEEK_HOLE.
   Result<uint64_t> lseek(uint64_t ino, uint64_t off, int whence);
+  // Where `ino`'s data lies (plyctl where, format.md#placement): each
+  // extent in file order with the blocks of the volume it reads (a
+  // compressed one: its whole frame). Empty for a file whose data is inline
+  // (it lives in the tree, with the metadata) or that has none.
+  struct Placed {
+    uint64_t file_offset = 0, bytes = 0;  // the part of the file
+    uint64_t block = 0, nblocks = 0;      // where it is stored
+  };
+  Result<std::vector<Placed>> placement(uint64_t ino);
   // Shares whole blocks (reflink) where offsets allow, copies the rest.
   Result<uint64_t> copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
                               uint64_t len);

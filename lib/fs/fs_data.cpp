@@ -622,6 +622,32 @@ Result<uint64_t> Filesystem::lseek(uint64_t ino, uint64_t off, int whence) {
                              : Result<uint64_t>(r.a.size);
 }
 
+Result<std::vector<Filesystem::Placed>> Filesystem::placement(uint64_t ino) {
+  auto t = PLY_TRY(vol_.begin());
+  Ctx c{*this, std::move(t)};
+  std::shared_lock lk(mu_);
+  Rec r = PLY_TRY(c.inode(ino));
+  std::vector<Placed> out;
+  if (r.is_inline() || r.a.size == 0) return out;
+  const uint64_t eof_blk = (r.a.size + bs_ - 1) / bs_;
+  for (uint64_t blk = 0; blk < eof_blk;) {
+    auto es = PLY_TRY(c.extents(ino, blk, eof_blk, 256));
+    if (es.empty()) break;
+    for (const Ext& e : es) {
+      Placed p;
+      p.file_offset = e.file_blk * bs_;
+      p.bytes = std::min<uint64_t>(uint64_t(e.nblocks) * bs_, r.a.size - std::min(r.a.size, p.file_offset));
+      const bool z = e.compression != disk::kCompressNone;
+      p.block = z ? e.disk_start : e.disk_start + e.offset;
+      p.nblocks = z ? e.disk_nblocks : e.nblocks;
+      out.push_back(p);
+      blk = std::max(blk, e.end());
+    }
+    if (es.size() < 256) break;
+  }
+  return out;
+}
+
 Result<uint64_t> Filesystem::copy_range(uint64_t in, uint64_t off_in, uint64_t out,
                                         uint64_t off_out, uint64_t len) {
   if (read_only()) return Error::io(EROFS, "read-only filesystem");

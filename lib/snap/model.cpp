@@ -190,6 +190,39 @@ Result<Json> devices(Volume& v) {
               {"metadata_class", sb.classes.empty() ? Json(nullptr) : Json(sb.classes[sb.meta_class])}};
 }
 
+Json where(Volume& v, const std::vector<Filesystem::Placed>& extents) {
+  const SuperInfo sb = v.super();
+  const uint64_t bs = sb.block_size;
+  auto* set = dynamic_cast<DeviceSet*>(&v.device());
+  auto device_of = [&](uint64_t b) {
+    size_t i = 0;
+    while (i + 1 < sb.devices.size() && sb.devices[i + 1].first_block <= b) i++;
+    return i;
+  };
+  auto describe = [&](size_t i, Json& o) {
+    o["device"] = i;
+    o["class"] = sb.devices.empty() ? Json(nullptr) : Json(sb.classes[sb.devices[i].class_id]);
+  };
+  std::map<size_t, uint64_t> per;
+  Json list = Json::array();
+  for (const auto& e : extents) {
+    const size_t i = device_of(e.block);
+    Json o{{"offset", e.file_offset}, {"bytes", e.bytes}, {"stored_bytes", e.nblocks * bs}};
+    describe(i, o);
+    list.push_back(std::move(o));
+    per[i] += e.nblocks * bs;
+  }
+  Json devs = Json::array();
+  for (const auto& [i, bytes] : per) {
+    Json o;
+    describe(i, o);
+    o["path"] = set && i < set->member_count() ? Json(set->member_info(i).name) : Json(nullptr);
+    o["stored_bytes"] = bytes;
+    devs.push_back(std::move(o));
+  }
+  return Json{{"extents", std::move(list)}, {"devices", std::move(devs)}};
+}
+
 Result<Json> du(Volume& v, std::optional<TreeId> branch) {
   const Branches bs = PLY_TRY(Branches::read(v));
   Json list = Json::array();

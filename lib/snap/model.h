@@ -81,6 +81,9 @@ Result<Json> du(Volume& v, std::optional<TreeId> branch);
 // Devices (plyctl device list): the devices of the volume with their class,
 // path, size and use; the classes, fastest first, and metadata's.
 Result<Json> devices(Volume& v);
+// Where (plyctl where): on which devices a file's data extents lie, each
+// extent and the bytes per device.
+Json where(Volume& v, const std::vector<Filesystem::Placed>& extents);
 
 Json snapshot(const Branches& bs, const Snapshot& s);  // Snapshot
 Json merge(const Branches& bs, const Merge& m);        // Merge

@@ -227,6 +227,8 @@ class Union {
   Result<size_t> write(uint64_t ino, uint64_t off, std::span<const std::byte> in, const Caller& c);
   Result<void> fallocate(uint64_t ino, int mode, uint64_t off, uint64_t len, const Caller& c);
   Result<uint64_t> lseek(uint64_t ino, uint64_t off, int whence);
+  // The visible file's data extents (Filesystem::placement): plyctl where.
+  Result<std::vector<Filesystem::Placed>> placement(uint64_t ino);
   Result<uint64_t> copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
                               uint64_t len, const Caller& c);
 

@@ -89,6 +89,12 @@ Result<uint64_t> Union::lseek(uint64_t ino, uint64_t off, int whence) {
   return fs->lseek(i, off, whence);
 }
 
+Result<std::vector<Filesystem::Placed>> Union::placement(uint64_t ino) {
+  std::shared_lock landing(io_mu_);
+  auto [fs, i] = PLY_TRY(part(ino));
+  return fs->placement(i);
+}
+
 Result<uint64_t> Union::copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
                                    uint64_t len, const Caller& c) {
   std::shared_lock landing(io_mu_);  // a restack waits for this change to land

@@ -87,6 +87,31 @@ TEST_CASE("multidev-fuse: one volume on a fast and a slow image, placed by class
     REQUIRE(f["data_bytes"].get<uint64_t>() > 0);
     uint64_t data = f["data_bytes"].get<uint64_t>() + s["data_bytes"].get<uint64_t>();
     REQUIRE(data >= 240ull << 20);
+    // plyctl where: the first big file on the slow device, the last on the
+    // fast one (the slow one was full by then), a tiny file inline.
+    write_file(m / "tiny", "tiny");
+    auto where = [&](const std::string& name) {
+      auto r = ctl(tmp, {"where", m / name, "--json"});
+      REQUIRE(r.rc == 0);
+      return schema_checked("where", r.out);
+    };
+    for (const auto& [name, dev] : std::vector<std::pair<std::string, int>>{{"big0", 1}, {"big59", 0}}) {
+      const json w = where(name);
+      INFO(name << ": " << w.dump());
+      REQUIRE(!w["extents"].empty());
+      uint64_t covered = 0;
+      for (const auto& e : w["extents"]) {
+        REQUIRE(e["device"] == dev);
+        covered += e["bytes"].get<uint64_t>();
+      }
+      REQUIRE(covered == files[name].size());
+      REQUIRE(w["devices"].size() == 1);
+      REQUIRE(w["devices"][0]["class"] == (dev == 0 ? "fast" : "slow"));
+    }
+    REQUIRE(where("tiny")["extents"].empty());
+    auto text = ctl(tmp, {"where", m / "big0"});
+    REQUIRE(text.rc == 0);
+    REQUIRE(text.out.find("(slow)") != std::string::npos);
     REQUIRE(m.unmount() == 0);
   }
   std::string out;
