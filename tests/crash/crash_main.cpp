@@ -4,7 +4,8 @@
 //               [--seed S] [--fs-share F] [--fs-only] [--min-fs-states N]
 //               [--only 'WORKLOAD/STATE'] [--self-test] [--verbose]
 //
-// Runs the suites in order (bounded ACE sequences, targeted scenarios, crashes
+// Runs the suites in order (bounded ACE sequences, targeted scenarios,
+// volumes of several devices (multidev.h), crashes
 // during fsck repair and mkfs, fault-injection loops, long random workloads;
 // then the filesystem-level suites: seq-1 of filesystem, union and snapshot
 // operations, near-full devices, sampled seq-2 and seq-3, long random
@@ -19,8 +20,10 @@
 // times the budget), so that a slow machine checks as many states as a fast
 // one rather than failing for its speed. --only 'WORKLOAD/' checks every state
 // of a workload; for a filesystem one it also names every fault run of it
-// ('fs-fault/compress/': fs-fault/compress/fault-...). --self-test instead runs with each planted bug and
-// fails unless every one is caught.
+// ('fs-fault/compress/': fs-fault/compress/fault-...); for engine ones any
+// prefix ending in a slash names every workload under it ('multidev/').
+// --self-test instead runs with each planted bug and fails unless every one
+// is caught.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +34,7 @@
 #include "fs_workload.h"
 #include "fsck/fsck.h"
 #include "harness.h"
+#include "multidev.h"
 #include "suites.h"
 
 using namespace plyfs;
@@ -163,7 +167,8 @@ struct Driver {
   bool run(const Workload& w, const Sampling& s, const std::string& suite,
            const FaultDevice::Rule* fault = nullptr, bool require_clean_run = true) {
     std::string only_state;
-    if (!args.only.empty()) {
+    // 'PREFIX/' (ending in a slash): every state of every workload under it.
+    if (!args.only.empty() && !(args.only.back() == '/' && w.id.rfind(args.only, 0) == 0)) {
       const auto slash = args.only.rfind('/', args.only.find(':'));
       if (args.only.substr(0, slash) != w.id) return fault != nullptr;
       only_state = args.only.substr(slash + 1);
@@ -183,7 +188,13 @@ struct Driver {
     // one that issued no discard would check nothing about A6.
     if (w.discard && w.id.rfind("scenario/discard-", 0) == 0 && run.log.discards.empty())
       t.add_failure("WORKLOAD", w.id + ": discard is on, but no discard was issued");
-    check_run(w, run, s, args.seed ^ std::hash<std::string>{}(w.id), t, only_state, args.verbose);
+    if (!w.devices.empty()) {  // several devices: each member torn and reordered on its own
+      if (run.error.empty())
+        if (auto err = check_multi_placement(w, run); !err.empty()) t.add_failure("WORKLOAD", w.id + ": " + err);
+      check_multi_run(w, run, s, args.seed ^ std::hash<std::string>{}(w.id), t, only_state, args.verbose);
+    } else {
+      check_run(w, run, s, args.seed ^ std::hash<std::string>{}(w.id), t, only_state, args.verbose);
+    }
     per_suite[suite] += t.states - before;
     return run.fault_fired;
   }
@@ -416,6 +427,16 @@ int self_test(Driver& d) {
       check_run(w, run, s, d.args.seed, t);
     }
     report(name, t);
+    // The same bug on volumes of several devices.
+    Totals mt;
+    Sampling ms = s;
+    ms.exhaustive_k = 6;
+    for (Workload w : multidev_workloads()) {
+      w.bug = bug;
+      Run run = record(w);
+      check_multi_run(w, run, ms, d.args.seed, mt);
+    }
+    report(std::string(name) + ", several devices", mt);
     // The same bug under the filesystem workloads (seq-1).
     Totals ft;
     std::vector<FsWorkload> fws = fs_ace(1, d.args.seed, 0);
@@ -460,10 +481,18 @@ int main(int argc, char** argv) {
   light.tears_per_write = 2;
   light.random_subsets = 4;
   light.write_checks = 1.0 / 32;
+  // Several devices: the members' open writes together are enumerated whole
+  // up to 8 (each member's subset on its own), so that the cuts between one
+  // member's flush and the next stay cheap.
+  Sampling multi = full;
+  multi.exhaustive_k = 8;
+  multi.tears_per_write = 3;
+  multi.random_subsets = 6;
 
   const bool engine = d.args.fs_share < 1;
   if (engine) for (const Workload& w : ace(1, d.args.seed, 0)) d.run(w, full, "ace1");
   if (engine) for (const Workload& w : scenarios()) d.run(w, light, "scenarios");
+  if (engine) for (const Workload& w : multidev_workloads()) d.run(w, multi, "multidev");
   if (d.args.only.empty() && engine) {
     fsck_repair_suite(d, full);
     mkfs_suite(d, full);

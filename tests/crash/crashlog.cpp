@@ -6,6 +6,7 @@
 #include <random>
 
 #include "blockdev/log_device.h"
+#include "commit/devices.h"
 #include "commit/disk_superblock.h"
 
 namespace plyfs::crash {
@@ -189,6 +190,144 @@ Result<void> StateDevice::write(uint64_t offset, std::span<const std::byte> in) 
     overlay_[(offset + i) / ss].assign(in.begin() + i, in.begin() + i + ss);
   overlay_writes_++;
   return ok();
+}
+
+}  // namespace plyfs::crash
+
+namespace plyfs::crash {
+
+size_t MultiLog::local_cut(size_t d, size_t cut) const {
+  const auto& g = global_of[d];
+  return static_cast<size_t>(std::lower_bound(g.begin(), g.end(), cut) - g.begin());
+}
+
+uint64_t MultiLog::gen_lo(size_t cut, uint64_t base_gen) const {
+  uint64_t g = ~0ull;
+  for (size_t d = 0; d < members.size(); d++) g = std::min(g, members[d].gen_lo(local_cut(d, cut), base_gen));
+  return g;
+}
+
+uint64_t MultiLog::gen_hi(size_t cut, uint64_t base_gen) const {
+  uint64_t g = ~0ull;
+  for (size_t d = 0; d < members.size(); d++) g = std::min(g, members[d].gen_hi(local_cut(d, cut), base_gen));
+  return g;
+}
+
+// One member of a recorded set: its calls go to the inner device and into
+// the recorder's global order.
+class RecMember final : public BlockDevice {
+ public:
+  RecMember(SetRecorder& rec, int d, BlockDevice& inner) : rec_(rec), d_(d), inner_(inner) {}
+  Result<void> read(uint64_t offset, std::span<std::byte> out) override { return inner_.read(offset, out); }
+  Result<void> write(uint64_t offset, std::span<const std::byte> in) override {
+    auto r = inner_.write(offset, in);
+    Entry e{r ? Kind::Write : Kind::WriteFailed, offset, in.size(), nullptr, {}, 0};
+    e.data = std::make_shared<const std::vector<std::byte>>(in.begin(), in.end());
+    rec_.add(d_, std::move(e));
+    return r;
+  }
+  Result<void> flush() override {
+    auto r = inner_.flush();
+    rec_.add(d_, Entry{r ? Kind::Flush : Kind::FlushFailed, 0, 0, nullptr, {}, 0});
+    return r;
+  }
+  Result<void> discard(uint64_t offset, uint64_t len) override {
+    auto r = inner_.discard(offset, len);
+    if (r) rec_.add(d_, Entry{Kind::Discard, offset, len, nullptr, {}, 0});
+    return r;
+  }
+  uint64_t size_bytes() const override { return inner_.size_bytes(); }
+  uint32_t logical_sector_size() const override { return inner_.logical_sector_size(); }
+  uint32_t physical_sector_size() const override { return inner_.physical_sector_size(); }
+
+ private:
+  SetRecorder& rec_;
+  int d_;
+  BlockDevice& inner_;
+};
+
+std::unique_ptr<BlockDevice> SetRecorder::member(size_t d, BlockDevice& inner) {
+  return std::make_unique<RecMember>(*this, static_cast<int>(d), inner);
+}
+
+void SetRecorder::add(int d, Entry e) {
+  std::lock_guard lk(mu_);
+  entries_.push_back(std::move(e));
+  dev_.push_back(d);
+}
+
+void SetRecorder::mark(std::string label, uint64_t arg) {
+  add(-1, Entry{Kind::Mark, 0, 0, nullptr, std::move(label), arg});
+}
+
+MultiLog SetRecorder::take(std::vector<std::unique_ptr<MemDevice>> bases,
+                           std::vector<uint64_t> member_bytes) {
+  std::lock_guard lk(mu_);
+  MultiLog ml;
+  ml.member_bytes = std::move(member_bytes);
+  ml.members.resize(bases.size());
+  ml.global_of.resize(bases.size());
+  for (size_t d = 0; d < bases.size(); d++) {
+    ml.members[d].sector = bases[d]->logical_sector_size();
+    ml.members[d].base = std::move(bases[d]);
+  }
+  ml.entries = entries_;
+  ml.dev = dev_;
+  ml.local.assign(entries_.size(), 0);
+  for (size_t i = 0; i < entries_.size(); i++) {
+    if (dev_[i] < 0) continue;
+    auto& m = ml.members[size_t(dev_[i])];
+    ml.local[i] = m.entries.size();
+    ml.global_of[size_t(dev_[i])].push_back(i);
+    m.entries.push_back(entries_[i]);
+  }
+  for (auto& m : ml.members) m.index();
+  return ml;
+}
+
+namespace {
+
+// A member the caller keeps (a crash state, a recorder, a MemDevice).
+class Borrowed final : public BlockDevice {
+ public:
+  explicit Borrowed(BlockDevice& d) : d_(d) {}
+  Result<void> read(uint64_t o, std::span<std::byte> out) override { return d_.read(o, out); }
+  Result<void> write(uint64_t o, std::span<const std::byte> in) override { return d_.write(o, in); }
+  Result<void> flush() override { return d_.flush(); }
+  Result<void> discard(uint64_t o, uint64_t n) override { return d_.discard(o, n); }
+  uint64_t size_bytes() const override { return d_.size_bytes(); }
+  uint32_t logical_sector_size() const override { return d_.logical_sector_size(); }
+  uint32_t physical_sector_size() const override { return d_.physical_sector_size(); }
+
+ private:
+  BlockDevice& d_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceSet>> assemble(const std::vector<BlockDevice*>& devs,
+                                            const std::vector<uint64_t>& member_bytes) {
+  const auto layout = plan_devices(member_bytes, 4096);
+  std::vector<DeviceSet::Member> m;
+  for (size_t i = 0; i < devs.size(); i++)
+    m.push_back(DeviceSet::Member{std::make_unique<Borrowed>(*devs[i]), layout[i].first * 4096,
+                                  layout[i].second * 4096, "dev" + std::to_string(i)});
+  return DeviceSet::make(std::move(m), disk::kReservedBytes);
+}
+
+std::string MultiSpec::id() const {
+  std::string s = tier + ":at=" + std::to_string(cut);
+  for (size_t d = 0; d < members.size(); d++) {
+    const Spec& m = members[d];
+    s += "|" + std::to_string(d) + ":keep=";
+    for (size_t i = 0; i < m.kept.size(); i++) s += (i ? "," : "") + std::to_string(m.kept[i]);
+    if (m.tear) {
+      s += ":tear=";
+      for (bool b : *m.tear) s += b ? '1' : '0';
+      s += m.lost == Lost::Old ? "/old" : m.lost == Lost::Garbage ? "/garbage" : "/eio";
+    }
+  }
+  return s;
 }
 
 }  // namespace plyfs::crash

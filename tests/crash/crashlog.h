@@ -15,11 +15,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "blockdev/device_set.h"
 #include "blockdev/test_devices.h"
 
 namespace plyfs::crash {
@@ -108,6 +110,69 @@ class StateDevice final : public BlockDevice {
   std::vector<char> kept_mask_;       // per log position: kept (open set)
   std::unordered_map<uint64_t, std::vector<std::byte>> overlay_;
   uint64_t overlay_writes_ = 0;
+};
+
+// ------------------------------------------------------------ several devices
+//
+// A volume of several devices (format.md#multi-device) is recorded as one
+// global order of every member's calls: a power cut is one instant. Each
+// member keeps the device contract on its own (format.md#multi-device,
+// "Device contract"): at the cut, member d holds every write before ITS last
+// successful flush, and any subset of its writes since, the last kept one
+// possibly torn. So a multi-device crash state is a cut in the global order
+// and one Spec per member, each built over that member's own log.
+
+struct MultiLog {
+  std::vector<uint64_t> member_bytes;  // each member's size, laid out by plan_devices
+  std::vector<Log> members;            // each member's own log; offsets are the member's
+  // The global order, marks included: entries[i] is member dev[i]'s entry
+  // local[i] (a mark: dev -1, local 0).
+  std::vector<Entry> entries;
+  std::vector<int> dev;
+  std::vector<size_t> local;
+  std::vector<std::vector<size_t>> global_of;  // member -> local position -> global position
+
+  bool empty() const { return members.empty(); }
+  // Of the global entries [0, cut), how many are member d's: its crash_at.
+  size_t local_cut(size_t d, size_t cut) const;
+  // Generations as for one device (Log::gen_lo, gen_hi), across the set: a
+  // generation is durable only when every member flushed its superblock
+  // (C4 on every device), and selectable only when every member was sent it.
+  uint64_t gen_lo(size_t cut, uint64_t base_gen) const;
+  uint64_t gen_hi(size_t cut, uint64_t base_gen) const;
+};
+
+// Records the members of a set into one MultiLog: member(d, inner) wraps
+// member d's device, and the set the volume runs on is built over the
+// wrappers. Calls are recorded as RecordingDevice records them.
+class SetRecorder {
+ public:
+  std::unique_ptr<BlockDevice> member(size_t d, BlockDevice& inner);
+  void mark(std::string label, uint64_t arg = 0);
+  // The recorded order split into members' logs; `bases` are the members'
+  // images when recording began (moved into the logs).
+  MultiLog take(std::vector<std::unique_ptr<MemDevice>> bases, std::vector<uint64_t> member_bytes);
+
+ private:
+  friend class RecMember;
+  void add(int d, Entry e);
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+  std::vector<int> dev_;
+};
+
+// A set over `devs` (borrowed, not owned) laid out by plan_devices over
+// `member_bytes`, as mkfs lays out a new volume.
+Result<std::unique_ptr<DeviceSet>> assemble(const std::vector<BlockDevice*>& devs,
+                                            const std::vector<uint64_t>& member_bytes);
+
+// A crash state of a multi-device volume: the cut, and each member's state
+// (its Spec's crash_at is local_cut of the cut).
+struct MultiSpec {
+  size_t cut = 0;
+  std::vector<Spec> members;
+  std::string tier;
+  std::string id() const;  // e.g. T2:at=41|0:keep=37,39|1:keep=|2:keep=40:tear=0110/old
 };
 
 }  // namespace plyfs::crash

@@ -15,18 +15,23 @@ void Totals::add_failure(const std::string& cls, const std::string& line) {
 }
 
 std::string fsck_after_crash(StateDevice& dev) {
+  return fsck_clean(dev, dev.spec().lost == Lost::Unreadable, [&] { return dev.overlay_writes(); });
+}
+
+std::string fsck_clean(BlockDevice& dev, bool unreadable_tear,
+                       const std::function<uint64_t()>& overlay_writes) {
   FsckOptions fo;
   fo.kinds = kinds();
-  const uint64_t writes = dev.overlay_writes();
+  const uint64_t writes = overlay_writes();
   auto f = fsck_run(dev, fo);
   if (!f) return "FSCK_FAILED: " + f.error().message();
-  if (dev.overlay_writes() != writes) return "FSCK_WROTE: fsck -n wrote to the image";
+  if (overlay_writes() != writes) return "FSCK_WROTE: fsck -n wrote to the image";
   bool unreadable_copy = false;
   for (const auto& p : f->problems) {
     if (p.fix == FixClass::Info) continue;
     // A superblock write torn into unreadable sectors (the EIO variant)
     // leaves a copy that must be rewritten before the filesystem is writable.
-    if (p.code == "S-unreadable" && dev.spec().lost == Lost::Unreadable) {
+    if (p.code == "S-unreadable" && unreadable_tear) {
       unreadable_copy = true;
       continue;
     }
@@ -44,13 +49,19 @@ std::string fsck_after_crash(StateDevice& dev) {
 
 std::string check_state(const Run& run, const Spec& spec, bool write_check, PlantedBug bug) {
   StateDevice dev(run.log, spec, std::hash<std::string>{}(spec.id()));
+  return check_image(run, dev, run.log.gen_lo(spec.crash_at, run.base_gen),
+                     run.log.gen_hi(spec.crash_at, run.base_gen), spec.lost == Lost::Unreadable,
+                     [&] { return dev.overlay_writes(); }, write_check, bug);
+}
+
+std::string check_image(const Run& run, BlockDevice& dev, uint64_t lo, uint64_t hi, bool unreadable_tear,
+                        const std::function<uint64_t()>& overlay_writes, bool write_check,
+                        PlantedBug bug) {
   VolumeOptions ro;
   ro.read_only = true;
   ro.kinds = kinds();
   ro.cache_bytes = 2 << 20;
   ro.planted_bug = bug == PlantedBug::TrustTornSuper ? bug : PlantedBug::None;
-  const uint64_t lo = run.log.gen_lo(spec.crash_at, run.base_gen);
-  const uint64_t hi = run.log.gen_hi(spec.crash_at, run.base_gen);
   uint64_t got_gen = 0;
   std::vector<uint64_t> ids;
   std::map<uint64_t, uint8_t> kinds_of;
@@ -73,8 +84,8 @@ std::string check_state(const Run& run, const Spec& spec, bool write_check, Plan
     if (!diff.empty())
       return "CONTENT_MISMATCH at generation " + std::to_string(got_gen) + ": " + diff;
   }
-  if (dev.overlay_writes()) return "RECOVERY_WROTE: opening a crash state wrote to it (C6)";
-  if (auto err = fsck_after_crash(dev); !err.empty()) return err;
+  if (overlay_writes()) return "RECOVERY_WROTE: opening a crash state wrote to it (C6)";
+  if (auto err = fsck_clean(dev, unreadable_tear, overlay_writes); !err.empty()) return err;
   FsckOptions fo;
   fo.kinds = kinds();
   if (!write_check) return "";
@@ -117,11 +128,8 @@ std::string check_state(const Run& run, const Spec& spec, bool write_check, Plan
   return "";
 }
 
-namespace {
-
 // Block classes, from the first block a write carries: superblock, root-tree
 // node, space-tree node, inner node of a user tree, user leaf, anything else.
-constexpr int kClasses = 6;
 int block_class(const Log& log, size_t pos) {
   const Entry& e = log.entries[pos];
   for (const auto& s : log.supers)
@@ -133,6 +141,8 @@ int block_class(const Log& log, size_t pos) {
   if (h->owner.get() == 2) return 2;
   return h->level > 0 ? 3 : 4;
 }
+
+namespace {
 
 // The open sets: runs of writes between two successful flushes.
 struct Epoch {

@@ -45,8 +45,26 @@ void check_run(const Workload& w, const Run& run, const Sampling& s, uint64_t se
 // errors (a superblock copy torn into unreadable sectors needs -y, which
 // must then leave it clean).
 std::string fsck_after_crash(StateDevice& dev);
+// The same on any device showing a crash state (a set of StateDevices):
+// `unreadable_tear` allows the copy torn into unreadable sectors,
+// `overlay_writes` counts what was written to the state.
+std::string fsck_clean(BlockDevice& dev, bool unreadable_tear,
+                       const std::function<uint64_t()>& overlay_writes);
+
+// The class of the write at log position `pos`, from the first block it
+// carries: 0 superblock, 1 root-tree node, 2 space-tree node, 3 inner node
+// of a user tree, 4 user leaf, 5 anything else (T2 keeps or drops a whole
+// class at once).
+inline constexpr int kClasses = 6;
+int block_class(const Log& log, size_t pos);
 
 // The oracle for one state; empty when it passes, else "CLASS: what".
 std::string check_state(const Run& run, const Spec& spec, bool write_check, PlantedBug bug);
+// The oracle's steps on a device showing a crash state whose recovered
+// generation must lie in [lo, hi] (check_state's, and multidev.h's for a
+// set of members).
+std::string check_image(const Run& run, BlockDevice& dev, uint64_t lo, uint64_t hi, bool unreadable_tear,
+                        const std::function<uint64_t()>& overlay_writes, bool write_check,
+                        PlantedBug bug);
 
 }  // namespace plyfs::crash

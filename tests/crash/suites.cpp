@@ -206,6 +206,88 @@ std::vector<Workload> scenarios() {
   return out;
 }
 
+std::vector<Workload> multidev_workloads() {
+  using D = Workload::Device;
+  std::vector<Workload> out;
+  {  // Two devices: the ACE setup's trees, then changes on every side.
+    Workload w;
+    w.id = "multidev/two";
+    w.classes = {"fast", "slow"};
+    w.devices = {D{4ull << 20, 0}, D{8ull << 20, 1}};
+    w.setup = ace_setup();
+    w.ops = {put(0, 1000), Op{OpKind::Erase, 1, 52}, commit(),
+             Op{OpKind::PutExtent, 2, 100, 3}, Op{OpKind::Erase, 2, 6}, put(3, 2, 900), commit(),
+             Op{OpKind::Clone, 0}, put(4, 7, 60), Op{OpKind::Drop, 1}, commit(),
+             Op{OpKind::Erase, 4, 8}, put(0, 1001), Op{OpKind::PutExtent, 2, 5, 2}, commit(),
+             Op{OpKind::Drop, 3}, Op{OpKind::Create, 0, 0, kKindPlain}, put(5, 1, 300), commit()};
+    out.push_back(w);
+  }
+  {  // Three devices, one fast and two slow, with discard on (A6).
+    Workload w;
+    w.id = "multidev/three";
+    w.classes = {"fast", "slow"};
+    w.devices = {D{4ull << 20, 0}, D{6ull << 20, 1}, D{6ull << 20, 1}};
+    w.discard = true;
+    w.setup = ace_setup();
+    w.ops = {put(0, 50, 60), Op{OpKind::Create, 0, 0, kKindPlain}, put(4, 1), commit(),
+             Op{OpKind::PutExtent, 2, 5, 2}, Op{OpKind::Drop, 3}, commit(),
+             Op{OpKind::Erase, 0, 51}, put(1, 199, 900), commit()};
+    out.push_back(w);
+  }
+  {  // The metadata device holds 80 blocks: the nodes spill onto the others
+     // (format.md#placement), so one generation's nodes lie on every device.
+    Workload w;
+    w.id = "multidev/tiny-meta";
+    w.classes = {"fast", "slow"};
+    w.devices = {D{512ull << 10, 0}, D{4ull << 20, 1}, D{4ull << 20, 1}};
+    w.setup = {Op{OpKind::Create, 0, 0, kKindPlain}};
+    for (uint64_t k = 0; k < 300; k++) w.setup.push_back(put(0, k, 900));
+    for (uint64_t k = 0; k < 300; k += 37) w.ops.push_back(put(0, k, 800));
+    w.ops.push_back(commit());
+    w.ops.push_back(Op{OpKind::Clone, 0});
+    for (uint64_t k = 5; k < 300; k += 53) w.ops.push_back(Op{OpKind::Erase, 0, k});
+    w.ops.push_back(commit());
+    for (uint64_t k = 11; k < 300; k += 41) w.ops.push_back(put(1, k, 700));
+    w.ops.push_back(Op{OpKind::Drop, 0});
+    w.ops.push_back(commit());
+    out.push_back(w);
+  }
+  {  // Data extents from the slowest class, shared by a clone, freed from
+     // both sides.
+    Workload w;
+    w.id = "multidev/extents";
+    w.classes = {"fast", "mid", "slow"};
+    w.devices = {D{4ull << 20, 0}, D{4ull << 20, 1}, D{6ull << 20, 2}};
+    w.setup = {Op{OpKind::Create, 0, 0, kKindExtents}};
+    for (uint64_t k = 0; k < 60; k++) w.setup.push_back(Op{OpKind::PutExtent, 0, k, 1 + k % 4});
+    w.ops.push_back(Op{OpKind::Clone, 0});
+    for (uint64_t k = 0; k < 60; k += 7) w.ops.push_back(Op{OpKind::PutExtent, 1, k, 2});
+    w.ops.push_back(commit());
+    for (uint64_t k = 1; k < 60; k += 9) w.ops.push_back(Op{OpKind::Erase, 0, k});
+    w.ops.push_back(Op{OpKind::PutExtent, 0, 500, 8});
+    w.ops.push_back(commit());
+    out.push_back(w);
+  }
+  {  // Many small generations: the slots alternate on every device.
+    Workload w;
+    w.id = "multidev/many-generations";
+    w.classes = {"fast", "slow"};
+    w.devices = {D{4ull << 20, 0}, D{4ull << 20, 1}};
+    w.setup = {Op{OpKind::Create, 0, 0, kKindPlain}};
+    for (uint64_t g = 0; g < 12; g++) w.ops.push_back(put(0, g)), w.ops.push_back(commit());
+    out.push_back(w);
+  }
+  {  // A fixed random history (random_workload's) on a small metadata device
+     // and two slow ones: puts, erases, clones, drops, creates, extents.
+    Workload w = random_workload(7, 120);
+    w.id = "multidev/random";
+    w.classes = {"fast", "slow"};
+    w.devices = {D{1ull << 20, 0}, D{4ull << 20, 1}, D{4ull << 20, 1}};
+    out.push_back(w);
+  }
+  return out;
+}
+
 Workload random_workload(uint64_t seed, size_t nops) {
   std::mt19937_64 rng(seed);
   Workload w;

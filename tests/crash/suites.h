@@ -20,6 +20,10 @@ std::vector<Workload> ace(size_t length, uint64_t seed, size_t sample);
 // Targeted scenarios: many generations, splits and merges in one commit,
 // dropping a large shared tree, near-full devices.
 std::vector<Workload> scenarios();
+// Volumes of two and three devices (format.md#multi-device): puts, erases,
+// clones, drops and commits; a metadata device so small that nodes spill
+// onto the others; data extents on the slow devices; many generations.
+std::vector<Workload> multidev_workloads();
 // Long random workloads against the model.
 Workload random_workload(uint64_t seed, size_t nops);
 

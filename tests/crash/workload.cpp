@@ -279,36 +279,147 @@ std::string compare(Volume& vol, const Model& want, std::vector<uint64_t>& ids,
   return "";
 }
 
-Run record(const Workload& w, const FaultDevice::Rule* fault) {
-  Run run;
-  auto dev = std::make_unique<MemDevice>(w.image_bytes);
-  FormatOptions fo;
-  fo.uuid = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};  // runs are reproducible
-  fo.time_ns = 1;
-  fo.size_bytes = w.format_bytes;
-  if (auto r = Volume::format(*dev, fo); !r) {
-    run.error = "format: " + r.error().message();
-    return run;
-  }
+namespace {
+
+VolumeOptions volume_options(const Workload& w) {
   VolumeOptions vo;
   vo.cache_bytes = 4 << 20;
   vo.kinds = kinds();
   vo.movers = movers();
   vo.planted_bug = w.bug;
   vo.discard = w.discard;
+  return vo;
+}
+
+FormatOptions format_options(const Workload& w) {
+  FormatOptions fo;
+  fo.uuid = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};  // runs are reproducible
+  fo.time_ns = 1;
+  fo.size_bytes = w.format_bytes;
+  fo.classes = w.classes;
+  for (const auto& d : w.devices) fo.device_classes.push_back(d.class_id);
+  return fo;
+}
+
+// Formats `dev`, applies the workload's setup and commits it; the model and
+// slots get what the setup made. Empty on success.
+std::string set_up(const Workload& w, BlockDevice& dev, Model& model, std::vector<uint64_t>& slots) {
+  if (auto r = Volume::format(dev, format_options(w)); !r) return "format: " + r.error().message();
+  auto vol = Volume::open(dev, volume_options(w));
+  if (!vol) return "open: " + vol.error().message();
+  std::string error;
+  int code = 0;
+  Executor ex{**vol, model, slots, error, code};
+  for (size_t i = 0; i < w.setup.size(); i++) ex.run(i, w.setup[i]);
+  if (auto r = (*vol)->close(); !r && error.empty()) error = "setup commit: " + r.error().message();
+  return error;
+}
+
+// The recorded part: every operation between marks, an ack mark for every
+// commit acknowledged, the model of every generation written.
+template <class Mark>
+void drive(const Workload& w, Volume& vol, Model& model, std::vector<uint64_t>& slots, Run& run,
+           Mark mark) {
+  run.base_gen = vol.durable_generation().v;
+  run.model_at[run.base_gen] = model;
+  Executor ex{vol, model, slots, run.error, run.error_code};
+  for (size_t i = 0; i < w.ops.size() && run.error.empty(); i++) {
+    const Op& op = w.ops[i];
+    const Model before = model;
+    const uint64_t durable = vol.durable_generation().v;
+    mark("op-begin", i);
+    const bool done = ex.run(w.setup.size() + i, op);
+    mark("op-end", i);
+    // A commit begin() made by itself (the change budget) holds what came
+    // before this operation.
+    if (vol.durable_generation().v != durable) run.model_at[vol.durable_generation().v] = before;
+    // A shrink commits many generations, each holding the same content
+    // (extents moved or not, which the model's `moved` allows), and the
+    // one it was writing when it failed may be durable anyway (D4).
+    if (op.kind == OpKind::Shrink)
+      for (uint64_t g = durable + 1; g <= vol.open_generation().v; g++) run.model_at[g] = model;
+    if (!done && !run.error.empty()) break;
+    if (op.kind == OpKind::Commit) {
+      // The model of the generation this commit tries to write: after a
+      // failed flush it may be durable anyway (D4).
+      run.model_at[vol.open_generation().v] = model;
+      auto g = vol.commit();
+      if (!g) {  // a failed commit (fault runs): the volume must be read-only now
+        if (!vol.failure()) run.failed_writable = true;
+        break;
+      }
+      run.model_at[g->v] = model;
+      run.acked.push_back(g->v);
+      mark("ack", g->v);
+    }
+    if (vol.failure()) break;
+  }
+}
+
+// A workload of several devices: each member recorded on its own, in one
+// global order (crashlog.h, MultiLog).
+Run record_set(const Workload& w) {
+  Run run;
+  std::vector<std::unique_ptr<MemDevice>> mem;
+  std::vector<BlockDevice*> ptrs;
+  std::vector<uint64_t> sizes;
+  for (const auto& d : w.devices) {
+    mem.push_back(std::make_unique<MemDevice>(d.bytes));
+    ptrs.push_back(mem.back().get());
+    sizes.push_back(d.bytes);
+  }
   Model model;
   std::vector<uint64_t> slots;
   {
-    auto vol = Volume::open(*dev, vo);
-    if (!vol) {
-      run.error = "open: " + vol.error().message();
+    auto set = assemble(ptrs, sizes);
+    if (!set) {
+      run.error = "assemble: " + set.error().message();
       return run;
     }
-    Executor ex{**vol, model, slots, run.error, run.error_code};
-    for (size_t i = 0; i < w.setup.size(); i++) ex.run(i, w.setup[i]);
-    if (auto r = (*vol)->close(); !r && run.error.empty()) run.error = "setup commit: " + r.error().message();
+    run.error = set_up(w, **set, model, slots);
     if (!run.error.empty()) return run;
   }
+  std::vector<std::unique_ptr<MemDevice>> bases;
+  for (const auto& m : mem) bases.push_back(m->clone());
+  SetRecorder rec;
+  std::vector<std::unique_ptr<BlockDevice>> wrapped;
+  std::vector<BlockDevice*> wptrs;
+  for (size_t d = 0; d < mem.size(); d++) {
+    wrapped.push_back(rec.member(d, *mem[d]));
+    wptrs.push_back(wrapped.back().get());
+  }
+  auto set = assemble(wptrs, sizes);
+  if (!set) {
+    run.error = "assemble: " + set.error().message();
+    return run;
+  }
+  if (auto ch = read_superblocks(**set)) run.base_gen = ch->info.generation.v;
+  run.model_at[run.base_gen] = model;
+  run.log.sector = (*set)->logical_sector_size();
+  {
+    auto vol = Volume::open(**set, volume_options(w));
+    if (!vol) {
+      run.error = "open: " + vol.error().message();
+      run.error_code = vol.error().code;
+    } else {
+      drive(w, **vol, model, slots, run, [&](const char* l, uint64_t a) { rec.mark(l, a); });
+      vol->reset();  // the power goes out: nothing more is written
+    }
+  }
+  run.multi = rec.take(std::move(bases), sizes);
+  return run;
+}
+
+}  // namespace
+
+Run record(const Workload& w, const FaultDevice::Rule* fault) {
+  if (!w.devices.empty()) return record_set(w);
+  Run run;
+  auto dev = std::make_unique<MemDevice>(w.image_bytes);
+  Model model;
+  std::vector<uint64_t> slots;
+  run.error = set_up(w, *dev, model, slots);
+  if (!run.error.empty()) return run;
   run.log.base = dev->clone();
   run.log.sector = dev->logical_sector_size();
   if (auto ch = read_superblocks(*dev)) run.base_gen = ch->info.generation.v;
@@ -323,7 +434,7 @@ Run record(const Workload& w, const FaultDevice::Rule* fault) {
     faulty->add(*fault);
     target = faulty.get();
   }
-  auto vol = Volume::open(*target, vo);
+  auto vol = Volume::open(*target, volume_options(w));
   if (!vol) {
     run.error = "open: " + vol.error().message();
     run.error_code = vol.error().code;
@@ -332,40 +443,7 @@ Run record(const Workload& w, const FaultDevice::Rule* fault) {
     if (faulty) run.fault_fired = faulty->fired() > 0;
     return run;
   }
-  run.base_gen = (*vol)->durable_generation().v;
-  run.model_at[run.base_gen] = model;
-  Executor ex{**vol, model, slots, run.error, run.error_code};
-  for (size_t i = 0; i < w.ops.size() && run.error.empty(); i++) {
-    const Op& op = w.ops[i];
-    const Model before = model;
-    const uint64_t durable = (*vol)->durable_generation().v;
-    rec.mark("op-begin", i);
-    const bool done = ex.run(w.setup.size() + i, op);
-    rec.mark("op-end", i);
-    // A commit begin() made by itself (the change budget) holds what came
-    // before this operation.
-    if ((*vol)->durable_generation().v != durable) run.model_at[(*vol)->durable_generation().v] = before;
-    // A shrink commits many generations, each holding the same content
-    // (extents moved or not, which the model's `moved` allows), and the
-    // one it was writing when it failed may be durable anyway (D4).
-    if (op.kind == OpKind::Shrink)
-      for (uint64_t g = durable + 1; g <= (*vol)->open_generation().v; g++) run.model_at[g] = model;
-    if (!done && !run.error.empty()) break;
-    if (op.kind == OpKind::Commit) {
-      // The model of the generation this commit tries to write: after a
-      // failed flush it may be durable anyway (D4).
-      run.model_at[(*vol)->open_generation().v] = model;
-      auto g = (*vol)->commit();
-      if (!g) {  // a failed commit (fault runs): the volume must be read-only now
-        if (!(*vol)->failure()) run.failed_writable = true;
-        break;
-      }
-      run.model_at[g->v] = model;
-      run.acked.push_back(g->v);
-      rec.mark("ack", g->v);
-    }
-    if ((*vol)->failure()) break;
-  }
+  drive(w, **vol, model, slots, run, [&](const char* l, uint64_t a) { rec.mark(l, a); });
   if (faulty) run.fault_fired = faulty->fired() > 0;
   vol->reset();  // the power goes out: nothing more is written
   run.log.entries = rec.log();

@@ -58,10 +58,20 @@ struct Workload {
   std::vector<Op> ops;    // recorded
   PlantedBug bug = PlantedBug::None;
   bool discard = false;   // VolumeOptions::discard: freed blocks discarded once durable (A6)
+  // A volume of several devices (format.md#multi-device): each member's
+  // size and class (an index into `classes`, the fastest first), laid out
+  // by plan_devices. Empty: one device of image_bytes.
+  struct Device {
+    uint64_t bytes;
+    uint8_t class_id;
+  };
+  std::vector<Device> devices;
+  std::vector<std::string> classes;
 };
 
 struct Run {
-  Log log;
+  Log log;        // one device; for several, the marks only (and `multi`)
+  MultiLog multi; // several devices: every member's log in one global order
   uint64_t base_gen = 0;
   std::map<uint64_t, Model> model_at;   // generation -> content
   std::vector<uint64_t> acked;          // generations commit() returned
@@ -80,7 +90,8 @@ std::string compare(Volume& vol, const Model& want, std::vector<uint64_t>& ids,
                     std::map<uint64_t, uint8_t>& kinds_of);
 
 // Runs the workload on a fresh image, recording every device call of the
-// recorded part, with marks for operations and acknowledged commits.
+// recorded part, with marks for operations and acknowledged commits. A
+// workload of several devices records each member (run.multi; no faults).
 Run record(const Workload& w, const FaultDevice::Rule* fault = nullptr);
 
 }  // namespace plyfs::crash
