@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "commit/devices.h"
 #include "fs/check.h"
 #include "fs/compress.h"
 #include "fs/fs_internal.h"
@@ -117,14 +118,9 @@ bool nil(const uint8_t* u) {
 }
 
 std::string hex_uuid(const uint8_t* u) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 16; i++) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    s += d[u[i] >> 4];
-    s += d[u[i] & 15];
-  }
-  return s;
+  std::array<uint8_t, 16> a{};
+  std::memcpy(a.data(), u, 16);
+  return uuid_text(a);
 }
 
 template <class T>

@@ -285,32 +285,12 @@ MultiLog SetRecorder::take(std::vector<std::unique_ptr<MemDevice>> bases,
   return ml;
 }
 
-namespace {
-
-// A member the caller keeps (a crash state, a recorder, a MemDevice).
-class Borrowed final : public BlockDevice {
- public:
-  explicit Borrowed(BlockDevice& d) : d_(d) {}
-  Result<void> read(uint64_t o, std::span<std::byte> out) override { return d_.read(o, out); }
-  Result<void> write(uint64_t o, std::span<const std::byte> in) override { return d_.write(o, in); }
-  Result<void> flush() override { return d_.flush(); }
-  Result<void> discard(uint64_t o, uint64_t n) override { return d_.discard(o, n); }
-  uint64_t size_bytes() const override { return d_.size_bytes(); }
-  uint32_t logical_sector_size() const override { return d_.logical_sector_size(); }
-  uint32_t physical_sector_size() const override { return d_.physical_sector_size(); }
-
- private:
-  BlockDevice& d_;
-};
-
-}  // namespace
-
 Result<std::unique_ptr<DeviceSet>> assemble(const std::vector<BlockDevice*>& devs,
                                             const std::vector<uint64_t>& member_bytes) {
   const auto layout = plan_devices(member_bytes, 4096);
   std::vector<DeviceSet::Member> m;
   for (size_t i = 0; i < devs.size(); i++)
-    m.push_back(DeviceSet::Member{std::make_unique<Borrowed>(*devs[i]), layout[i].first * 4096,
+    m.push_back(DeviceSet::Member{std::make_unique<BorrowedDevice>(*devs[i]), layout[i].first * 4096,
                                   layout[i].second * 4096, "dev" + std::to_string(i)});
   return DeviceSet::make(std::move(m), disk::kReservedBytes);
 }

@@ -45,8 +45,10 @@ truncate -s 64M "$IMG"
 "$PLYCTL" view create "$IMG" dev work=rw:main=ro >/dev/null
 
 expect "commands" $'branch' br
-expect "commands starting with d" $'debug\ndelete\ndiff\ndu' d
+expect "commands starting with d" $'debug\ndelete\ndevice\ndiff\ndu' d
 expect "branch subcommands" $'add\ncreate\nlist\nmove\nremove\nset' branch ''
+expect "device subcommands" 'list' device ''
+expect "commands starting with w" 'where' w
 expect "layer subcommands" $'create\ndelete\nlist' layer ''
 expect "options of branch create" $'--clone\n--json\n--parent\n--ro' branch create "$IMG" x -
 expect "options of diff" $'--json\n-z' diff "$IMG" a b -

@@ -39,8 +39,11 @@ run "$FSCK" -n -y "$IMG"
 check "-n with -y: usage error 16" rc_is 16
 run "$FSCK" -x "$IMG"
 check "unknown option: 16" rc_is 16
+# Several devices are a multi-device volume's (format.md#multi-device): a
+# single-device image with another is an operational error, said in one line.
 run "$FSCK" "$IMG" "$IMG"
-check "two devices: 16" rc_is 16
+check "a second device for a single-device image: 8" rc_is 8
+check "... said in one line" grep -q "not a device of a multi-device" "$T/err"
 run "$FSCK" -h
 check "-h exits 0" rc_is 0
 run "$FSCK" -V

@@ -18,22 +18,6 @@ using namespace plyfs::test;
 
 namespace {
 
-// A member of a set whose device the test keeps (to clone, tear or damage).
-class Borrowed final : public BlockDevice {
- public:
-  explicit Borrowed(BlockDevice& d) : d_(d) {}
-  Result<void> read(uint64_t o, std::span<std::byte> out) override { return d_.read(o, out); }
-  Result<void> write(uint64_t o, std::span<const std::byte> in) override { return d_.write(o, in); }
-  Result<void> flush() override { return d_.flush(); }
-  Result<void> discard(uint64_t o, uint64_t n) override { return d_.discard(o, n); }
-  uint64_t size_bytes() const override { return d_.size_bytes(); }
-  uint32_t logical_sector_size() const override { return d_.logical_sector_size(); }
-  uint32_t physical_sector_size() const override { return d_.physical_sector_size(); }
-
- private:
-  BlockDevice& d_;
-};
-
 // The set over `devs` as plan_devices lays them out.
 std::unique_ptr<DeviceSet> assemble(const std::vector<BlockDevice*>& devs) {
   std::vector<uint64_t> sizes;
@@ -41,7 +25,7 @@ std::unique_ptr<DeviceSet> assemble(const std::vector<BlockDevice*>& devs) {
   const auto layout = plan_devices(sizes, 4096);
   std::vector<DeviceSet::Member> m;
   for (size_t i = 0; i < devs.size(); i++)
-    m.push_back(DeviceSet::Member{std::make_unique<Borrowed>(*devs[i]), layout[i].first * 4096,
+    m.push_back(DeviceSet::Member{std::make_unique<BorrowedDevice>(*devs[i]), layout[i].first * 4096,
                                   layout[i].second * 4096, "dev" + std::to_string(i)});
   return must(DeviceSet::make(std::move(m), disk::kReservedBytes));
 }
