@@ -107,6 +107,7 @@ std::string advice(const Args& a, const FsckReport& r) {
     s += kProg;
     s += yes ? " -y " : " -p ";
     s += a.path;
+    for (const auto& o : a.others) s += " " + o;  // a multi-device volume's other devices
     s += yes ? "' to repair them (some repairs give something up)" : "' to repair them (nothing is lost)";
   }
   if (none) {

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include "blockdev/device_set.h"
+#include "commit/disk_superblock.h"
 #include "fsck/rebuild.h"
 
 namespace plyfs {
@@ -151,6 +153,60 @@ RebuildPlan plan_for(const std::vector<FsckProblem>& ps) {
   return plan;
 }
 
+// A multi-device volume whose devices hold no superblock in common because
+// some devices have no valid copy at all, while the others agree on a
+// generation: what is wrong, and with `write` the agreed superblock
+// written to those devices (its slot; the other slot stays as it is).
+// Nothing when the volume is not like that.
+std::optional<std::string> rewrite_lost_devices(BlockDevice& dev, bool write) {
+  auto* set = dynamic_cast<DeviceSet*>(&dev);
+  if (!set || set->member_count() < 2) return std::nullopt;
+  std::vector<size_t> lost;
+  std::optional<std::vector<std::byte>> agreed[2];
+  bool disagree[2] = {false, false};
+  for (size_t i = 0; i < set->member_count(); i++) {
+    bool any = false;
+    for (int slot = 0; slot < 2; slot++) {
+      std::vector<std::byte> buf(disk::kSuperSize);
+      if (!set->member(i).read(disk::kSuperOffset[slot], buf)) continue;
+      if (decode_superblock(buf, slot, set->size_bytes()).state != SlotState::Valid) continue;
+      any = true;
+    }
+    if (!any) lost.push_back(i);
+  }
+  if (lost.empty() || lost.size() == set->member_count()) return std::nullopt;
+  for (size_t i = 0; i < set->member_count(); i++) {
+    if (std::find(lost.begin(), lost.end(), i) != lost.end()) continue;
+    for (int slot = 0; slot < 2; slot++) {
+      std::vector<std::byte> buf(disk::kSuperSize);
+      const bool valid = set->member(i).read(disk::kSuperOffset[slot], buf) &&
+                         decode_superblock(buf, slot, set->size_bytes()).state == SlotState::Valid;
+      if (!valid || (agreed[slot] && *agreed[slot] != buf)) disagree[slot] = true;
+      else agreed[slot] = std::move(buf);
+    }
+  }
+  int best = -1;
+  uint64_t best_gen = 0;
+  for (int slot = 0; slot < 2; slot++) {
+    if (disagree[slot] || !agreed[slot]) continue;
+    const uint64_t gen = decode_superblock(*agreed[slot], slot, set->size_bytes()).info->generation.v;
+    if (best < 0 || gen > best_gen) best = slot, best_gen = gen;
+  }
+  if (best < 0) return std::nullopt;
+  std::string which;
+  for (size_t i : lost) which += (which.empty() ? "" : ", ") + std::to_string(i);
+  std::string what = "device" + std::string(lost.size() > 1 ? "s " : " ") + which + " of the volume " +
+                     (lost.size() > 1 ? "hold" : "holds") + " no valid superblock; the others agree on generation " +
+                     std::to_string(best_gen);
+  if (write) {
+    for (size_t i : lost)
+      if (!set->member(i).write(disk::kSuperOffset[best], *agreed[best]) || !set->member(i).flush())
+        return std::nullopt;
+    what += ", written to " + std::string(lost.size() > 1 ? "them" : "it");
+  }
+  return what;
+}
+
 // Repairs one run may write, each a generation (R4): structural rounds,
 // then the objects'.
 constexpr int kMaxRepairRounds = 8;
@@ -186,6 +242,7 @@ class Meter final : public BlockDevice {
     read_ += out.size();
     return in_.read(off, out);
   }
+  void count(uint64_t bytes) { read_ += bytes; }
   Result<void> write(uint64_t off, std::span<const std::byte> in) override { return in_.write(off, in); }
   Result<void> flush() override { return in_.flush(); }
   Result<void> discard(uint64_t off, uint64_t len) override { return in_.discard(off, len); }
@@ -221,11 +278,44 @@ class Meter final : public BlockDevice {
 
 Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth, Meter* meter = nullptr);
 
+// One device of a multi-device volume, its reads counted by the meter.
+class MeteredMember final : public BlockDevice {
+ public:
+  MeteredMember(BlockDevice& in, Meter& m) : in_(in), m_(m) {}
+  Result<void> read(uint64_t off, std::span<std::byte> out) override {
+    m_.count(out.size());
+    return in_.read(off, out);
+  }
+  Result<void> write(uint64_t off, std::span<const std::byte> in) override { return in_.write(off, in); }
+  Result<void> flush() override { return in_.flush(); }
+  Result<void> discard(uint64_t off, uint64_t len) override { return in_.discard(off, len); }
+  uint64_t size_bytes() const override { return in_.size_bytes(); }
+  uint32_t logical_sector_size() const override { return in_.logical_sector_size(); }
+  uint32_t physical_sector_size() const override { return in_.physical_sector_size(); }
+
+ private:
+  BlockDevice& in_;
+  Meter& m_;
+};
+
 }  // namespace
 
 Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
   if (!opts.progress) return run(dev, opts, 0);
   Meter meter(dev, opts);
+  // A multi-device volume stays a set (recovery reads every device's
+  // superblocks, format.md#multi-device-recovery): the same set over
+  // members whose reads the meter counts.
+  if (auto* set = dynamic_cast<DeviceSet*>(&dev)) {
+    std::vector<DeviceSet::Member> ms;
+    for (size_t i = 0; i < set->member_count(); i++) {
+      const auto& info = set->member_info(i);
+      ms.push_back(DeviceSet::Member{std::make_unique<MeteredMember>(set->member(i), meter), info.base,
+                                     info.bytes, info.name});
+    }
+    auto metered = PLY_TRY(DeviceSet::make(std::move(ms), disk::kReservedBytes));
+    return run(*metered, opts, 0, &meter);
+  }
   return run(meter, opts, 0, &meter);
 }
 
@@ -239,6 +329,23 @@ Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth, Met
 
   progress(1, "superblocks", 2, 4096);
   auto ch = read_superblocks(dev);
+  if (!ch && ch.error().code == EUCLEAN && depth == 0) {
+    // A multi-device volume some of whose devices lost both superblock
+    // copies (a damaged device table among them): -y gives them the newest
+    // generation the others agree on, then checks that generation whole
+    // across every device (format.md#multi-device-recovery).
+    if (auto fix = rewrite_lost_devices(dev, opts.mode == FsckMode::Yes); fix) {
+      if (opts.mode != FsckMode::Yes) {
+        rep.problems.push_back({"S-device", 1, Error::kNoBlock, 0, *fix + "; -y rewrites them", FixClass::Yes, false});
+        rep.exit_code = kFsckUncorrected;
+        return rep;
+      }
+      auto again = run(dev, opts, depth + 1, meter);
+      if (again) again->problems.insert(again->problems.begin(), {"S-device", 1, Error::kNoBlock, 0, *fix, FixClass::Yes, true});
+      if (again && again->exit_code == kFsckClean) again->exit_code = kFsckCorrected;
+      return again;
+    }
+  }
   if (!ch) {
     if (ch.error().code != EUCLEAN) return ch.error();  // not plyfs, newer version, I/O
     rep.problems.push_back({"S-both", 1, Error::kNoBlock, 0, ch.error().reason, FixClass::None, false});

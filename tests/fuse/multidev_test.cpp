@@ -5,6 +5,9 @@
 // it is full, then on the fast one; plyctl device list online and offline
 // (checked against the schema) agreeing on it; fsck clean; and the refusals:
 // a device missing, a device of another volume, bad --class values.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -145,6 +148,30 @@ TEST_CASE("multidev-fuse: one volume on a fast and a slow image, placed by class
     // A device of a volume is not formatted over without -f.
     REQUIRE(mkfs_status(tmp, {"-q", slow}, &out) == 1);
     REQUIRE(out.find("use -f") != std::string::npos);
+  }
+  SECTION("a device whose device tables are damaged: fsck says so, -y gives it the others' copy") {
+    // A byte of the device table (sector 1, format.md#device-table) in both
+    // superblock slots of the slow device: their checksums no longer match.
+    const int fd = ::open(slow.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    for (off_t off : {off_t(65536 + 600), off_t(131072 + 600)}) {
+      char b = 0;
+      REQUIRE(::pread(fd, &b, 1, off) == 1);
+      b = char(b ^ 0x5a);
+      REQUIRE(::pwrite(fd, &b, 1, off) == 1);
+    }
+    ::close(fd);
+    REQUIRE(refused_mount(tmp, fast, {"device=" + slow}, out) != 0);
+    REQUIRE(out.find("no superblock in common") != std::string::npos);
+    REQUIRE(run({fsck_bin(), "-n", fast, slow}, tmp / "fsck3.log") == 4);
+    REQUIRE(slurp(tmp / "fsck3.log").find("S-device") != std::string::npos);
+    REQUIRE(slurp(tmp / "fsck3.log").find("-y " + fast + " " + slow) != std::string::npos);
+    REQUIRE(run({fsck_bin(), "-y", fast, slow}, tmp / "fsck4.log") == 1);
+    REQUIRE(run({fsck_bin(), "-n", "-C", "0", fast, slow}, tmp / "fsck5.log") == 0);
+    Mount m(fast, tmp / "mnt3", {"device=" + slow});
+    m.start();
+    for (const auto& name : {"big0", "big59", "small/f7"}) REQUIRE(read_file(m / name) == files[name]);
+    REQUIRE(m.unmount() == 0);
   }
   SECTION("bad classes are one-line usage errors, and nothing is written") {
     const std::string n0 = tmp / "n0.img", n1 = tmp / "n1.img";
