@@ -27,6 +27,7 @@
 #include <string>
 
 #include "blockdev/blockdev.h"
+#include "commit/devices.h"
 #include "commit/superblock.h"
 
 namespace {
@@ -48,17 +49,6 @@ std::string encoded(const std::string& v) {
   if (blkid_encode_string(v.c_str(), out.data(), out.size()) != 0) return {};
   out.resize(std::strlen(out.c_str()));
   return out;
-}
-
-std::string format_uuid(const std::array<uint8_t, 16>& u) {
-  std::string s;
-  char hex[3];
-  for (size_t i = 0; i < u.size(); i++) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    std::snprintf(hex, sizeof hex, "%02x", u[i]);
-    s += hex;
-  }
-  return s;
 }
 
 void usage(FILE* out) {
@@ -84,9 +74,23 @@ int main(int argc, char** argv) {
   opts.lock = false;  // I3
   auto dev = plyfs::FileDevice::open(argv[1], opts);
   if (!dev) return kNotPlyfs;
-  auto choice = plyfs::read_superblocks(**dev);  // I1
-  if (!choice) return kNotPlyfs;                 // I2
-  const plyfs::SuperInfo& s = choice->info;
+  // A device of a multi-device volume (format.md#device-label): its label
+  // names the volume, its newest superblock the rest; ID_FS_UUID_SUB is the
+  // device's own uuid, as btrfs's members have.
+  plyfs::SuperInfo s;
+  std::string sub;
+  auto label_of = plyfs::read_device_label(**dev);
+  if (!label_of) return kNotPlyfs;  // I2: a damaged label
+  if (*label_of) {
+    auto m = plyfs::member_superblock(**dev);
+    if (!m || m->uuid != (*label_of)->volume_uuid) return kNotPlyfs;
+    s = *m;
+    sub = plyfs::uuid_text((*label_of)->device_uuid);
+  } else {
+    auto choice = plyfs::read_superblocks(**dev);  // I1
+    if (!choice) return kNotPlyfs;                 // I2
+    s = choice->info;
+  }
 
   std::string out = "ID_FS_TYPE=plyfs\nID_FS_USAGE=filesystem\n";
   out += "ID_FS_VERSION=" + std::to_string(s.version_major) + "." +
@@ -95,10 +99,11 @@ int main(int argc, char** argv) {
   bool nil = true;
   for (uint8_t b : s.uuid) nil = nil && b == 0;
   if (!nil) {
-    const std::string uuid = format_uuid(s.uuid);
+    const std::string uuid = plyfs::uuid_text(s.uuid);
     out += "ID_FS_UUID=" + safe(uuid) + "\n";
     out += "ID_FS_UUID_ENC=" + encoded(uuid) + "\n";
   }
+  if (!sub.empty()) out += "ID_FS_UUID_SUB=" + safe(sub) + "\nID_FS_UUID_SUB_ENC=" + encoded(sub) + "\n";
   // libblkid trims trailing whitespace off a label (blkid_probe_set_label).
   std::string label = s.label;
   while (!label.empty() && std::isspace(static_cast<unsigned char>(label.back()))) label.pop_back();

@@ -44,6 +44,24 @@ check "ID_FS_UUID_ENC" is_var ID_FS_UUID_ENC $U
 check "ID_FS_LABEL: white space as udev makes it safe" is_var ID_FS_LABEL my_data
 check "ID_FS_LABEL_ENC: encoded as udev encodes link names" is_var ID_FS_LABEL_ENC 'my\x20data'
 check "exactly those seven lines" test "$(wc -l <"$T/out")" -eq 7
+
+# Each device of a multi-device volume (format.md#device-label): the volume's
+# uuid and label, and its own uuid as ID_FS_UUID_SUB (as btrfs's members).
+"$MKFS" -q -L pair -U $U -s 16M -C fast="$T/m0.img" -C slow="$T/m1.img"
+subs=()
+for m in m0 m1; do
+  probe "$T/$m.img"
+  check "device $m of a volume: exit 0" test $rc -eq 0
+  check "device $m: the volume's uuid" is_var ID_FS_UUID $U
+  check "device $m: the volume's label" is_var ID_FS_LABEL pair
+  check "device $m: its own uuid" test -n "$(var ID_FS_UUID_SUB)"
+  subs+=("$(var ID_FS_UUID_SUB)")
+done
+check "the two devices' own uuids differ" test "${subs[0]}" != "${subs[1]}"
+# A damaged label: not a device anyone should mount by.
+printf 'X' | dd of="$T/m1.img" bs=1 seek=$((32768 + 20)) conv=notrunc status=none
+probe "$T/m1.img"
+check "a device with a damaged label: nothing" silent_no
 check "nothing on stderr" test ! -s "$T/err"
 
 "$MKFS" -q -U $U -s 16M "$T/nolabel.img"
