@@ -338,6 +338,12 @@ class Probe {
 // a damaged plyfs filesystem still counts as one (it may be worth repairing).
 Result<void> refuse_if_plyfs(BlockDevice& dev, const std::string& path) {
   const std::string tail = "; use -f to overwrite";
+  // A device of a multi-device volume (format.md#device-label): its
+  // superblock alone does not describe a filesystem it could hold.
+  auto label = read_device_label(dev);
+  if (!label) return Error{EEXIST, path + " holds a damaged plyfs device label" + tail};
+  if (*label)
+    return Error{EEXIST, path + " is a device of the plyfs volume " + uuid_text((*label)->volume_uuid) + tail};
   auto sb = read_superblocks(dev);
   if (sb) {
     std::string d = path + " contains a plyfs file system";
@@ -546,13 +552,7 @@ Result<void> make_multi(const Options& o) {
     }
     auto dev = PLY_TRY(FileDevice::open(p, FileOpenOptions{.read_only = true}));
     if (o.dry_run && dev->is_block_device()) PLY_CHECK(check_not_busy(p));
-    if (!o.force) {
-      PLY_CHECK(refuse_if_in_use(*dev, p));
-      auto label = read_device_label(*dev);
-      if (label && *label)
-        return Error{EEXIST, p + " is a device of the plyfs volume " + uuid_text((*label)->volume_uuid) +
-                                 "; use -f to overwrite"};
-    }
+    if (!o.force) PLY_CHECK(refuse_if_in_use(*dev, p));
   }
   // The plan on stand-ins of the devices' sizes: every check before a write (M1).
   std::vector<uint64_t> sizes;

@@ -168,6 +168,43 @@ Result<SuperInfo> Volume::plan(const BlockDevice& dev, const FormatOptions& o) {
   s.next_inode = kFirstInode;
   s.mkfs_time_ns = o.time_ns ? o.time_ns : now_ns();
   s.commit_time_ns = s.mkfs_time_ns;
+  // A multi-device volume (format.md#device-table): the table from the
+  // set's layout, a uuid for each device, and the reserve of what the
+  // devices hold (not the gaps between them).
+  if (!o.device_classes.empty()) {
+    const auto* set = dynamic_cast<const DeviceSet*>(&dev);
+    if (!set || set->member_count() != o.device_classes.size())
+      return Error::invalid("a class for each device of the set is needed");
+    if (o.classes.empty() || o.classes.size() > disk::kMaxClasses)
+      return Error::invalid("a multi-device volume has 1 to " + std::to_string(disk::kMaxClasses) +
+                            " classes");
+    if (set->member_count() > disk::kMaxDevices)
+      return Error::invalid("a volume has at most " + std::to_string(disk::kMaxDevices) + " devices");
+    if (o.meta_class >= o.classes.size()) return Error::invalid("the metadata class is not a class");
+    s.incompat |= kIncompatMultiDevice;
+    s.classes = o.classes;
+    s.meta_class = o.meta_class;
+    for (size_t i = 0; i < set->member_count(); i++) {
+      const auto& m = set->member_info(i);
+      if (o.device_classes[i] >= o.classes.size()) return Error::invalid("a device has no class");
+      DeviceInfo d;
+      d.first_block = m.base / bs;
+      d.nblocks = m.bytes / bs;
+      d.class_id = o.device_classes[i];
+      d.uuid = PLY_TRY(random_uuid());
+      if (d.nblocks < s.first_block + 16)
+        return Error::invalid("device " + std::to_string(i) + " is too small: a device of a volume holds at least " +
+                              std::to_string((s.first_block + 16) * bs) + " bytes");
+      s.devices.push_back(d);
+    }
+    s.total_blocks = s.devices.back().first_block + s.devices.back().nblocks;
+    uint64_t holes = 0;
+    for (const auto& h : space_geometry(s).holes) holes += h.nblocks;
+    if (s.total_blocks - s.first_block - holes < kMinUsableBlocks)
+      return Error::invalid("too small: a plyfs filesystem needs at least " +
+                            std::to_string((s.first_block + kMinUsableBlocks) * bs) + " bytes");
+    s.reserve_blocks = reserve_for(s.total_blocks - s.first_block - holes);
+  }
   return s;
 }
 
@@ -193,34 +230,6 @@ Result<SuperInfo> Volume::format(BlockDevice& dev, const FormatOptions& o) {
   SuperInfo s = PLY_TRY(plan(dev, o));
   const uint32_t bs = s.block_size;
   auto* set = dynamic_cast<DeviceSet*>(&dev);
-  if (!o.device_classes.empty()) {
-    if (!set || set->member_count() != o.device_classes.size())
-      return Error::invalid("a class for each device of the set is needed");
-    if (o.classes.empty() || o.classes.size() > disk::kMaxClasses)
-      return Error::invalid("a multi-device volume has 1 to " + std::to_string(disk::kMaxClasses) +
-                            " classes");
-    if (set->member_count() > disk::kMaxDevices)
-      return Error::invalid("a volume has at most " + std::to_string(disk::kMaxDevices) + " devices");
-    if (o.meta_class >= o.classes.size()) return Error::invalid("the metadata class is not a class");
-    s.incompat |= kIncompatMultiDevice;
-    s.classes = o.classes;
-    s.meta_class = o.meta_class;
-    for (size_t i = 0; i < set->member_count(); i++) {
-      const auto& m = set->member_info(i);
-      if (o.device_classes[i] >= o.classes.size()) return Error::invalid("a device has no class");
-      DeviceInfo d;
-      d.first_block = m.base / bs;
-      d.nblocks = m.bytes / bs;
-      d.class_id = o.device_classes[i];
-      d.uuid = PLY_TRY(random_uuid());
-      s.devices.push_back(d);
-    }
-    s.total_blocks = s.devices.back().first_block + s.devices.back().nblocks;
-    const SpaceGeometry g = space_geometry(s);
-    uint64_t holes = 0;
-    for (const auto& h : g.holes) holes += h.nblocks;
-    s.reserve_blocks = reserve_for(s.total_blocks - s.first_block - holes);
-  }
   // Wipe the reserved area (both superblock slots) and flush first: a crash
   // during mkfs then leaves no superblock at all, never an old one in front
   // of half-written new trees.

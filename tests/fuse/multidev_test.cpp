@@ -175,6 +175,12 @@ TEST_CASE("multidev-fuse: one volume on a fast and a slow image, placed by class
   }
   SECTION("bad classes are one-line usage errors, and nothing is written") {
     const std::string n0 = tmp / "n0.img", n1 = tmp / "n1.img";
+    // A dry run shows each device with its class, and creates nothing.
+    REQUIRE(mkfs_status(tmp, {"-n", "-s", "64M", "-C", "fast=" + n0, "-C", "slow=" + n1}, &out) == 0);
+    REQUIRE(out.find("on 2 devices") != std::string::npos);
+    REQUIRE(out.find("class fast (metadata)") != std::string::npos);
+    REQUIRE(out.find("class slow") != std::string::npos);
+    REQUIRE(::access(n0.c_str(), F_OK) != 0);
     for (const auto& bad : std::vector<std::vector<std::string>>{
              {"-C", "fast", n0},
              {"-C", "Fast=" + n0, n1},
