@@ -10,6 +10,7 @@
 #include "blockdev/device_set.h"
 #include "commit/devices.h"
 #include "commit/disk_superblock.h"
+#include "multidev_util.h"
 #include "test_util.h"
 #include "util/checksum.h"
 
@@ -17,56 +18,6 @@ using namespace plyfs;
 using namespace plyfs::test;
 
 namespace {
-
-// The set over `devs` as plan_devices lays them out.
-std::unique_ptr<DeviceSet> assemble(const std::vector<BlockDevice*>& devs) {
-  std::vector<uint64_t> sizes;
-  for (auto* d : devs) sizes.push_back(d->size_bytes());
-  const auto layout = plan_devices(sizes, 4096);
-  std::vector<DeviceSet::Member> m;
-  for (size_t i = 0; i < devs.size(); i++)
-    m.push_back(DeviceSet::Member{std::make_unique<BorrowedDevice>(*devs[i]), layout[i].first * 4096,
-                                  layout[i].second * 4096, "dev" + std::to_string(i)});
-  return must(DeviceSet::make(std::move(m), disk::kReservedBytes));
-}
-
-template <class D>
-std::vector<BlockDevice*> ptrs(const std::vector<std::unique_ptr<D>>& v) {
-  std::vector<BlockDevice*> out;
-  for (const auto& d : v) out.push_back(d.get());
-  return out;
-}
-
-// Fresh in-memory devices formatted as one volume: `classes` named, device
-// i of class device_classes[i].
-std::vector<std::unique_ptr<MemDevice>> make_volume(const std::vector<uint64_t>& sizes,
-                                                    const std::vector<std::string>& classes,
-                                                    const std::vector<uint8_t>& device_classes) {
-  std::vector<std::unique_ptr<MemDevice>> mem;
-  for (uint64_t s : sizes) mem.push_back(std::make_unique<MemDevice>(s));
-  auto set = assemble(ptrs(mem));
-  FormatOptions fo;
-  fo.classes = classes;
-  fo.device_classes = device_classes;
-  must(Volume::format(*set, fo));
-  return mem;
-}
-
-std::vector<std::unique_ptr<MemDevice>> clones(const std::vector<std::unique_ptr<MemDevice>>& v) {
-  std::vector<std::unique_ptr<MemDevice>> out;
-  for (const auto& d : v) out.push_back(d->clone());
-  return out;
-}
-
-// Which device of `sb` holds block b (-1: none).
-int device_of(const SuperInfo& sb, uint64_t b) {
-  for (size_t i = 0; i < sb.devices.size(); i++) {
-    const auto& d = sb.devices[i];
-    const uint64_t lo = i == 0 ? sb.first_block : d.first_block + sb.first_block;
-    if (b >= lo && b < d.first_block + d.nblocks) return static_cast<int>(i);
-  }
-  return -1;
-}
 
 // A deterministic batch of puts and erases on tree `t`.
 void change(Volume& v, TreeId t, Model& m, uint64_t seed, int n = 400) {

@@ -1,0 +1,100 @@
+// Volumes across several in-memory devices (format.md#multi-device), for
+// the library tests of devices and placement.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blockdev/device_set.h"
+#include "blockdev/test_devices.h"
+#include "commit/devices.h"
+#include "commit/disk_superblock.h"
+#include "fs/fs.h"
+#include "test_util.h"
+
+namespace plyfs::test {
+
+// The set over `devs` as plan_devices lays them out.
+inline std::unique_ptr<DeviceSet> assemble(const std::vector<BlockDevice*>& devs) {
+  std::vector<uint64_t> sizes;
+  for (auto* d : devs) sizes.push_back(d->size_bytes());
+  const auto layout = plan_devices(sizes, 4096);
+  std::vector<DeviceSet::Member> m;
+  for (size_t i = 0; i < devs.size(); i++)
+    m.push_back(DeviceSet::Member{std::make_unique<BorrowedDevice>(*devs[i]), layout[i].first * 4096,
+                                  layout[i].second * 4096, "dev" + std::to_string(i)});
+  return must(DeviceSet::make(std::move(m), disk::kReservedBytes));
+}
+
+template <class D>
+std::vector<BlockDevice*> ptrs(const std::vector<std::unique_ptr<D>>& v) {
+  std::vector<BlockDevice*> out;
+  for (const auto& d : v) out.push_back(d.get());
+  return out;
+}
+
+// Fresh in-memory devices formatted as one volume: `classes` named, device
+// i of class device_classes[i].
+inline std::vector<std::unique_ptr<MemDevice>> make_volume(const std::vector<uint64_t>& sizes,
+                                                    const std::vector<std::string>& classes,
+                                                    const std::vector<uint8_t>& device_classes) {
+  std::vector<std::unique_ptr<MemDevice>> mem;
+  for (uint64_t s : sizes) mem.push_back(std::make_unique<MemDevice>(s));
+  auto set = assemble(ptrs(mem));
+  FormatOptions fo;
+  fo.classes = classes;
+  fo.device_classes = device_classes;
+  must(Volume::format(*set, fo));
+  return mem;
+}
+
+inline std::vector<std::unique_ptr<MemDevice>> clones(const std::vector<std::unique_ptr<MemDevice>>& v) {
+  std::vector<std::unique_ptr<MemDevice>> out;
+  for (const auto& d : v) out.push_back(d->clone());
+  return out;
+}
+
+// Which device of `sb` holds block b (-1: none).
+inline int device_of(const SuperInfo& sb, uint64_t b) {
+  for (size_t i = 0; i < sb.devices.size(); i++) {
+    const auto& d = sb.devices[i];
+    const uint64_t lo = i == 0 ? sb.first_block : d.first_block + sb.first_block;
+    if (b >= lo && b < d.first_block + d.nblocks) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// A volume of several in-memory devices with a filesystem branch, opened
+// read-write: the placement rules' tests start from it.
+struct MultiFsImage {
+  std::vector<std::unique_ptr<MemDevice>> mem;
+  std::unique_ptr<DeviceSet> set;
+  std::unique_ptr<Volume> vol;
+  TreeId main;
+
+  MultiFsImage(const std::vector<uint64_t>& sizes, const std::vector<std::string>& classes,
+               const std::vector<uint8_t>& device_classes) {
+    for (uint64_t s : sizes) mem.push_back(std::make_unique<MemDevice>(s));
+    set = assemble(ptrs(mem));
+    FormatOptions fo;
+    fo.classes = classes;
+    fo.device_classes = device_classes;
+    must(format_filesystem(*set, fo, FsCreateOptions{}));
+    open();
+    main = must(Filesystem::default_tree(*vol));
+  }
+  void open() {
+    VolumeOptions vo;
+    vo.kinds = fs_kinds();
+    vo.movers = fs_movers();
+    vol = must(Volume::open(*set, vo));
+  }
+  void reopen() {
+    must(vol->close());
+    vol.reset();
+    open();
+  }
+};
+
+}  // namespace plyfs::test
