@@ -84,6 +84,7 @@ int cmd_resize(const std::vector<std::string>& args);
 int cmd_scrub(const std::vector<std::string>& args);
 int cmd_device(const std::string& sub, const std::vector<std::string>& args);
 int cmd_where(const std::vector<std::string>& args);
+int cmd_policy(const std::string& sub, const std::vector<std::string>& args);
 int cmd_tree(std::vector<std::string> args);
 int cmd_fields(std::vector<std::string> args);
 int cmd_corrupt(std::vector<std::string> args);

@@ -80,6 +80,12 @@ int real_main(int argc, char** argv) {
   if (cmd == "resize") return cmd_resize(args);
   if (cmd == "scrub") return cmd_scrub(args);
   if (cmd == "where") return cmd_where(args);
+  if (cmd == "policy") {
+    if (args.empty()) return usage_error("policy needs a subcommand: list, set or test");
+    const std::string sub = args[0];
+    args.erase(args.begin());
+    return cmd_policy(sub, args);
+  }
   if (cmd == "device") {
     if (args.empty()) return usage_error("device needs a subcommand: list");
     const std::string sub = args[0];

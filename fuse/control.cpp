@@ -2,6 +2,7 @@
 // mount point, the JSON requests it carries (the stack commands, the branch
 // lifecycle, clone, delete and diff) and the answers it pages out.
 #include <linux/fs.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -393,7 +394,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
                                                      "trim", "resize", "show", "branches", "views", "default",
                                                      "view-create", "view-delete", "view-default", "sync", "du",
                                                      "hold", "release", "quota", "scrub", "send", "receive",
-                                                     "devices", "where"};
+                                                     "devices", "where", "policy", "policy-set", "policy-test"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -401,7 +402,8 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     return Error::invalid("unknown command \"" + shown(cmd) +
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
-                          "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive, devices, where)");
+                          "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive, devices, where, policy, policy-set, "
+                          "policy-test)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -422,7 +424,27 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
       return Error::invalid("\"ino\" must be an inode number");
     const uint64_t ino = req["ino"].get<uint64_t>();
     if (ino >> 63) return Error::invalid("the control folder's files have no data of their own");
-    return model::where(*g->vol, PLY_TRY(g->u->placement(ino)));
+    // Where the data is once the migrations queued so far are done
+    // (format.md#migration).
+    for (auto& [id, fs] : g->branches) fs->settle_placement();
+    Json out = model::where(*g->vol, PLY_TRY(g->u->placement(ino)));
+    return out;
+  }
+  if (cmd == "policy") return model::policy(*g->vol);
+  if (cmd == "policy-test") {
+    auto num = [&](const char* k, uint64_t dflt, uint64_t max) -> Result<uint64_t> {
+      if (!req.contains(k)) return dflt;
+      if (!req[k].is_number_unsigned() || req[k].get<uint64_t>() > max)
+        return Error::invalid(std::string("\"") + k + "\" must be a number up to " + std::to_string(max));
+      return req[k].get<uint64_t>();
+    };
+    if (!req.contains("path") || !req["path"].is_string()) return Error::invalid("\"path\" must be a path");
+    const uint64_t size = PLY_TRY(num("size", 0, ~uint64_t{0}));
+    const uint32_t uid = uint32_t(PLY_TRY(num("uid", 0, 0xffffffffu)));
+    const uint32_t gid = uint32_t(PLY_TRY(num("gid", 0, 0xffffffffu)));
+    const uint32_t mode = uint32_t(PLY_TRY(num("mode", 0644, 07777)));
+    auto rules = PLY_TRY(list_placement_rules(*g->vol));
+    return model::policy_test(*g->vol, rules, req["path"].get<std::string>(), size, uid, gid, S_IFREG | mode);
   }
   // A diff names files in directories the caller may not be allowed to
   // list, and pauses every operation while it runs: root or the owner only.
@@ -430,7 +452,20 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     return Error::io(EPERM, cmd == "diff"    ? "only root or the mount's owner may diff branches"
                             : cmd == "scrub" ? "only root or the mount's owner may scrub"
                             : cmd == "send"  ? "only root or the mount's owner may send branches"
+                            : cmd == "policy-set" ? "only root or the mount's owner may change placement rules"
                                              : "only root or the mount's owner may change branches");
+  if (cmd == "policy-set") {
+    if (!req.contains("rules") || !req["rules"].is_array()) return Error::invalid("\"rules\" must be a list of rules");
+    std::vector<PlacementRule> rules;
+    for (const auto& r : req["rules"]) {
+      if (!r.is_string()) return Error::invalid("each rule is a string");
+      rules.push_back(PLY_TRY(parse_rule(r.get<std::string>())));
+    }
+    if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+    PLY_CHECK(set_placement_rules(*g->vol, std::move(rules)));
+    (void)PLY_TRY(g->vol->commit());
+    return model::policy(*g->vol);
+  }
   if (cmd == "diff") return run_diff(req);
   if (cmd == "send") return send_online(req, caller);
   if (cmd == "receive") return receive_online(req, caller);

@@ -148,6 +148,12 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
   if (!vol) return refuse(status_fd, 32, "cannot open " + img + ": " + vol.error().user_message(img));
   d.vol = std::move(*vol);
   d.vol->extension<MountCompression>().set(cfg.compress);
+  // The placement rules of a multi-device volume (format.md#placement-rules):
+  // a damaged rule leaves data where the volume puts it by default, and
+  // fsck reports it.
+  if (!cfg.ro)
+    if (auto r = load_placement_rules(*d.vol); !r)
+      std::fprintf(stderr, "plyfs: %s: placement rules not in force: %s\n", img.c_str(), r.error().message().c_str());
   // What an interrupted merge or rollback left goes first (format.md#snapshots).
   if (auto r = drop_doomed(*d.vol); !r) return refuse(status_fd, 32, img + ": " + r.error().user_message(img));
   auto stack = cfg.branches ? parse_stack(*d.vol, cfg.branches)

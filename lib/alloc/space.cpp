@@ -29,7 +29,7 @@ class SpaceManager::Unshared final : public NodeSpace {
   explicit Unshared(SpaceManager& sm) : sm_(sm) {}
   Result<BlockNo> alloc_node() override {
     std::unique_lock lk(sm_.mu_);
-    return sm_.alloc_locked(lk, 1, ExtentKind::Meta);
+    return sm_.alloc_locked(lk, 1, ExtentKind::Meta, nullptr);
   }
   Result<uint32_t> refcount(BlockNo) override { return 1u; }
   Result<void> inc_ref(BlockNo b) override {
@@ -466,28 +466,41 @@ void SpaceManager::free_range_locked(uint64_t start, uint64_t len) {
   fm[start] = len;
 }
 
-Result<BlockNo> SpaceManager::alloc_locked(std::unique_lock<std::mutex>& lk, uint64_t nblocks, ExtentKind kind) {
-  auto r = find_locked(nblocks, kind);
+Result<BlockNo> SpaceManager::alloc_locked(std::unique_lock<std::mutex>& lk, uint64_t nblocks, ExtentKind kind,
+                                           const Placement* place) {
+  auto r = find_locked(nblocks, kind, place);
   // What trim() holds is free and comes back within one discard (A6):
   // wait for it rather than fail a reservation made while it was out.
   while (!r && r.error().code == ENOSPC && trimming_ > 0) {
     const uint64_t epoch = trim_returns_;
     trim_cv_.wait(lk, [&] { return trim_returns_ != epoch; });
-    r = find_locked(nblocks, kind);
+    r = find_locked(nblocks, kind, place);
   }
   return r;
 }
 
-Result<BlockNo> SpaceManager::find_locked(uint64_t nblocks, ExtentKind kind) {
+Result<BlockNo> SpaceManager::find_locked(uint64_t nblocks, ExtentKind kind, const Placement* place) {
   if (nblocks == 0 || nblocks > kGroupBlocks)
     return Error::invalid("extent length " + std::to_string(nblocks) + " out of range");
   if (!classes_.empty()) {
     // Multi-device (format.md#placement): class by class in the kind's
-    // order, next fit within each class's groups.
-    for (uint8_t c : kind == ExtentKind::Meta ? meta_order_ : data_order_) {
+    // order (a rule's classes first, format.md#placement-rules), next fit
+    // within each class's groups.
+    auto in_class = [&](uint8_t c) -> Result<std::optional<BlockNo>> {
+      if (c >= classes_.size()) return std::optional<BlockNo>();
       auto& cg = classes_[c];
-      auto b = PLY_TRY(find_in_locked(&cg.groups, cg.groups.size(), cg.pos, cg.cursor, nblocks, kind));
-      if (b) return *b;
+      return find_in_locked(&cg.groups, cg.groups.size(), cg.pos, cg.cursor, nblocks, kind);
+    };
+    const bool ruled = place && place->n > 0 && kind == ExtentKind::Data;
+    if (ruled) {
+      for (uint8_t i = 0; i < (place->strict ? 1 : place->n); i++)
+        if (auto b = PLY_TRY(in_class(place->classes[i]))) return *b;
+      if (place->strict)
+        return Error::no_space("no free extent of " + std::to_string(nblocks) + " blocks in the rule's class");
+    }
+    for (uint8_t c : kind == ExtentKind::Meta ? meta_order_ : data_order_) {
+      if (ruled && std::find(place->classes, place->classes + place->n, c) != place->classes + place->n) continue;
+      if (auto b = PLY_TRY(in_class(c))) return *b;
     }
     return Error::no_space("no free extent of " + std::to_string(nblocks) + " blocks");
   }
@@ -534,7 +547,14 @@ Result<std::optional<BlockNo>> SpaceManager::find_in_locked(const std::vector<si
   return std::optional<BlockNo>();
 }
 
-Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool reserved) {
+int SpaceManager::class_of(uint64_t b) const {
+  std::lock_guard lk(mu_);
+  for (const auto& r : geo_.regions)
+    if (b >= r.start && b < r.end) return r.class_id;
+  return -1;
+}
+
+Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool reserved, const Placement* place) {
   if (nblocks == 0 || nblocks > kGroupBlocks)
     return Error::invalid("extent length " + std::to_string(nblocks) + " out of range");
   std::unique_lock lk(mu_);
@@ -546,7 +566,7 @@ Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool rese
   }
   // Free space may be too fragmented for a long extent; the reservation
   // then stays with the caller.
-  BlockNo b = PLY_TRY(alloc_locked(lk, nblocks, kind));
+  BlockNo b = PLY_TRY(alloc_locked(lk, nblocks, kind, place));
   if (reserved) outstanding_ -= nblocks;
   return b;
 }

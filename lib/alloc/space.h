@@ -30,6 +30,7 @@
 //      and no block written since, is ever discarded (format.md#discard).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -81,6 +82,20 @@ struct SpaceGeometry {
   uint8_t class_count = 0;
 };
 
+// Where a data extent should go on a multi-device volume
+// (format.md#placement-rules): the classes to try, in order. Not strict:
+// then every other class in the default data order, so that a rule never
+// makes a write fail while any device has room. Strict: only the first
+// class, ENOSPC when it is full. Empty (n == 0): the default data order.
+struct Placement {
+  uint8_t n = 0;
+  bool strict = false;
+  uint8_t classes[8]{};
+  bool operator==(const Placement& o) const {
+    return n == o.n && strict == o.strict && std::equal(classes, classes + n, o.classes);
+  }
+};
+
 struct SpaceStats {
   uint64_t usable_blocks;  // total - first
   uint64_t used_blocks;    // referenced now
@@ -125,7 +140,10 @@ class SpaceManager {
 
   // Allocation and references. alloc() draws on a reservation made before
   // (`reserved`), or, at commit time, on any free block.
-  Result<BlockNo> alloc(uint64_t nblocks, ExtentKind kind, bool reserved);
+  // `place` (data on a multi-device volume only): the classes to try.
+  Result<BlockNo> alloc(uint64_t nblocks, ExtentKind kind, bool reserved, const Placement* place = nullptr);
+  // The class of the device block `b` lies on; -1 on a volume of one device.
+  int class_of(uint64_t b) const;
   Result<uint32_t> refcount(BlockNo start);
   Result<void> inc_ref(BlockNo start);
   Result<NodeSpace::Freed> dec_ref(BlockNo start, Generation gen);
@@ -214,8 +232,9 @@ class SpaceManager {
 
   Result<void> load_group_locked(size_t g);
   Result<void> take_range_locked(uint64_t start, uint64_t nblocks);
-  Result<BlockNo> alloc_locked(std::unique_lock<std::mutex>& lk, uint64_t nblocks, ExtentKind kind);
-  Result<BlockNo> find_locked(uint64_t nblocks, ExtentKind kind);
+  Result<BlockNo> alloc_locked(std::unique_lock<std::mutex>& lk, uint64_t nblocks, ExtentKind kind,
+                               const Placement* place);
+  Result<BlockNo> find_locked(uint64_t nblocks, ExtentKind kind, const Placement* place);
   Result<std::optional<BlockNo>> find_in_locked(const std::vector<size_t>* groups, size_t n,
                                                 size_t& pos, uint64_t& cursor, uint64_t nblocks,
                                                 ExtentKind kind);

@@ -719,6 +719,7 @@ Volume::Txn::Txn(Txn&& o) noexcept {
   s_.grouped = o.s_.grouped;
   s_.reserved = std::exchange(o.s_.reserved, 0);
   s_.epoch = o.s_.epoch;
+  s_.place = o.s_.place;
 }
 
 Volume::Txn::~Txn() {
@@ -1079,13 +1080,15 @@ Result<bool> Volume::Txn::erase(TreeId t, Key k) {
   return *r;
 }
 
+int Volume::class_of(BlockNo b) const { return space_->class_of(b.v); }
+
 Result<BlockNo> Volume::Txn::alloc_extent(uint64_t nblocks) {
   Volume* v = s_.v;
   PLY_CHECK(v->writable());
   PLY_CHECK(top_up(nblocks));
   // Nothing has changed yet when this fails (fragmented free space): the
   // caller may retry with a shorter extent.
-  BlockNo b = PLY_TRY(v->space_->alloc(nblocks, ExtentKind::Data, true));
+  BlockNo b = PLY_TRY(v->space_->alloc(nblocks, ExtentKind::Data, true, &s_.place));
   s_.reserved -= nblocks;
   v->changed_ = true;
   v->allocated_.fetch_add(nblocks, std::memory_order_relaxed);

@@ -206,6 +206,9 @@ class Volume {
     uint64_t used_blocks = 0, meta_blocks = 0, data_blocks = 0;
   };
   Result<std::vector<DeviceUse>> device_usage();
+  // The class of the device block `b` lies on (format.md#placement); -1 on
+  // a volume of one device.
+  int class_of(BlockNo b) const;
   // What the volume lives on: a DeviceSet for a multi-device volume.
   BlockDevice& device() const { return dev_; }
   // Discards every free range of at least min_bytes inside bytes
@@ -453,8 +456,11 @@ class Volume::Txn {
   // walk_system_nodes: the same for the root and space trees.
   Result<void> walk_nodes(TreeId id, std::unordered_set<uint64_t>& seen, const BTree::NodeFn& fn);
   Result<void> walk_system_nodes(std::unordered_set<uint64_t>& seen, const BTree::NodeFn& fn);
-  // Extents that tree values reference (file data). Length in blocks.
+  // Extents that tree values reference (file data). Length in blocks. On a
+  // multi-device volume they go where place() said last (a placement
+  // rule's classes, format.md#placement-rules), by default the default order.
   Result<BlockNo> alloc_extent(uint64_t nblocks);
+  void place(const Placement& p) { s_.place = p; }
   Result<void> inc_extent(BlockNo start);
   Result<void> dec_extent(BlockNo start);
 
@@ -482,6 +488,7 @@ class Volume::Txn {
     bool grouped = false;  // inside this thread's Group: it holds the gate
     uint64_t reserved = 0;
     uint64_t epoch = 0;    // tree_change()
+    Placement place{};     // place()
     Result<BlockNo> alloc_node() override;
     Result<uint32_t> refcount(BlockNo b) override;
     Result<void> inc_ref(BlockNo b) override;

@@ -51,7 +51,7 @@ Result<TreeId> Filesystem::create(Volume& v, const FsCreateOptions& o) {
 }
 
 Filesystem::Filesystem(Volume& v, TreeId tree, uint64_t root)
-    : vol_(v), tree_(tree), root_(root), bs_(v.block_size()) {}
+    : vol_(v), tree_(tree), root_(root), bs_(v.block_size()), policy_(&v.extension<PolicyState>()) {}
 
 Result<std::unique_ptr<Filesystem>> Filesystem::open(Volume& v, TreeId tree, bool reader) {
   uint64_t root;

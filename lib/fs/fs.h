@@ -37,6 +37,7 @@
 #include "commit/volume.h"
 #include "fs/compress.h"
 #include "fs/pins.h"
+#include "fs/policy.h"
 
 namespace plyfs {
 
@@ -161,6 +162,7 @@ class Filesystem {
   // unless `reader`: an instance that only reads, beside another that may
   // hold open orphans (a mount's, while a snapshot or diff looks at it).
   static Result<std::unique_ptr<Filesystem>> open(Volume& v, TreeId tree, bool reader = false);
+  ~Filesystem();
   // Every filesystem tree of the image with its branch fields, by tree id.
   static Result<std::vector<BranchMeta>> branches(Volume& v);
   static Result<BranchMeta> branch(Volume& v, TreeId tree);
@@ -302,6 +304,26 @@ class Filesystem {
     uint64_t block = 0, nblocks = 0;      // where it is stored
   };
   Result<std::vector<Placed>> placement(uint64_t ino);
+  // Placement rules (format.md#placement-rules, fs_place.cpp): new data of
+  // a file goes to the classes of the first rule that matches it, on a
+  // volume whose PolicyState holds rules. A file whose rule changes (a
+  // write or truncate across a size bound, a rename, chown or chmod) is
+  // queued for migration, which a background thread of this filesystem
+  // runs; settle_placement() waits until the queue is empty.
+  // migrate(ino) moves the file's data off other classes to its rule's
+  // first class now (what the thread runs): the blocks moved.
+  void settle_placement();
+  Result<uint64_t> migrate(uint64_t ino);
+  struct MigrationStats {
+    uint64_t files = 0, blocks = 0, failed = 0;
+  };
+  MigrationStats migration_stats();
+  // The rule that decides for `ino` now (-1: none, the default order).
+  struct PlacementAnswer {
+    int rule = -1;
+    Placement place;
+  };
+  Result<PlacementAnswer> placement_rule(uint64_t ino);
   // Shares whole blocks (reflink) where offsets allow, copies the rest.
   Result<uint64_t> copy_range(uint64_t in, uint64_t off_in, uint64_t out, uint64_t off_out,
                               uint64_t len);
@@ -383,6 +405,8 @@ class Filesystem {
                          uint32_t uid, uint32_t gid, std::string_view symlink_target,
                          uint32_t umask);
   Result<void> remove_name(uint64_t dir, std::string_view name, bool want_dir, bool whiteout);
+  Result<void> rename_names(uint64_t odir, std::string_view oname, uint64_t ndir, std::string_view nname,
+                            unsigned flags);
   Result<size_t> write_locked(uint64_t ino, uint64_t off, std::span<const std::byte> in,
                               const std::vector<Frame>* frames = nullptr);
   Result<std::vector<Frame>> precompress(uint64_t ino, uint64_t off, std::span<const std::byte> in);
@@ -390,7 +414,17 @@ class Filesystem {
   Result<std::shared_ptr<const std::vector<std::byte>>> frame(uint64_t ino, const fsitems::Ext& e);
   FrameCache frames_;
   Result<void> truncate_locked(uint64_t ino, uint64_t size);
-  Result<void> unshare_inline(uint64_t ino);
+  Result<void> unshare_inline(uint64_t ino, const Placement& place = {});
+  // Placement rules (fs_place.cpp).
+  class Placer;
+  Placer& placer();
+  bool placing() const;
+  void placing_named(const Attr& a, uint64_t dir, std::string_view name);
+  void placing_renamed(uint64_t ndir, std::string_view nname);
+  void placing_changed(const Attr& a);
+  void placing_queue(uint64_t ino);
+  Result<std::string> place_path(uint64_t ino);
+  Result<Placement> place_for(uint64_t ino, const Attr& a, uint64_t size, bool* crossed);
   std::mutex& inode_lock(uint64_t ino) { return ino_mu_[ino % ino_mu_.size()]; }
 
   Volume& vol_;
@@ -419,6 +453,12 @@ class Filesystem {
   std::atomic<bool> failed_{false};
   std::atomic<bool> retired_{false};
   bool kernel_times_ = false;
+  PolicyState* policy_;  // the volume's rules (a Volume::extension)
+  std::once_flag placer_once_;
+  struct PlacerGone {  // Placer is complete only in fs_place.cpp
+    void operator()(Placer* p) const;
+  };
+  std::unique_ptr<Placer, PlacerGone> placer_;  // last: its thread stops first
 };
 
 }  // namespace plyfs

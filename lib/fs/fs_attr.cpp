@@ -60,6 +60,9 @@ Result<Attr> Filesystem::setattr(uint64_t ino, const SetAttr& s) {
   Rec r = PLY_TRY(c.inode(ino));
   PLY_CHECK(apply_setattr(r, s, now(), kernel_times_));
   PLY_CHECK(c.put_inode(r));
+  // A new owner, mode or size may fall under another placement rule
+  // (format.md#migration).
+  if (s.uid || s.gid || s.mode || s.size) placing_changed(r.a);
   return r.a;
 }
 

@@ -240,9 +240,10 @@ Result<std::vector<Ext>> put_plain(Volume& vol, Volume::Txn& t, uint64_t fb,
 }  // namespace
 
 // Moves an inline file's data into a block (format.md#fs-inline).
-Result<void> Filesystem::unshare_inline(uint64_t ino) {
+Result<void> Filesystem::unshare_inline(uint64_t ino, const Placement& place) {
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
+  c.t.place(place);
   std::vector<std::byte> data;
   {
     std::shared_lock lk(mu_);
@@ -372,7 +373,11 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
       return in.size();
     }
   }
-  if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino));
+  // Where the new blocks go (format.md#placement-rules); a write that takes
+  // the file across a size bound of its rules queues it for migration.
+  bool crossed = false;
+  const Placement place = PLY_TRY(place_for(ino, a, std::max(a.size, end), &crossed));
+  if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino, place));
   a = PLY_TRY(getattr(ino));
   const uint64_t fb = off / bs_, lb = (end - 1) / bs_, nb = lb - fb + 1;
   // Whole blocks go to the device straight from the caller's buffer; only a
@@ -392,6 +397,7 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
 
   auto t = PLY_TRY(vol_.begin({.reserve_blocks = (nb / disk::kMaxExtentBlocks + 8) * 2 * kOpBlocks}));
   Ctx c{*this, std::move(t)};
+  c.t.place(place);
   // A frame holding the partial last block assumed zeros after the write's
   // end (precompress): so they must be, in the block as staged.
   const bool tail_ok = end % bs_ == 0 || all_zero(blocks.subspan((lb - fb) * bs_ + end % bs_, bs_ - end % bs_));
@@ -419,6 +425,7 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
     if (!vol_.failure()) for (const Ext& e : news) (void)c.t.dec_extent(BlockNo{e.disk_start});
     return r.error();
   }
+  if (crossed && a.blocks) placing_queue(ino);
   return in.size();
 }
 
@@ -504,7 +511,9 @@ Result<void> Filesystem::fallocate(uint64_t ino, int mode, uint64_t off, uint64_
   Attr a = PLY_TRY(getattr(ino));
   if (S_ISDIR(a.mode)) return Error::io(EISDIR, "is a directory");
   if (!S_ISREG(a.mode)) return Error::io(ENODEV, "not a regular file");
-  PLY_CHECK(unshare_inline(ino));
+  // Preallocated blocks go where the file's data would (format.md#placement-rules).
+  const Placement place = PLY_TRY(place_for(ino, a, (mode & FALLOC_FL_KEEP_SIZE) ? a.size : std::max(a.size, end), nullptr));
+  PLY_CHECK(unshare_inline(ino, place));
   a = PLY_TRY(getattr(ino));
   const bool zeroing = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE);
   if (zeroing) {
@@ -543,6 +552,7 @@ Result<void> Filesystem::fallocate(uint64_t ino, int mode, uint64_t off, uint64_
   while (pos < lb) {
     auto t = PLY_TRY(vol_.begin({.reserve_blocks = 8 * kOpBlocks}));
     Ctx c{*this, std::move(t)};
+    c.t.place(place);
     uint64_t stop = std::min<uint64_t>(lb, pos + 16 * disk::kMaxExtentBlocks);
     std::vector<Ext> es;
     {

@@ -53,7 +53,9 @@ Result<Attr> Filesystem::lookup(uint64_t dir, std::string_view name) {
   if (name == "..") return PLY_TRY(c.inode(d.parent)).a;
   auto e = PLY_TRY(c.find_live(dir, name));
   if (!e) return Error::io(ENOENT, "no such entry");
-  return PLY_TRY(c.inode(e->ino)).a;
+  Attr a = PLY_TRY(c.inode(e->ino)).a;
+  placing_named(a, dir, name);
+  return a;
 }
 
 Result<Attr> Filesystem::make_node(uint64_t dir, std::string_view name, uint32_t mode,
@@ -129,7 +131,9 @@ Result<Attr> Filesystem::mknod(uint64_t dir, std::string_view name, uint32_t mod
   else if (type != S_IFREG && type != S_IFIFO && type != S_IFSOCK && type != S_IFCHR &&
            type != S_IFBLK)
     return Error::invalid("mknod of an unsupported file type");
-  return make_node(dir, name, mode, rdev, uid, gid, {}, umask);
+  Attr a = PLY_TRY(make_node(dir, name, mode, rdev, uid, gid, {}, umask));
+  placing_named(a, dir, name);
+  return a;
 }
 
 Result<Attr> Filesystem::mkdir(uint64_t dir, std::string_view name, uint32_t mode, uint32_t uid,
@@ -229,6 +233,15 @@ Result<void> Filesystem::rmdir(uint64_t dir, std::string_view name, bool whiteou
 }
 
 Result<void> Filesystem::rename(uint64_t odir, std::string_view oname, uint64_t ndir,
+                                std::string_view nname, unsigned flags) {
+  PLY_CHECK(rename_names(odir, oname, ndir, nname, flags));
+  // A new name may fall under another placement rule (format.md#migration).
+  placing_renamed(ndir, nname);
+  if (flags & RENAME_EXCHANGE) placing_renamed(odir, oname);
+  return ok();
+}
+
+Result<void> Filesystem::rename_names(uint64_t odir, std::string_view oname, uint64_t ndir,
                                 std::string_view nname, unsigned flags) {
   if (flags & ~unsigned(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT))
     return Error::invalid("rename flags");

@@ -8,6 +8,7 @@
 #include "blockdev/device_set.h"
 #include "commit/devices.h"
 #include "fs/disk_fs.h"
+#include "union/view.h"
 #include "util/text.h"
 
 namespace plyfs::model {
@@ -498,6 +499,55 @@ std::string diff_text(const std::vector<DiffEntry>& d, bool nul) {
     }
     out += nul ? '\0' : '\n';
   }
+  return out;
+}
+
+}  // namespace plyfs::model
+
+namespace plyfs::model {
+
+Json policy_rule(const PlacementRule& r, size_t rank) {
+  Json m = Json::object();
+  if (!r.name_glob.empty()) m["name"] = r.name_glob;
+  if (!r.exts.empty()) m["ext"] = r.exts;
+  if (r.size_min) m["size_min"] = r.size_min;
+  if (r.size_below) m["size_below"] = *r.size_below;
+  if (r.uid) m["uid"] = *r.uid;
+  if (r.gid) m["gid"] = *r.gid;
+  if (!r.under.empty()) m["under"] = r.under;
+  if (r.access != PlacementRule::Access::Any)
+    m["access"] = r.access == PlacementRule::Access::ReadOnly ? "ro" : "rw";
+  return Json{{"rank", rank}, {"rule", format_rule(r)}, {"match", std::move(m)}, {"to", r.to}, {"strict", r.strict}};
+}
+
+Result<Json> policy(Volume& v) {
+  const auto rules = PLY_TRY(list_placement_rules(v));
+  Json list = Json::array();
+  for (size_t i = 0; i < rules.size(); i++) list.push_back(policy_rule(rules[i], i + 1));
+  return Json{{"classes", v.super().classes}, {"rules", std::move(list)}};
+}
+
+Result<Json> policy_test(Volume& v, const std::vector<PlacementRule>& rules, const std::string& path,
+                         uint64_t size, uint32_t uid, uint32_t gid, uint32_t mode) {
+  const auto& classes = v.super().classes;
+  auto pol = PLY_TRY(PlacementPolicy::compile(rules, classes));
+  const int i = pol.choose(pol.candidates(path, uid, gid, mode), size);
+  Json out{{"path", path}, {"size", size}, {"uid", uid}, {"gid", gid}, {"mode", mode & 07777}};
+  out["rule"] = i < 0 ? Json(nullptr) : policy_rule(rules[size_t(i)], size_t(i) + 1);
+  // Without a rule: the default data order, the slowest class first
+  // (format.md#placement).
+  // A rule's classes come first; unless strict (its first class only), the
+  // others follow in that order (format.md#placement-rules).
+  std::vector<std::string> order;
+  if (i >= 0) {
+    const auto& r = rules[size_t(i)];
+    order.assign(r.to.begin(), r.strict ? r.to.begin() + 1 : r.to.end());
+  }
+  if (i < 0 || !rules[size_t(i)].strict)
+    for (size_t c = classes.size(); c-- > 0;)
+      if (std::find(order.begin(), order.end(), classes[c]) == order.end()) order.push_back(classes[c]);
+  out["classes"] = std::move(order);
+  out["strict"] = i >= 0 && rules[size_t(i)].strict;
   return out;
 }
 

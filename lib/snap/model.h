@@ -84,6 +84,17 @@ Result<Json> devices(Volume& v);
 // Where (plyctl where): on which devices a file's data extents lie, each
 // extent and the bytes per device.
 Json where(Volume& v, const std::vector<Filesystem::Placed>& extents);
+// Placement rules (plyctl policy list, format.md#placement-rules): the
+// volume's classes, fastest first, and its rules in rank order, each with
+// its text and what it matches and gives (schema "Policy").
+Result<Json> policy(Volume& v);
+// One rule as the model shows it (rank from 1).
+Json policy_rule(const PlacementRule& r, size_t rank);
+// plyctl policy test: the rule a new file at `path` (from the root) of that
+// size, owner and mode would fall under, and where its data would go
+// (schema "PolicyTest"). `rules` are the ones in force.
+Result<Json> policy_test(Volume& v, const std::vector<PlacementRule>& rules, const std::string& path,
+                         uint64_t size, uint32_t uid, uint32_t gid, uint32_t mode);
 
 Json snapshot(const Branches& bs, const Snapshot& s);  // Snapshot
 Json merge(const Branches& bs, const Merge& m);        // Merge

@@ -20,6 +20,7 @@ inline constexpr uint32_t kCatalogMagic = 0x54434c50;  // "PLCT"
 inline constexpr uint32_t kCatalogVersion = 1;
 inline constexpr uint64_t kCatalogHeader = 0;  // key hi of the header (lo 0)
 inline constexpr uint64_t kCatalogView = 1;    // key hi of a view (lo: view id)
+inline constexpr uint64_t kCatalogRule = 2;    // key hi of a placement rule (lo: its rank, from 1)
 
 struct CatalogHeader {
   le32 magic;
@@ -187,6 +188,93 @@ Result<void> put_view(Volume::Txn& t, const View& view) {
   for (auto& [k, old] : views)
     if (old.name == view.name) id = k;
   return t.put(*cat, Key{disk::kCatalogView, id}, enc);
+}
+
+// --- placement rules (format.md#placement-rules) ------------------------------
+
+namespace {
+// Every rule item of the catalog with what is wrong with it ("" when
+// nothing): U6 (format.md#placement-rules).
+Result<std::vector<std::pair<uint64_t, std::string>>> rule_problems(Volume::Txn& t, TreeId cat,
+                                                                   const std::vector<std::string>& classes) {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  size_t n = 0;
+  PLY_CHECK(t.scan(cat, Key{disk::kCatalogRule, 0}, Key{disk::kCatalogRule, ~0ull},
+                   [&](Key k, std::span<const std::byte> v) {
+                     std::string why;
+                     auto r = parse_rule(std::string_view(reinterpret_cast<const char*>(v.data()), v.size()));
+                     if (!r) why = "does not parse: " + r.error().message();
+                     else if (auto c = PlacementPolicy::compile({*r}, classes); !c) why = c.error().message();
+                     else if (++n > kMaxPlacementRules) why = "is past the most rules a volume has";
+                     out.emplace_back(k.lo, why);
+                     return true;
+                   }));
+  return out;
+}
+}  // namespace
+
+Result<std::vector<PlacementRule>> list_placement_rules(Volume::Txn& t) {
+  std::vector<PlacementRule> out;
+  auto cat = PLY_TRY(find_catalog(t));
+  if (!cat) return out;
+  std::optional<Error> err;
+  PLY_CHECK(t.scan(*cat, Key{disk::kCatalogRule, 0}, Key{disk::kCatalogRule, ~0ull},
+                   [&](Key k, std::span<const std::byte> v) {
+                     auto r = parse_rule(std::string_view(reinterpret_cast<const char*>(v.data()), v.size()));
+                     if (!r) {
+                       err = Error::corrupt(Error::kNoBlock, "placement rule " + std::to_string(k.lo) +
+                                                                 " of the catalog does not parse: " +
+                                                                 r.error().message());
+                       return false;
+                     }
+                     out.push_back(std::move(*r));
+                     return true;
+                   }));
+  if (err) return *err;
+  return out;
+}
+
+Result<std::vector<PlacementRule>> list_placement_rules(Volume& v) {
+  auto t = PLY_TRY(v.begin());
+  return list_placement_rules(t);
+}
+
+Result<void> set_placement_rules(Volume& v, std::vector<PlacementRule> rules) {
+  auto compiled = PLY_TRY(PlacementPolicy::compile(rules, v.super().classes));
+  {
+    auto t = PLY_TRY(v.begin({.reserve_blocks = 64 + 2 * rules.size()}));
+    auto cat = PLY_TRY(find_catalog(t));
+    if (!cat && rules.empty()) return ok();
+    if (!cat) {
+      cat = PLY_TRY(t.create_tree(kKindPlain));
+      disk::CatalogHeader h{};
+      h.magic.set(disk::kCatalogMagic);
+      h.version.set(disk::kCatalogVersion);
+      PLY_CHECK(t.put(*cat, Key{disk::kCatalogHeader, 0}, std::span(reinterpret_cast<const std::byte*>(&h), sizeof h)));
+    }
+    std::vector<uint64_t> old;
+    PLY_CHECK(t.scan(*cat, Key{disk::kCatalogRule, 0}, Key{disk::kCatalogRule, ~0ull},
+                     [&](Key k, std::span<const std::byte>) {
+                       old.push_back(k.lo);
+                       return true;
+                     }));
+    for (uint64_t k : old) (void)PLY_TRY(t.erase(*cat, Key{disk::kCatalogRule, k}));
+    for (size_t i = 0; i < rules.size(); i++) {
+      const std::string text = format_rule(rules[i]);
+      PLY_CHECK(t.put(*cat, Key{disk::kCatalogRule, i + 1},
+                      std::span(reinterpret_cast<const std::byte*>(text.data()), text.size())));
+    }
+  }
+  v.extension<PolicyState>().set(std::make_shared<const PlacementPolicy>(std::move(compiled)));
+  return ok();
+}
+
+Result<void> load_placement_rules(Volume& v) {
+  if (v.super().classes.empty()) return ok();
+  auto rules = PLY_TRY(list_placement_rules(v));
+  auto compiled = PLY_TRY(PlacementPolicy::compile(std::move(rules), v.super().classes));
+  v.extension<PolicyState>().set(std::make_shared<const PlacementPolicy>(std::move(compiled)));
+  return ok();
 }
 
 Result<void> delete_view(Volume& v, std::string_view name) {
@@ -386,6 +474,20 @@ std::vector<Problem> check_views(Volume& v) {
     }
   }
   if (defaults > 1) problem(std::to_string(defaults) + " views are the default");
+  // U6: every placement rule parses and names classes the volume has.
+  auto t = v.begin();
+  if (!t) return out;
+  auto cat = find_catalog(*t);
+  if (!cat || !*cat) return out;
+  auto rp = rule_problems(*t, **cat, v.super().classes);
+  if (!rp) {
+    out.push_back(Problem{"U6-rule", Error::kNoBlock, "the placement rules do not read back: " + rp.error().message(), 0});
+    return out;
+  }
+  for (const auto& [rank, why] : *rp)
+    if (!why.empty())
+      out.push_back(Problem{"U6-rule", Error::kNoBlock, "placement rule " + std::to_string(rank) + " " + why, 0,
+                            Problem::Repair::Lossy});
   return out;
 }
 
@@ -406,6 +508,13 @@ Result<std::vector<std::string>> repair_views(Volume& v) {
         (void)PLY_TRY(t.erase(*cat, k));
         done.push_back("removed view record " + std::to_string(k.lo) + ", which did not decode");
       }
+      // Placement rules that do not parse or name a class the volume lacks
+      // go (U6): the others keep their ranks and order.
+      for (const auto& [rank, why] : PLY_TRY(rule_problems(t, *cat, v.super().classes)))
+        if (!why.empty()) {
+          (void)PLY_TRY(t.erase(*cat, Key{disk::kCatalogRule, rank}));
+          done.push_back("removed placement rule " + std::to_string(rank) + ", which " + why);
+        }
     }
   }
   auto views = list_views(v);

@@ -42,6 +42,17 @@ Result<std::vector<View>> list_views(Volume::Txn& t);
 Result<void> put_view(Volume::Txn& t, const View& view);  // the caller checked the stack
 Result<void> rewrite_views(Volume::Txn& t, const std::function<bool(View&)>& fn);
 
+// Placement rules (format.md#placement-rules), kept in the catalog as items
+// (2, rank) holding each rule's text, rank from 1. list: in rank order (EUCLEAN
+// when one does not parse). set: replaces them all in one generation, after
+// checking them against the volume's classes, and puts them in force on
+// this volume (its PolicyState). load: puts the catalog's rules in force;
+// whoever opens a multi-device volume to write files calls it.
+Result<std::vector<PlacementRule>> list_placement_rules(Volume& v);
+Result<std::vector<PlacementRule>> list_placement_rules(Volume::Txn& t);
+Result<void> set_placement_rules(Volume& v, std::vector<PlacementRule> rules);
+Result<void> load_placement_rules(Volume& v);
+
 // The branch named `name` (or a tree id written as a number). Doomed trees
 // (format.md#snapshots) have no name.
 Result<BranchMeta> find_branch(Volume& v, std::string_view name);

@@ -1,0 +1,372 @@
+// Placement rules at work (format.md#placement-rules): which classes a
+// file's new data goes to, and the background migration of a file whose
+// rule changed (it grew past a size bound, was renamed, changed owner or
+// mode).
+//
+// A rule looks at a file's path, owner, mode and size. The size comes with
+// every write; the rest is cached per inode (the "candidates": the rules
+// whose other conditions hold), computed once from the file's path. Paths
+// come from the names this filesystem hands out and looks up (a file is
+// looked up before the kernel opens it), else from the inode's parent hint
+// (format.md#fs-inode), and directories' paths are cached until a directory
+// is renamed. A write thus costs one hash lookup and a test of each
+// candidate's size bounds.
+#include <sys/stat.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fs/fs.h"
+#include "fs/fs_internal.h"
+#include "fs/policy.h"
+
+namespace plyfs {
+
+namespace {
+// Cached facts past this many files are dropped and found again.
+constexpr size_t kMaxPlaceFacts = 1 << 18;
+// Blocks one migration step moves in one generation at most.
+constexpr uint64_t kMigrateBatchBlocks = 16384;
+}  // namespace
+
+class Filesystem::Placer {
+ public:
+  explicit Placer(Filesystem& fs) : fs_(fs) {}
+  ~Placer() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  struct Facts {
+    uint64_t dir = 0;
+    std::string name;
+    // Valid while the rules' version, the directories' epoch and the
+    // owner and mode are what they were computed for.
+    bool known = false;
+    uint64_t version = 0, epoch = 0, cand = 0;
+    uint32_t uid = 0, gid = 0, mode = 0;
+  };
+
+  void note(uint64_t ino, uint64_t dir, std::string_view name) {
+    std::lock_guard lk(facts_mu_);
+    if (facts_.size() >= kMaxPlaceFacts) facts_.clear();
+    Facts& f = facts_[ino];
+    if (f.dir == dir && f.name == name) return;
+    f.dir = dir;
+    f.name = name;
+    f.known = false;
+  }
+  void dirs_changed() {
+    std::lock_guard lk(facts_mu_);
+    epoch_++;
+    dir_paths_.clear();
+  }
+  std::optional<Facts> facts(uint64_t ino) {
+    std::lock_guard lk(facts_mu_);
+    auto it = facts_.find(ino);
+    if (it == facts_.end()) return std::nullopt;
+    return it->second;
+  }
+  uint64_t epoch() {
+    std::lock_guard lk(facts_mu_);
+    return epoch_;
+  }
+  void remember(uint64_t ino, const Facts& f) {
+    std::lock_guard lk(facts_mu_);
+    if (facts_.size() >= kMaxPlaceFacts) facts_.clear();
+    facts_[ino] = f;
+  }
+  std::optional<std::string> dir_path(uint64_t dir) {
+    std::lock_guard lk(facts_mu_);
+    auto it = dir_paths_.find(dir);
+    if (it == dir_paths_.end()) return std::nullopt;
+    return it->second;
+  }
+  void remember_dir(uint64_t dir, uint64_t epoch, const std::string& path) {
+    std::lock_guard lk(facts_mu_);
+    if (epoch != epoch_) return;
+    if (dir_paths_.size() >= kMaxPlaceFacts) dir_paths_.clear();
+    dir_paths_[dir] = path;
+  }
+
+  // Migration queue: one worker, started on first use.
+  void enqueue(uint64_t ino) {
+    std::lock_guard lk(mu_);
+    if (stop_) return;
+    if (!queued_.insert(ino).second) return;
+    queue_.push_back(ino);
+    if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
+    cv_.notify_all();
+  }
+  void settle() {
+    std::unique_lock lk(mu_);
+    idle_cv_.wait(lk, [&] { return stop_ || (queue_.empty() && !busy_); });
+  }
+  MigrationStats stats() {
+    std::lock_guard lk(mu_);
+    return stats_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) break;
+      const uint64_t ino = queue_.front();
+      queue_.pop_front();
+      queued_.erase(ino);
+      busy_ = true;
+      lk.unlock();
+      auto r = fs_.migrate(ino);
+      lk.lock();
+      busy_ = false;
+      if (r) {
+        stats_.files += *r > 0;
+        stats_.blocks += *r;
+      } else {
+        stats_.failed++;
+      }
+      if (queue_.empty()) idle_cv_.notify_all();
+    }
+    idle_cv_.notify_all();
+  }
+
+  Filesystem& fs_;
+  std::mutex facts_mu_;  // a leaf
+  std::unordered_map<uint64_t, Facts> facts_;
+  std::unordered_map<uint64_t, std::string> dir_paths_;
+  uint64_t epoch_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<uint64_t> queue_;
+  std::unordered_set<uint64_t> queued_;
+  bool stop_ = false, busy_ = false;
+  MigrationStats stats_;
+  std::thread worker_;
+};
+
+void Filesystem::PlacerGone::operator()(Placer* p) const { delete p; }
+
+Filesystem::~Filesystem() { placer_.reset(); }
+
+Filesystem::Placer& Filesystem::placer() {
+  std::call_once(placer_once_, [&] { placer_.reset(new Placer(*this)); });
+  return *placer_;
+}
+
+bool Filesystem::placing() const { return policy_->active(); }
+
+void Filesystem::placing_named(const Attr& a, uint64_t dir, std::string_view name) {
+  if (!placing()) return;
+  if (S_ISDIR(a.mode)) return;
+  if (S_ISREG(a.mode)) placer().note(a.ino, dir, name);
+}
+
+void Filesystem::placing_renamed(uint64_t ndir, std::string_view nname) {
+  if (!placing() || read_only()) return;
+  auto a = lookup(ndir, nname);
+  if (!a) return;
+  if (S_ISDIR(a->mode)) {
+    placer().dirs_changed();
+    return;
+  }
+  if (!S_ISREG(a->mode)) return;
+  placer().note(a->ino, ndir, nname);
+  if (a->blocks) placer().enqueue(a->ino);
+}
+
+void Filesystem::placing_changed(const Attr& a) {
+  if (!placing() || read_only() || !S_ISREG(a.mode) || a.blocks == 0) return;
+  placer().enqueue(a.ino);
+}
+
+void Filesystem::placing_queue(uint64_t ino) {
+  if (placing() && !read_only()) placer().enqueue(ino);
+}
+
+void Filesystem::settle_placement() {
+  if (placer_) placer_->settle();
+}
+
+Filesystem::MigrationStats Filesystem::migration_stats() {
+  return placer_ ? placer_->stats() : MigrationStats{};
+}
+
+Result<std::string> Filesystem::place_path(uint64_t ino) {
+  auto f = placer().facts(ino);
+  if (f && f->dir) {
+    const uint64_t epoch = placer().epoch();
+    std::optional<std::string> dp = f->dir == root_ ? std::optional<std::string>("") : placer().dir_path(f->dir);
+    if (!dp) {
+      auto p = PLY_TRY(path(f->dir));
+      if (p) {
+        dp = *p == "/" ? "" : *p;
+        placer().remember_dir(f->dir, epoch, *dp);
+      }
+    }
+    if (dp) return *dp + "/" + f->name;
+  }
+  // Not named here yet (a file the kernel listed with readdirplus): the
+  // parent hint, one scan of that directory.
+  auto p = PLY_TRY(path(ino));
+  return p ? *p : std::string();
+}
+
+Result<Placement> Filesystem::place_for(uint64_t ino, const Attr& a, uint64_t size, bool* crossed) {
+  if (crossed) *crossed = false;
+  if (!placing()) return Placement{};
+  auto pol = policy_->get();
+  if (!pol || pol->empty()) return Placement{};
+  const uint64_t version = policy_->version();
+  Placer& pl = placer();
+  auto f = pl.facts(ino);
+  const uint64_t epoch = pl.epoch();
+  if (!f || !f->known || f->version != version || f->epoch != epoch || f->uid != a.uid || f->gid != a.gid ||
+      f->mode != a.mode) {
+    const std::string path = PLY_TRY(place_path(ino));
+    Placer::Facts nf = f ? *f : Placer::Facts{};
+    nf.known = true;
+    nf.version = version;
+    nf.epoch = epoch;
+    nf.uid = a.uid;
+    nf.gid = a.gid;
+    nf.mode = a.mode;
+    nf.cand = pol->candidates(path, a.uid, a.gid, a.mode);
+    pl.remember(ino, nf);
+    f = nf;
+  }
+  const int now = pol->choose(f->cand, size);
+  if (crossed) *crossed = pol->choose(f->cand, a.size) != now;
+  return pol->placement(now);
+}
+
+Result<Filesystem::PlacementAnswer> Filesystem::placement_rule(uint64_t ino) {
+  PlacementAnswer out;
+  Attr a = PLY_TRY(getattr(ino));
+  auto pol = policy_->get();
+  if (!pol || pol->empty()) return out;
+  const std::string path = PLY_TRY(place_path(ino));
+  out.rule = pol->choose(pol->candidates(path, a.uid, a.gid, a.mode), a.size);
+  out.place = pol->placement(out.rule);
+  return out;
+}
+
+// Moves the data of `ino` that lies off its rule's first class there: each
+// space extent the file's items use is copied whole to a new extent of that
+// class, the items are pointed at it and the old one loses their
+// references, one generation per batch (format.md#migration). The bytes do
+// not change, so neither do the checksums; a crash leaves either the old
+// or the new extent referenced, never both or neither. An extent others
+// share (a snapshot, a reflink) keeps them: the file gets its own copy.
+Result<uint64_t> Filesystem::migrate(uint64_t ino) {
+  if (read_only() || retired_ || !placing()) return uint64_t{0};
+  const auto& classes = vol_.super().classes;
+  if (classes.empty()) return uint64_t{0};
+  std::lock_guard il(inode_lock(ino));
+  auto a = getattr(ino);
+  if (!a) return a.error().code == ENOENT ? Result<uint64_t>(uint64_t{0}) : Result<uint64_t>(a.error());
+  if (!S_ISREG(a->mode) || a->nlink == 0) return uint64_t{0};
+  const Placement p = PLY_TRY(place_for(ino, *a, a->size, nullptr));
+  // The default order puts data on the slowest class first.
+  const uint8_t want = p.n ? p.classes[0] : uint8_t(classes.size() - 1);
+  const Placement there{1, true, {want}};
+  uint64_t moved = 0, from = 0;
+  for (;;) {
+    auto t = PLY_TRY(vol_.begin({.reserve_blocks = kMigrateBatchBlocks + 16 * kOpBlocks}));
+    Ctx c{*this, std::move(t)};
+    c.t.place(there);
+    std::vector<Ext> es;
+    {
+      std::shared_lock lk(mu_);
+      es = PLY_TRY(c.extents(ino, from, kOffMask, 4096));
+    }
+    if (es.empty()) break;
+    // The space extents off their class, with the range of each that this
+    // file's items read.
+    struct Move {
+      uint64_t lo = ~uint64_t{0}, hi = 0, to = 0;
+    };
+    std::map<uint64_t, Move> moves;
+    uint64_t batch = 0, next_from = es.back().end();
+    for (const Ext& e : es) {
+      if (e.prealloc() || vol_.class_of(BlockNo{e.disk_start}) == int(want)) continue;
+      auto [it, fresh] = moves.try_emplace(e.disk_start);
+      const uint64_t lo = e.compressed() ? 0 : e.offset, hi = e.compressed() ? e.disk_nblocks : e.offset + e.nblocks;
+      if (fresh && batch + (hi - lo) > kMigrateBatchBlocks && batch > 0) {
+        moves.erase(it);
+        next_from = e.file_blk;
+        break;
+      }
+      const uint64_t old = it->second.hi > it->second.lo ? it->second.hi - it->second.lo : 0;
+      it->second.lo = std::min(it->second.lo, lo);
+      it->second.hi = std::max(it->second.hi, hi);
+      batch += it->second.hi - it->second.lo - old;
+    }
+    if (!moves.empty()) {
+      std::vector<std::byte> buf;
+      std::vector<uint64_t> taken;
+      auto undo = [&](Error e) -> Error {
+        for (uint64_t b : taken) (void)c.t.dec_extent(BlockNo{b});
+        return e;
+      };
+      for (auto& [start, m] : moves) {
+        auto b = c.t.alloc_extent(m.hi - m.lo);
+        if (!b) {
+          if (b.error().code == ENOSPC) {  // the class is full: what moved stays moved
+            for (auto it = moves.find(start); it != moves.end(); ++it) it->second.to = 0;
+            break;
+          }
+          return undo(b.error());
+        }
+        taken.push_back(b->v);
+        buf.resize((m.hi - m.lo) * bs_);
+        if (auto r = vol_.read_data(BlockNo{start + m.lo}, buf); !r) return undo(r.error());
+        if (auto r = vol_.write_data(*b, buf); !r) return undo(r.error());
+        m.to = b->v;
+      }
+      std::unique_lock lk(mu_);
+      // The items again, under the tree's lock: anything that changed one
+      // since (a merge replacing the file) keeps its own.
+      auto now = c.extents(ino, es.front().file_blk, next_from);
+      if (!now) return undo(now.error());
+      std::unordered_map<uint64_t, uint64_t> used;  // new extent -> items pointed at it
+      for (const Ext& e : *now) {
+        auto it = moves.find(e.disk_start);
+        if (it == moves.end() || it->second.to == 0 || e.prealloc()) continue;
+        const Move& m = it->second;
+        const uint64_t lo = e.compressed() ? 0 : e.offset, hi = e.compressed() ? e.disk_nblocks : e.offset + e.nblocks;
+        if (lo < m.lo || hi > m.hi) continue;
+        Ext n = e;
+        n.disk_start = m.to;
+        n.disk_nblocks = m.hi - m.lo;
+        if (!e.compressed()) n.offset = e.offset - m.lo;
+        if (used[m.to]++ > 0)
+          if (auto r = c.t.inc_extent(BlockNo{m.to}); !r) return r.error();
+        if (auto r = c.put_extent(ino, n); !r) return r.error();
+        if (auto r = c.t.dec_extent(BlockNo{e.disk_start}); !r) return r.error();
+      }
+      for (const auto& [start, m] : moves)
+        if (m.to && used.count(m.to)) moved += m.hi - m.lo;
+      // A copy no item took (its items changed meanwhile) goes again.
+      for (uint64_t b : taken)
+        if (!used.count(b)) (void)c.t.dec_extent(BlockNo{b});
+      if (std::any_of(moves.begin(), moves.end(), [](auto& kv) { return kv.second.to == 0; })) break;
+    }
+    if (next_from <= from) break;
+    from = next_from;
+  }
+  return moved;
+}
+
+}  // namespace plyfs

@@ -1,0 +1,306 @@
+// Placement rules (format.md#placement-rules, #migration): the rule text,
+// its evaluation against an independent reading of the rules, fallback and
+// strict allocation, every extent of random files where its rule says, and
+// migration when a file grows past a bound, is renamed or changes owner.
+#include <fnmatch.h>
+
+#include <map>
+#include <random>
+
+#include "fs/policy.h"
+#include "multidev_util.h"
+#include "union/view.h"
+
+using namespace plyfs;
+using namespace plyfs::test;
+
+namespace {
+
+PlacementRule random_rule(std::mt19937_64& rng, const std::vector<std::string>& classes) {
+  static const char* kExts[] = {"mp4", "txt", "db", "jpg", "o"};
+  static const char* kGlobs[] = {"*.log", "core*", "a?c", "[ab]*", "data"};
+  static const char* kDirs[] = {"/db", "/home/dave", "/home", "/x/y/z"};
+  PlacementRule r;
+  if (rng() % 3 == 0) r.name_glob = kGlobs[rng() % 5];
+  if (rng() % 3 == 0)
+    for (int i = 0, n = 1 + int(rng() % 2); i < n; i++) {
+      std::string e = kExts[rng() % 5];
+      if (std::find(r.exts.begin(), r.exts.end(), e) == r.exts.end()) r.exts.push_back(e);
+    }
+  if (rng() % 3 == 0) r.size_min = (1 + rng() % 64) * 1024;
+  if (rng() % 3 == 0) r.size_below = r.size_min + (1 + rng() % 256) * 1024;
+  if (rng() % 4 == 0) r.uid = uint32_t(rng() % 3) * 500;
+  if (rng() % 5 == 0) r.gid = uint32_t(rng() % 2) * 100;
+  if (rng() % 3 == 0) r.under = kDirs[rng() % 4];
+  if (rng() % 4 == 0) r.access = rng() % 2 ? PlacementRule::Access::ReadOnly : PlacementRule::Access::Written;
+  std::vector<std::string> cs = classes;
+  std::shuffle(cs.begin(), cs.end(), rng);
+  r.to.assign(cs.begin(), cs.begin() + 1 + long(rng() % cs.size()));
+  r.strict = rng() % 4 == 0;
+  return r;
+}
+
+// The rules read directly, one file at a time: the first whose every
+// condition holds. Written apart from PlacementPolicy (string search,
+// no masks) so that the two can disagree.
+int reference(const std::vector<PlacementRule>& rules, const std::string& path, uint64_t size, uint32_t uid,
+              uint32_t gid, uint32_t mode) {
+  const std::string name = path.substr(path.find_last_of('/') + 1);
+  std::string ext;
+  if (auto d = name.find_last_of('.'); d != std::string::npos && d > 0)
+    for (char c : name.substr(d + 1)) ext += char(std::tolower(static_cast<unsigned char>(c)));
+  for (size_t i = 0; i < rules.size(); i++) {
+    const auto& r = rules[i];
+    bool ok = true;
+    if (!r.name_glob.empty()) ok &= ::fnmatch(r.name_glob.c_str(), name.c_str(), FNM_PERIOD) == 0;
+    if (!r.exts.empty()) ok &= std::count(r.exts.begin(), r.exts.end(), ext) > 0;
+    ok &= size >= r.size_min && (!r.size_below || size < *r.size_below);
+    if (r.uid) ok &= *r.uid == uid;
+    if (r.gid) ok &= *r.gid == gid;
+    if (!r.under.empty()) ok &= path.rfind(r.under + "/", 0) == 0;
+    if (r.access == PlacementRule::Access::ReadOnly) ok &= (mode & 0222) == 0;
+    if (r.access == PlacementRule::Access::Written) ok &= (mode & 0222) != 0;
+    if (ok) return int(i);
+  }
+  return -1;
+}
+
+std::string random_path(std::mt19937_64& rng) {
+  static const char* kDirs[] = {"", "/db", "/db/sub", "/home/dave", "/home", "/dbx", "/x/y/z"};
+  static const char* kNames[] = {"a.MP4", "b.txt", "x.log", "core.1", "abc", "data", ".hidden.db", "v.jpg", "m.o", "bb"};
+  return std::string(kDirs[rng() % 7]) + "/" + kNames[rng() % 10];
+}
+
+}  // namespace
+
+TEST_CASE("policy: rule text reads back to the same rule", "[policy]") {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 2000; i++) {
+    const PlacementRule r = random_rule(rng, {"fast", "mid", "slow"});
+    if (r.size_below && *r.size_below <= r.size_min) continue;
+    const std::string text = format_rule(r);
+    auto back = must(parse_rule(text));
+    REQUIRE(format_rule(back) == text);
+    REQUIRE(back.exts == r.exts);
+    REQUIRE(back.size_min == r.size_min);
+    REQUIRE(back.size_below == r.size_below);
+    REQUIRE(back.to == r.to);
+    REQUIRE(back.strict == r.strict);
+  }
+  // What a user writes: operators, units, aliases, spaces.
+  auto r = must(parse_rule("  ext=MP4,mkv  size>1M size<=2G uid=1000 access=read-only to=slow,fast strict "));
+  CHECK(format_rule(r) == "ext=mp4,mkv size>=1048577 size<2147483649 uid=1000 access=ro to=slow,fast strict");
+}
+
+TEST_CASE("policy: a bad rule is refused, naming what is wrong", "[policy]") {
+  for (const char* bad : {"", "ext=mp4", "to=", "to=a,,b", "to=a,a", "size=5 to=a", "size<0 to=a", "size<1K size>=2K to=a",
+                          "size<1K size<2K to=a", "uid=-1 to=a", "uid=x to=a", "under=db to=a", "under=/a/../b to=a",
+                          "name=a/b to=a", "ext=.mp4 to=a", "access=sometimes to=a", "colour=red to=a", "to=a to=b",
+                          "to=a,b,c,d,e,f,g,h,i", "strictly to=a"}) {
+    auto r = parse_rule(bad);
+    INFO(bad);
+    REQUIRE(!r);
+    CHECK(r.error().code == EINVAL);
+  }
+  CHECK(!parse_rule(std::string(2000, 'x')));
+  // Classes are checked against the volume's.
+  auto ok = must(parse_rule("to=fast"));
+  auto c = PlacementPolicy::compile({ok}, {"slow"});
+  REQUIRE(!c);
+  CHECK(c.error().message().find("fast") != std::string::npos);
+  CHECK(PlacementPolicy::compile({ok}, {}).error().code == EOPNOTSUPP);
+  CHECK(!PlacementPolicy::compile(std::vector<PlacementRule>(65, ok), {"fast"}));
+}
+
+TEST_CASE("policy: evaluation agrees with a direct reading of the rules", "[policy]") {
+  const std::vector<std::string> classes{"fast", "mid", "slow"};
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 200; round++) {
+    std::vector<PlacementRule> rules;
+    for (int i = 0, n = 1 + int(rng() % 12); i < n; i++) {
+      auto r = random_rule(rng, classes);
+      if (!r.size_below || *r.size_below > r.size_min) rules.push_back(r);
+    }
+    auto pol = must(PlacementPolicy::compile(rules, classes));
+    for (int f = 0; f < 200; f++) {
+      const std::string path = random_path(rng);
+      const uint64_t size = rng() % 3 == 0 ? rng() % (512 << 10) : rng() % 8192;
+      const uint32_t uid = uint32_t(rng() % 3) * 500, gid = uint32_t(rng() % 2) * 100;
+      const uint32_t mode = S_IFREG | (rng() % 2 ? 0644 : 0444);
+      const int want = reference(rules, path, size, uid, gid, mode);
+      const int got = pol.choose(pol.candidates(path, uid, gid, mode), size);
+      INFO(path << " size " << size << " uid " << uid);
+      REQUIRE(got == want);
+      const Placement p = pol.placement(got);
+      if (want < 0) {
+        REQUIRE(p.n == 0);
+      } else {
+        REQUIRE(p.n == rules[size_t(want)].to.size());
+        REQUIRE(p.strict == rules[size_t(want)].strict);
+        for (size_t i = 0; i < p.n; i++) REQUIRE(classes[p.classes[i]] == rules[size_t(want)].to[i]);
+      }
+    }
+  }
+}
+
+TEST_CASE("policy: a rule's classes in order, the others after, or strictly the first", "[policy]") {
+  MultiFsImage im({48 << 20, 48 << 20, 48 << 20}, {"fast", "mid", "slow"}, {0, 1, 2});
+  const SuperInfo sb = im.vol->super();
+  auto fill = [&](const Placement& p) {
+    std::vector<int> where;
+    for (;;) {
+      auto txn = must(im.vol->begin());
+      txn.place(p);
+      auto b = txn.alloc_extent(256);
+      if (!b) {
+        REQUIRE(b.error().code == ENOSPC);
+        return where;
+      }
+      where.push_back(device_of(sb, b->v));
+    }
+  };
+  // Strict to mid: only mid, then ENOSPC while fast and slow have room.
+  const auto strict = fill(Placement{1, true, {1}});
+  REQUIRE(strict.size() > 10);
+  REQUIRE(std::all_of(strict.begin(), strict.end(), [](int d) { return d == 1; }));
+  auto use = must(im.vol->device_usage());
+  CHECK(use[0].data_blocks == 0);
+  CHECK(use[2].data_blocks == 0);
+  // mid, fast (not strict): mid is full, so fast, then slow (the rest in
+  // the default order), then ENOSPC.
+  const auto rest = fill(Placement{2, false, {1, 0}});
+  const auto first_slow = std::find(rest.begin(), rest.end(), 2);
+  REQUIRE(first_slow != rest.begin());
+  REQUIRE(first_slow != rest.end());
+  CHECK(std::all_of(rest.begin(), first_slow, [](int d) { return d == 0; }));
+  CHECK(std::all_of(first_slow, rest.end(), [](int d) { return d == 2; }));
+  use = must(im.vol->device_usage());
+  CHECK(use[0].data_blocks > 0);
+}
+
+TEST_CASE("policy: random files land where their rules say and move when they cross one", "[policy]") {
+  MultiFsImage im({96 << 20, 96 << 20}, {"fast", "slow"}, {0, 1});
+  std::vector<PlacementRule> rules;
+  for (const char* t : {"under=/db to=fast strict", "ext=mp4,mkv to=slow", "size<64K to=fast", "uid=1000 to=fast"})
+    rules.push_back(must(parse_rule(t)));
+  must(set_placement_rules(*im.vol, rules));
+  auto pol = must(PlacementPolicy::compile(rules, {"fast", "slow"}));
+  auto fs = must(Filesystem::open(*im.vol, im.main));
+  const uint64_t db = must(fs->mkdir(fs->root(), "db", 0755, 0, 0)).ino;
+  const uint64_t top = fs->root();
+  struct File {
+    uint64_t dir;
+    std::string name;
+    uint32_t uid = 0;
+    std::vector<std::byte> data;
+  };
+  std::map<uint64_t, File> files;
+  std::mt19937_64 rng(3);
+  auto path_of = [&](const File& f) { return (f.dir == db ? "/db/" : "/") + f.name; };
+  // Every extent of every file on the first class of its rule (or, with no
+  // rule, the slowest class), and its bytes as written.
+  auto check = [&] {
+    fs->settle_placement();
+    for (auto& [ino, f] : files) {
+      const int rule = pol.choose(pol.candidates(path_of(f), f.uid, 0, S_IFREG | 0644), f.data.size());
+      const Placement p = pol.placement(rule);
+      const int want = p.n ? p.classes[0] : 1;
+      INFO(path_of(f) << " size " << f.data.size() << " uid " << f.uid << " rule " << rule);
+      for (const auto& e : must(fs->placement(ino))) REQUIRE(im.vol->class_of(BlockNo{e.block}) == want);
+      std::vector<std::byte> back(f.data.size());
+      REQUIRE(must(fs->read(ino, 0, back)) == back.size());
+      REQUIRE(back == f.data);
+    }
+  };
+  static const char* kExts[] = {".mp4", ".txt", ".mkv", ".bin"};
+  for (int i = 0; i < 40; i++) {
+    File f;
+    f.dir = rng() % 3 == 0 ? db : top;
+    f.name = "f" + std::to_string(i) + kExts[rng() % 4];
+    const uint64_t ino = must(fs->mknod(f.dir, f.name, S_IFREG | 0644, 0, 0, 0)).ino;
+    f.data.resize(rng() % 2 ? 4096 + rng() % (60 << 10) : (64 << 10) + rng() % (400 << 10));
+    for (auto& b : f.data) b = std::byte(rng());
+    REQUIRE(must(fs->write(ino, 0, f.data)) == f.data.size());
+    files[ino] = std::move(f);
+  }
+  check();
+  auto before = fs->migration_stats();
+  for (int step = 0; step < 60; step++) {
+    auto it = files.begin();
+    std::advance(it, long(rng() % files.size()));
+    auto& [ino, f] = *it;
+    switch (rng() % 4) {
+      case 0: {  // grow, perhaps past 64 KiB
+        std::vector<std::byte> more(8192 + rng() % (80 << 10));
+        for (auto& b : more) b = std::byte(rng());
+        must(fs->write(ino, f.data.size(), more));
+        f.data.insert(f.data.end(), more.begin(), more.end());
+        break;
+      }
+      case 1: {  // shrink, perhaps below it
+        SetAttr s;
+        s.size = f.data.size() / 3;
+        must(fs->setattr(ino, s));
+        f.data.resize(*s.size);
+        break;
+      }
+      case 2: {  // rename to another extension or directory
+        const uint64_t nd = rng() % 2 ? db : top;
+        const std::string nn = "r" + std::to_string(step) + kExts[rng() % 4];
+        must(fs->rename(f.dir, f.name, nd, nn, 0));
+        f.dir = nd;
+        f.name = nn;
+        break;
+      }
+      default: {  // chown
+        SetAttr s;
+        s.uid = f.uid == 1000 ? 0 : 1000;
+        must(fs->setattr(ino, s));
+        f.uid = *s.uid;
+      }
+    }
+    if (step % 10 == 9) check();
+  }
+  check();
+  CHECK(fs->migration_stats().files > before.files);
+  CHECK(fs->migration_stats().failed == 0);
+  // The rules and the placement survive a remount.
+  fs.reset();
+  im.reopen();
+  must(load_placement_rules(*im.vol));
+  CHECK(must(list_placement_rules(*im.vol)).size() == 4);
+  fs = must(Filesystem::open(*im.vol, im.main));
+  check();
+  fs.reset();
+  must(im.vol->close());
+  im.vol.reset();
+  VerifyOptions vo;
+  vo.kinds = fs_kinds();
+  require_clean(*im.set, vo);
+}
+
+TEST_CASE("policy: fsck reports a damaged rule and -y removes just it", "[policy]") {
+  MultiFsImage im({48 << 20, 48 << 20}, {"fast", "slow"}, {0, 1});
+  must(set_placement_rules(*im.vol, {must(parse_rule("ext=a to=fast")), must(parse_rule("ext=b to=slow"))}));
+  REQUIRE(check_views(*im.vol).empty());
+  // Rule 2's text damaged in place (a class the volume lacks).
+  {
+    auto t = must(im.vol->begin());
+    for (const auto& ti : must(t.list_trees())) {
+      if (ti.kind != kKindPlain) continue;
+      const std::string bad = "ext=b to=nowhere";
+      must(t.put(ti.id, Key{2, 2}, std::span(reinterpret_cast<const std::byte*>(bad.data()), bad.size())));
+    }
+  }
+  must(im.vol->commit());
+  auto probs = check_views(*im.vol);
+  REQUIRE(probs.size() == 1);
+  CHECK(probs[0].code == "U6-rule");
+  CHECK(!load_placement_rules(*im.vol));
+  auto done = must(repair_views(*im.vol));
+  REQUIRE(done.size() == 1);
+  CHECK(check_views(*im.vol).empty());
+  auto left = must(list_placement_rules(*im.vol));
+  REQUIRE(left.size() == 1);
+  CHECK(format_rule(left[0]) == "ext=a to=fast");
+}
