@@ -283,7 +283,7 @@ Result<uint64_t> Filesystem::migrate(uint64_t ino) {
   const Placement there{1, true, {want}};
   uint64_t moved = 0, from = 0;
   for (;;) {
-    auto t = PLY_TRY(vol_.begin({.reserve_blocks = kMigrateBatchBlocks + 16 * kOpBlocks}));
+    auto t = PLY_TRY(vol_.begin());
     Ctx c{*this, std::move(t)};
     c.t.place(there);
     std::vector<Ext> es;
@@ -314,6 +314,12 @@ Result<uint64_t> Filesystem::migrate(uint64_t ino) {
       batch += it->second.hi - it->second.lo - old;
     }
     if (!moves.empty()) {
+      // What the batch takes, reserved before anything changes (A5): the
+      // copies, and the items' leaves.
+      if (auto r = c.t.reserve(batch + (moves.size() / 32 + 4) * kOpBlocks); !r) {
+        if (r.error().code == ENOSPC) break;  // no room to move: the data stays where it is
+        return r.error();
+      }
       std::vector<std::byte> buf;
       std::vector<uint64_t> taken;
       auto undo = [&](Error e) -> Error {

@@ -6,6 +6,7 @@
 // (checked against the schema) agreeing on it; fsck clean; and the refusals:
 // a device missing, a device of another volume, bad --class values.
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -194,4 +195,168 @@ TEST_CASE("multidev-fuse: one volume on a fast and a slow image, placed by class
       REQUIRE(::access(n1.c_str(), F_OK) != 0);
     }
   }
+}
+
+// Placement rules through a mount (format.md#placement-rules, #migration):
+// set online, every extent of random files on its rule's first class (the
+// rules read here on their own), plyctl policy test agreeing, migration on
+// growth, rename and chown, strict ENOSPC while the other device has room,
+// fallback for a rule that is not strict, the rules kept across a remount,
+// and the refusals.
+TEST_CASE("multidev-fuse: placement rules place files and move them when they cross one", "[multidev-fuse]") {
+  TempDir tmp;
+  const std::string fast = tmp / "fast.img", slow = tmp / "slow.img";
+  REQUIRE(mkfs_status(tmp, {"-q", "-s", "128M", "-C", "fast=" + fast, "-C", "slow=" + slow}) == 0);
+  std::map<std::string, std::string> files;
+  std::mt19937_64 rng(0x706f6cull);
+  Mount m(fast, tmp / "mnt", {"device=" + slow});
+  m.start();
+  {
+    auto r = ctl(tmp, {"policy", "set", m.path(), "ext=mp4,MKV to=slow", "size<64K to=fast", "under=/db to=fast strict",
+                       "uid=4242 to=fast", "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json p = schema_checked("policy set", r.out);
+    REQUIRE(p["rules"].size() == 4);
+    REQUIRE(p["rules"][1]["rule"] == "size<64K to=fast");
+    REQUIRE(p["rules"][0]["match"]["ext"] == json::array({"mp4", "mkv"}));
+  }
+  // The rules as this test reads them: the class a file's data belongs on.
+  auto want = [](const std::string& rel, uint64_t size, uint32_t uid) -> std::string {
+    const bool video = rel.ends_with(".mp4") || rel.ends_with(".mkv");
+    if (video) return "slow";
+    if (size < 65536) return "fast";
+    if (rel.starts_with("db/")) return "fast";
+    if (uid == 4242) return "fast";
+    return "slow";
+  };
+  auto where = [&](const std::string& rel) {
+    auto r = ctl(tmp, {"where", m / rel, "--json"});
+    INFO(rel << ": " << r.err);
+    REQUIRE(r.rc == 0);
+    return schema_checked("where", r.out);
+  };
+  std::map<std::string, uint32_t> owner;
+  auto check = [&](const std::string& rel) {
+    const json w = where(rel);
+    const std::string cls = want(rel, files[rel].size(), owner[rel]);
+    INFO(rel << " (" << files[rel].size() << " bytes) belongs on " << cls << ": " << w.dump());
+    for (const auto& e : w["extents"]) REQUIRE(e["class"] == cls);
+    REQUIRE(read_file(m / rel) == files[rel]);
+  };
+  ::mkdir((m / "db").c_str(), 0755);
+  static const char* kExts[] = {".mp4", ".txt", ".mkv", ""};
+  for (int i = 0; i < 40; i++) {
+    const std::string rel = std::string(i % 3 == 0 ? "db/" : "") + "f" + std::to_string(i) + kExts[rng() % 4];
+    files[rel] = random_bytes(rng, rng() % 2 ? 5000 + rng() % 60000 : 70000 + rng() % 900000);
+    write_file(m / rel, files[rel]);
+  }
+  for (const auto& [rel, d] : files) check(rel);
+  // plyctl policy test: the same answers, for files that do not exist.
+  {
+    auto r = ctl(tmp, {"policy", "test", m / "db/new.bin", "1G", "0", "--json"});
+    REQUIRE(r.rc == 0);
+    const json t = schema_checked("policy test", r.out);
+    REQUIRE(t["path"] == "/db/new.bin");
+    REQUIRE(t["rule"]["rank"] == 3);
+    REQUIRE(t["classes"] == json::array({"fast"}));
+    REQUIRE(t["strict"] == true);
+    r = ctl(tmp, {"policy", "test", m / "x.MP4", "10K", "--json"});
+    REQUIRE(r.rc == 0);
+    REQUIRE(schema_checked("policy test", r.out)["classes"] == json::array({"slow", "fast"}));
+    r = ctl(tmp, {"policy", "test", m / "big.bin", "10M", "4242"});
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out.find("rule 4") != std::string::npos);
+    r = ctl(tmp, {"policy", "test", m / "big.bin", "10M", "7"});
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out.find("no rule matches") != std::string::npos);
+  }
+  // Crossing a rule: growth past 64 KiB, a rename into /db or to .mp4, chown.
+  std::vector<std::string> names;
+  for (const auto& [rel, d] : files) names.push_back(rel);
+  for (const auto& rel : names) {
+    if (files[rel].size() < 65536 && !rel.ends_with(".mp4") && !rel.ends_with(".mkv")) {
+      const std::string more = random_bytes(rng, 100000);
+      write_file(m / rel, more, O_APPEND);
+      files[rel] += more;
+      check(rel);
+      break;
+    }
+  }
+  for (const auto& rel : names) {
+    if (!rel.starts_with("db/") && files[rel].size() >= 65536 && want(rel, files[rel].size(), 0) == "slow" &&
+        !rel.ends_with(".mp4") && !rel.ends_with(".mkv")) {
+      // chown to the fast owner, then a rename into /db.
+      REQUIRE(::chown((m / rel).c_str(), 4242, 0) == 0);
+      owner[rel] = 4242;
+      check(rel);
+      REQUIRE(::chown((m / rel).c_str(), 0, 0) == 0);
+      owner[rel] = 0;
+      check(rel);
+      const std::string to = "db/moved.bin";
+      REQUIRE(::rename((m / rel).c_str(), (m / to).c_str()) == 0);
+      files[to] = files[rel];
+      files.erase(rel);
+      check(to);
+      const std::string video = "db/moved.mkv";
+      REQUIRE(::rename((m / to).c_str(), (m / video).c_str()) == 0);
+      files[video] = files[to];
+      files.erase(to);
+      check(video);
+      break;
+    }
+  }
+  // Strict: /db fills the fast device, then ENOSPC while the slow one has room.
+  {
+    const int fd = ::open((m / "db/fill").c_str(), O_WRONLY | O_CREAT, 0644);
+    REQUIRE(fd >= 0);
+    const std::string chunk = random_bytes(rng, 1 << 20);
+    int err = 0;
+    for (int i = 0; i < 400 && !err; i++)
+      if (::write(fd, chunk.data(), chunk.size()) < 0) err = errno;
+    if (!err && ::fsync(fd) != 0) err = errno;
+    ::close(fd);
+    REQUIRE(err == ENOSPC);
+    struct statvfs sv {};
+    REQUIRE(::statvfs(m.path().c_str(), &sv) == 0);
+    REQUIRE(uint64_t(sv.f_bavail) * sv.f_frsize > (40ull << 20));
+    // size<64K goes to fast, but falls back: it lands on slow now.
+    write_file(m / "late.txt", random_bytes(rng, 20000));
+    const json w = where("late.txt");
+    INFO(w.dump());
+    REQUIRE(!w["extents"].empty());
+    for (const auto& e : w["extents"]) REQUIRE(e["class"] == "slow");
+    REQUIRE(::unlink((m / "db/fill").c_str()) == 0);
+  }
+  // Refusals: one line, conventional status, nothing changed.
+  {
+    auto r = ctl(tmp, {"policy", "set", m.path(), "to=nowhere"});
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("nowhere") != std::string::npos);
+    r = ctl(tmp, {"policy", "set", m.path(), "ext=mp4"});
+    REQUIRE(r.rc == 2);
+    r = ctl(tmp, {"policy", "test", m.path()});
+    REQUIRE(r.rc == 2);
+    r = ctl(tmp, {"policy", "frobnicate", m.path()});
+    REQUIRE(r.rc == 2);
+  }
+  for (const auto& [rel, d] : files) REQUIRE(read_file(m / rel) == d);
+  REQUIRE(m.unmount() == 0);
+  // Offline: the rules are kept; fsck is clean; a remount reads back every file.
+  {
+    auto r = ctl(tmp, {"--device", slow, "policy", "list", fast, "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    REQUIRE(schema_checked("policy list", r.out)["rules"].size() == 4);
+    REQUIRE(run({fsck_bin(), "-n", fast, slow}, tmp / "fsck.log") == 0);
+  }
+  Mount again(fast, tmp / "mnt", {"device=" + slow});
+  again.start();
+  for (const auto& [rel, d] : files) REQUIRE(read_file(again / rel) == d);
+  {
+    auto r = ctl(tmp, {"policy", "set", again.path()});
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out.find("no placement rules") != std::string::npos);
+  }
+  REQUIRE(again.unmount() == 0);
 }
