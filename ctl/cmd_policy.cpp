@@ -15,6 +15,7 @@
 #include "snap/model.h"
 #include "union/view.h"
 #include "util/parse.h"
+#include "util/progress.h"
 
 namespace plyfs::ctl {
 
@@ -144,16 +145,57 @@ int test(const Parsed& p) {
   return 0;
 }
 
+// plyctl policy apply: every file of the mounted (or default) branch moved
+// to its rule's first class.
+int apply(const Parsed& p) {
+  if (p.pos.size() != 2) return usage_error("usage: plyctl policy apply IMAGE|MOUNTPOINT [--json]");
+  const std::string& target = p.pos[1];
+  auto t = open_target(target, true);
+  if (!t) return fail_on(target, t.error());
+  Result<Json> r = Error::invalid("");
+  if (!t->mnt.empty()) {
+    Progress work("moving files to their rules' classes", 0, Progress::Unit::Count);
+    r = request(t->mnt, Json{{"command", "policy-apply"}}, nullptr, &work);
+    if (!r) return fail(target + ": " + r.error().message());
+  } else {
+    Volume& v = *t->o.vol;
+    if (auto l = load_placement_rules(v); !l) return fail_on(target, l.error());
+    auto stack = default_stack(v);
+    if (!stack) return fail_on(target, stack.error());
+    auto fs = Filesystem::open(v, stack->front().tree);
+    if (!fs) return fail_on(target, fs.error());
+    Progress prog("moving files to their rules' classes", 0, Progress::Unit::Count);
+    auto st = (*fs)->migrate_all([&](uint64_t done, uint64_t total) {
+      prog.set_total(total);
+      prog.update(done);
+    });
+    if (prog.shown()) prog.finish();
+    if (!st) return fail_on(target, st.error());
+    fs->reset();
+    r = model::policy_applied(v, *st);
+    if (auto c = v.close(); !c) return fail_on(target, c.error());
+  }
+  if (p.opt.count("--json")) {
+    print_json(*r);
+  } else {
+    std::printf("moved %llu files (%s)%s\n", (unsigned long long)(*r)["files_moved"].get<uint64_t>(),
+                format_size((*r)["moved_bytes"].get<uint64_t>()).c_str(),
+                (*r)["files_failed"].get<uint64_t>() ? "; some could not move (a full class?)" : "");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_policy(const std::string& sub, const std::vector<std::string>& args) {
-  if (sub != "list" && sub != "set" && sub != "test")
-    return usage_error("unknown policy subcommand '" + sub + "' (list, set, test)");
+  if (sub != "list" && sub != "set" && sub != "test" && sub != "apply")
+    return usage_error("unknown policy subcommand '" + sub + "' (list, set, test, apply)");
   std::vector<std::string> a = args;
   a.insert(a.begin(), sub);
   auto p = parse(a, {"--file", "--gid", "--mode", "--image"}, {"--json"});
   if (!p) return usage_error(p.error().message());
   if (sub == "test") return test(*p);
+  if (sub == "apply") return apply(*p);
   if (p->pos.size() < 2 || (sub == "list" && p->pos.size() != 2))
     return usage_error(sub == "list" ? "usage: plyctl policy list IMAGE|MOUNTPOINT [--json]"
                                      : "usage: plyctl policy set IMAGE|MOUNTPOINT [RULE...] [--file FILE] [--json]");

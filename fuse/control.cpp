@@ -394,7 +394,8 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
                                                      "trim", "resize", "show", "branches", "views", "default",
                                                      "view-create", "view-delete", "view-default", "sync", "du",
                                                      "hold", "release", "quota", "scrub", "send", "receive",
-                                                     "devices", "where", "policy", "policy-set", "policy-test"};
+                                                     "devices", "where", "policy", "policy-set", "policy-test",
+                                                     "policy-apply"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -403,7 +404,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
                           "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive, devices, where, policy, policy-set, "
-                          "policy-test)");
+                          "policy-test, policy-apply)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -452,7 +453,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     return Error::io(EPERM, cmd == "diff"    ? "only root or the mount's owner may diff branches"
                             : cmd == "scrub" ? "only root or the mount's owner may scrub"
                             : cmd == "send"  ? "only root or the mount's owner may send branches"
-                            : cmd == "policy-set" ? "only root or the mount's owner may change placement rules"
+                            : cmd == "policy-set" || cmd == "policy-apply" ? "only root or the mount's owner may change placement"
                                              : "only root or the mount's owner may change branches");
   if (cmd == "policy-set") {
     if (!req.contains("rules") || !req["rules"].is_array()) return Error::invalid("\"rules\" must be a list of rules");
@@ -465,6 +466,24 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     PLY_CHECK(set_placement_rules(*g->vol, std::move(rules)));
     (void)PLY_TRY(g->vol->commit());
     return model::policy(*g->vol);
+  }
+  // The seed's enforcer: every file of the writable branch moved to its
+  // rule's first class (format.md#migration).
+  if (cmd == "policy-apply") {
+    if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+    Filesystem* fs = nullptr;
+    for (const auto& l : g->stack)
+      if (l.writable && g->branches.count(l.tree.v)) {
+        fs = g->branches[l.tree.v].get();
+        break;
+      }
+    if (!fs) return Error::io(EROFS, "the mount has no writable branch");
+    RunningOp op("policy-apply", "moving files to their rules' classes", "files");
+    auto st = PLY_TRY(fs->migrate_all([&](uint64_t done, uint64_t total) {
+      op.update(done, total ? double(done) / double(total) : 1.0);
+    }));
+    (void)PLY_TRY(g->vol->commit());
+    return model::policy_applied(*g->vol, st);
   }
   if (cmd == "diff") return run_diff(req);
   if (cmd == "send") return send_online(req, caller);

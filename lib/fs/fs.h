@@ -318,6 +318,10 @@ class Filesystem {
     uint64_t files = 0, blocks = 0, failed = 0;
   };
   MigrationStats migration_stats();
+  // plyctl policy apply: migrate() of every regular file of the branch now
+  // (the seed's periodic enforcer), after a change of the rules.
+  // `progress`: files done, files in all.
+  Result<MigrationStats> migrate_all(const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
   // The rule that decides for `ino` now (-1: none, the default order).
   struct PlacementAnswer {
     int rule = -1;

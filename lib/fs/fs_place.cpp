@@ -375,4 +375,36 @@ Result<uint64_t> Filesystem::migrate(uint64_t ino) {
   return moved;
 }
 
+Result<Filesystem::MigrationStats> Filesystem::migrate_all(const std::function<void(uint64_t, uint64_t)>& progress) {
+  MigrationStats out;
+  if (!placing()) return out;
+  // The regular files with blocks, by one scan of the tree's inodes.
+  std::vector<uint64_t> inos;
+  {
+    auto t = PLY_TRY(vol_.begin());
+    std::shared_lock lk(mu_);
+    std::optional<Error> err;
+    PLY_CHECK(t.scan(tree_, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
+      if (type_of(k) != ItemType::Inode) return true;
+      auto r = decode_inode(k.hi, v);
+      if (!r) return err = r.error(), false;
+      if (S_ISREG(r->a.mode) && r->a.blocks > 0 && r->a.nlink > 0) inos.push_back(k.hi);
+      return true;
+    }));
+    if (err) return *err;
+  }
+  for (size_t i = 0; i < inos.size(); i++) {
+    auto r = migrate(inos[i]);
+    if (!r) {
+      out.failed++;
+      if (r.error().is_corruption() || r.error().code == EIO) return r.error();
+    } else {
+      out.files += *r > 0;
+      out.blocks += *r;
+    }
+    if (progress) progress(i + 1, inos.size());
+  }
+  return out;
+}
+
 }  // namespace plyfs

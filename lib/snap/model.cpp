@@ -520,6 +520,10 @@ Json policy_rule(const PlacementRule& r, size_t rank) {
   return Json{{"rank", rank}, {"rule", format_rule(r)}, {"match", std::move(m)}, {"to", r.to}, {"strict", r.strict}};
 }
 
+Json policy_applied(Volume& v, const Filesystem::MigrationStats& st) {
+  return Json{{"files_moved", st.files}, {"moved_bytes", st.blocks * v.block_size()}, {"files_failed", st.failed}};
+}
+
 Result<Json> policy(Volume& v) {
   const auto rules = PLY_TRY(list_placement_rules(v));
   Json list = Json::array();

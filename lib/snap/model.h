@@ -88,6 +88,9 @@ Json where(Volume& v, const std::vector<Filesystem::Placed>& extents);
 // volume's classes, fastest first, and its rules in rank order, each with
 // its text and what it matches and gives (schema "Policy").
 Result<Json> policy(Volume& v);
+// plyctl policy apply: the files moved and the bytes they moved (schema
+// "PolicyApply").
+Json policy_applied(Volume& v, const Filesystem::MigrationStats& st);
 // One rule as the model shows it (rank from 1).
 Json policy_rule(const PlacementRule& r, size_t rank);
 // plyctl policy test: the rule a new file at `path` (from the root) of that
