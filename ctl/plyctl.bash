@@ -34,12 +34,12 @@ _plyctl() {
     COMPREPLY=()
 
     if ((COMP_CWORD == 1)); then
-        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\nsend\nreceive\ndevice\nwhere\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
+        COMPREPLY=($(compgen -W $'show\nbranch\nlayer\nview\nsnapshot\nclone\nmerge\nrollback\ndelete\ndiff\nhold\nrelease\nsync\nimport\nexport\nsend\nreceive\ndevice\npolicy\nwhere\ndu\ntrim\nresize\nscrub\ndebug\n--help\n--version' -- "$cur"))
         return
     fi
     # Words that are not options, after the command (and subcommand).
     local first=2
-    case $cmd in branch | layer | view | debug | device) first=3 ;; esac
+    case $cmd in branch | layer | view | debug | device | policy) first=3 ;; esac
     if ((COMP_CWORD == 2 && first == 3)); then
         local subs
         case $cmd in
@@ -48,6 +48,7 @@ _plyctl() {
             view) subs=$'list\ncreate\ndelete\ndefault' ;;
             debug) subs=$'tree\nfields\ncorrupt' ;;
             device) subs=$'list' ;;
+            policy) subs=$'list\nset\ntest\napply' ;;
         esac
         COMPREPLY=($(compgen -W "$subs" -- "$cur"))
         return
@@ -58,7 +59,7 @@ _plyctl() {
         w=${COMP_WORDS[i]}
         if ((skip)); then skip=0; continue; fi
         case $w in
-            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | --rate | -o | -f) skip=1 ;;
+            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | --rate | --file | --gid | --mode | --image | -o | -f) skip=1 ;;
             -*) ;;
             *) args+=("$w") ;;
         esac
@@ -71,7 +72,7 @@ _plyctl() {
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" branch "$target")"; return ;;
         --view)
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" view "$target")"; return ;;
-        --at | --name | --set | --flip | --add | --rate) return ;;
+        --at | --name | --set | --flip | --add | --rate | --gid | --mode) return ;;
         --format)
             [[ $cmd == import ]] && COMPREPLY=($(compgen -W $'dir\ntar\noci-layer\noci\next4' -- "$cur"))
             [[ $cmd == export ]] && COMPREPLY=($(compgen -W $'tar\noci-layer' -- "$cur"))
@@ -80,7 +81,7 @@ _plyctl() {
             if [[ $cmd == send ]]; then COMPREPLY=($(compgen -W $'zstd\nzstd:1\nzstd:3\nzstd:9\nnone' -- "$cur"))
             else COMPREPLY=($(compgen -W $'zstd\ngzip\nnone' -- "$cur")); fi
             return ;;
-        -o | -f) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        -o | -f | --file | --image) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     esac
 
     local opts="--json"
@@ -93,6 +94,8 @@ _plyctl() {
         "layer create") opts+=$'\n--on\n--ro' ;;
         "view create") opts+=$'\n--default' ;;
         "debug corrupt"*) opts+=$'\n--set\n--flip\n--zero\n--add\n--keep-checksum' ;;
+        "policy set") opts+=$'\n--file' ;;
+        "policy test") opts+=$'\n--gid\n--mode\n--image' ;;
     esac
     case $cmd in
         snapshot) opts+=$'\n--view\n--branch\n--name' ;;

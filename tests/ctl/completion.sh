@@ -46,8 +46,12 @@ truncate -s 64M "$IMG"
 
 expect "commands" $'branch' br
 expect "commands starting with d" $'debug\ndelete\ndevice\ndiff\ndu' d
+expect "commands starting with p" 'policy' p
 expect "branch subcommands" $'add\ncreate\nlist\nmove\nremove\nset' branch ''
 expect "device subcommands" 'list' device ''
+expect "policy subcommands" $'apply\nlist\nset\ntest' policy ''
+expect "options of policy test" $'--gid\n--image\n--json\n--mode' policy test /mnt/x 1M -
+expect "options of policy set" $'--file\n--json' policy set "$IMG" -
 expect "commands starting with w" 'where' w
 expect "layer subcommands" $'create\ndelete\nlist' layer ''
 expect "options of branch create" $'--clone\n--json\n--parent\n--ro' branch create "$IMG" x -

@@ -36,7 +36,7 @@ done < <("$PLYCTL" --help | sed -n 's/^  \([a-z]\+\( [a-z]\+\)\?\) [A-Z].*/\1/p'
            sed 's/ \(IMAGE\|MNT\|SRC\|STRUCT\|BRANCH\)$//' | sort -u)
 # Every object of the schema is described under JSON SCHEMA.
 json_section=$(sed -n '/^JSON SCHEMA/,/^CONTROL CHANNEL/p' <<<"$text")
-for obj in BranchRef StackEntry Branch BranchInfo View Snapshot Merge DiffEntry Image Import Export Trim Resize Scrub ScrubDamage ScrubReference ScrubStatus Sync SpaceUse BranchSpace Du Quota; do
+for obj in BranchRef StackEntry Branch BranchInfo View Snapshot Merge DiffEntry Image Import Export Trim Resize Scrub ScrubDamage ScrubReference ScrubStatus Sync SpaceUse BranchSpace Du Quota Devices Where Policy PolicyTest PolicyApply; do
   check "JSON SCHEMA describes $obj" grep -qw "$obj" <<<"$json_section"
   check "the schema file defines $obj" grep -q "\"$obj\": {" "$SCHEMA"
 done
