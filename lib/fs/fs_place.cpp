@@ -70,6 +70,17 @@ class Filesystem::Placer {
     epoch_++;
     dir_paths_.clear();
   }
+  // The cached candidates, when still valid for these rules, directories,
+  // owner and mode: what a write asks (no copy of the name).
+  std::optional<uint64_t> candidates(uint64_t ino, uint64_t version, const Attr& a) {
+    std::lock_guard lk(facts_mu_);
+    auto it = facts_.find(ino);
+    if (it == facts_.end()) return std::nullopt;
+    const Facts& f = it->second;
+    if (!f.known || f.version != version || f.epoch != epoch_ || f.uid != a.uid || f.gid != a.gid || f.mode != a.mode)
+      return std::nullopt;
+    return f.cand;
+  }
   std::optional<Facts> facts(uint64_t ino) {
     std::lock_guard lk(facts_mu_);
     auto it = facts_.find(ino);
@@ -226,14 +237,16 @@ Result<std::string> Filesystem::place_path(uint64_t ino) {
 Result<Placement> Filesystem::place_for(uint64_t ino, const Attr& a, uint64_t size, bool* crossed) {
   if (crossed) *crossed = false;
   if (!placing()) return Placement{};
+  // The version first: rules set in between are cached as older ones, and
+  // found again at the next write.
+  const uint64_t version = policy_->version();
   auto pol = policy_->get();
   if (!pol || pol->empty()) return Placement{};
-  const uint64_t version = policy_->version();
   Placer& pl = placer();
-  auto f = pl.facts(ino);
-  const uint64_t epoch = pl.epoch();
-  if (!f || !f->known || f->version != version || f->epoch != epoch || f->uid != a.uid || f->gid != a.gid ||
-      f->mode != a.mode) {
+  std::optional<uint64_t> cand = pl.candidates(ino, version, a);
+  if (!cand) {
+    const uint64_t epoch = pl.epoch();
+    auto f = pl.facts(ino);
     const std::string path = PLY_TRY(place_path(ino));
     Placer::Facts nf = f ? *f : Placer::Facts{};
     nf.known = true;
@@ -244,10 +257,10 @@ Result<Placement> Filesystem::place_for(uint64_t ino, const Attr& a, uint64_t si
     nf.mode = a.mode;
     nf.cand = pol->candidates(path, a.uid, a.gid, a.mode);
     pl.remember(ino, nf);
-    f = nf;
+    cand = nf.cand;
   }
-  const int now = pol->choose(f->cand, size);
-  if (crossed) *crossed = pol->choose(f->cand, a.size) != now;
+  const int now = pol->choose(*cand, size);
+  if (crossed) *crossed = pol->choose(*cand, a.size) != now;
   return pol->placement(now);
 }
 
