@@ -119,6 +119,7 @@ void usage(FILE* out) {
                "  receive IMAGE|MNT [-f FILE] [--name NAME]\n"
                "                               a stream as a new read-only branch\n"               "Space:\n"
                "  device list IMAGE|MNT        the devices of a volume on several: class, size, use\n"
+               "  device add IMAGE DEVICE      a device joins a volume that is not mounted (--class C)\n"
                "  where PATH                   on which devices a file's data lies (on a mount)\n"
                "  policy list IMAGE|MNT        the placement rules of a volume on several devices\n"
                "  policy set IMAGE|MNT RULE... replace them ('ext=mp4 to=slow', 'size<64K to=fast strict')\n"

@@ -13,6 +13,8 @@
 #include "output.h"
 #include "snap/model.h"
 #include "util/parse.h"
+#include "blockdev/device_set.h"
+#include "commit/devices.h"
 
 namespace plyfs::ctl {
 
@@ -30,10 +32,66 @@ void print_devices(const Json& r) {
   }
 }
 
+// plyctl device add IMAGE DEVICE [--class CLASS] [--force]: offline, the
+// volume's devices named by IMAGE and --device (format.md#device-add).
+int device_add(const std::vector<std::string>& args) {
+  auto p = parse(args, {"--class"}, {"--json", "--force"});
+  if (!p) return usage_error(p.error().message());
+  if (p->pos.size() != 2)
+    return usage_error("usage: plyctl [--device PATH]... device add IMAGE NEWDEVICE [--class CLASS] [--force] [--json]");
+  const std::string& image = p->pos[0];
+  const std::string& added = p->pos[1];
+  if (is_directory(image))
+    return fail(image + ": devices are added to a volume that is not mounted: unmount it, then give one of its devices");
+  auto o = open_volume(image, true);
+  if (!o) return fail_on(image, o.error());
+  const SuperInfo sb = o->vol->super();
+  if (sb.classes.empty())
+    return usage_error(image + ": a volume of one device takes no other (make it with mkfs.plyfs --class)");
+  const std::string cls = p->opt.count("--class") ? p->opt["--class"] : sb.classes.back();
+  if (auto c = o->vol->close(); !c) return fail_on(image, c.error());
+  o->vol.reset();
+  DeviceSet* ds = o->dev->device_set();
+  if (!ds || static_cast<BlockDevice*>(ds) != o->dev.get()) return fail(image + ": not a volume of several devices");
+  // Named twice (it is open, and locked, as a member already).
+  if (char* rp = ::realpath(added.c_str(), nullptr)) {
+    const std::string full = rp;
+    std::free(rp);
+    for (size_t i = 0; i < ds->member_count(); i++)
+      if (ds->member_info(i).name == full)
+        return usage_error(added + " is a device of the volume already (device " + std::to_string(i) + ")");
+  }
+  std::unique_ptr<DeviceSet> set(static_cast<DeviceSet*>(o->dev.release()));
+  auto dev = open_device(added, FileOpenOptions{false, true});
+  if (!dev) return fail_on(added, dev.error());
+  auto grown = add_device(std::move(set), std::move(*dev), added, cls, p->opt.count("--force") > 0);
+  if (!grown) {
+    const int code = grown.error().code;
+    return code == EINVAL || code == EOPNOTSUPP ? usage_error(added + ": " + grown.error().message())
+                                                : fail_on(added, grown.error());
+  }
+  VolumeOptions vo;
+  vo.read_only = true;
+  auto vol = Volume::open(**grown, vo);
+  if (!vol) return fail_on(image, vol.error());
+  auto r = model::devices(**vol);
+  if (!r) return fail_on(image, r.error());
+  if (p->opt.count("--json")) {
+    print_json(*r);
+  } else {
+    const auto& last = (*r)["devices"].back();
+    std::printf("%s: added %s as device %llu, class %s, %s\n", image.c_str(), added.c_str(),
+                (unsigned long long)last["index"].get<uint64_t>(), last["class"].get<std::string>().c_str(),
+                format_size(last["size_bytes"].get<uint64_t>()).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_device(const std::string& sub, const std::vector<std::string>& args) {
-  if (sub != "list") return usage_error("unknown device subcommand '" + sub + "' (list)");
+  if (sub == "add") return device_add(args);
+  if (sub != "list") return usage_error("unknown device subcommand '" + sub + "' (list, add)");
   auto p = parse(args, {}, {"--json"});
   if (!p) return usage_error(p.error().message());
   if (p->pos.size() != 1) return usage_error("usage: plyctl [--device PATH]... device list IMAGE|MOUNTPOINT [--json]");

@@ -417,7 +417,12 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     if (req.contains("branch")) b = PLY_TRY(arg_branch(req, "branch")).tree;
     return model::du(*g->vol, b);
   }
-  if (cmd == "devices") return model::devices(*g->vol);
+  // The open generation's new extents are not in the space tree yet
+  // (Volume::device_usage): committed first, the use is exact.
+  if (cmd == "devices") {
+    if (!g->read_only) (void)PLY_TRY(g->vol->commit());
+    return model::devices(*g->vol);
+  }
   // Where a file's data lies: its inode number as stat(2) shows it on the
   // mount (the union's, format.md#fs-union).
   if (cmd == "where") {

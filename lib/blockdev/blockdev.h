@@ -44,9 +44,16 @@ struct WriteReq {
   std::span<const std::byte> data;
 };
 
+class DeviceSet;
+
 class BlockDevice {
  public:
   virtual ~BlockDevice() = default;
+  // The devices of a multi-device volume this one is (format.md#multi-device):
+  // a DeviceSet answers itself, a wrapper that forwards every request to one
+  // device answers that device's. Null: one device. Recovery and fsck read
+  // each member's superblocks through it, mkfs writes each member's label.
+  virtual DeviceSet* device_set() { return nullptr; }
   virtual Result<void> read(uint64_t offset, std::span<std::byte> out) = 0;
   virtual Result<void> write(uint64_t offset, std::span<const std::byte> in) = 0;
   virtual Result<void> flush() = 0;  // durability barrier (D3)

@@ -44,10 +44,13 @@ class DeviceSet final : public BlockDevice {
   uint64_t size_bytes() const override { return size_; }
   uint32_t logical_sector_size() const override { return lss_; }
   uint32_t physical_sector_size() const override { return pss_; }
+  DeviceSet* device_set() override { return this; }
 
   size_t member_count() const { return members_.size(); }
   BlockDevice& member(size_t i) { return *members_[i].dev; }
   const Member& member_info(size_t i) const { return members_[i]; }
+  // The members, the set left empty (to make a set of more, add_device).
+  std::vector<Member> take_members() { return std::move(members_); }
   // The member holding byte `offset`, or -1 in a gap or past the end.
   int member_at(uint64_t offset) const;
 

@@ -82,6 +82,7 @@ class LogDevice final : public BlockDevice {
   Result<uint64_t> truncate(uint64_t bytes) override { return inner_->truncate(bytes); }
   uint32_t logical_sector_size() const override { return inner_->logical_sector_size(); }
   uint32_t physical_sector_size() const override { return inner_->physical_sector_size(); }
+  DeviceSet* device_set() override { return inner_->device_set(); }
 
  private:
   LogDevice(std::unique_ptr<BlockDevice> inner, int fd) : inner_(std::move(inner)), fd_(fd) {}

@@ -82,6 +82,7 @@ class BorrowedDevice final : public BlockDevice {
   uint64_t size_bytes() const override { return d_.size_bytes(); }
   uint32_t logical_sector_size() const override { return d_.logical_sector_size(); }
   uint32_t physical_sector_size() const override { return d_.physical_sector_size(); }
+  DeviceSet* device_set() override { return d_.device_set(); }
 
  private:
   BlockDevice& d_;

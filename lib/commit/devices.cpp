@@ -11,6 +11,7 @@
 #include "alloc/space.h"
 #include "blockdev/device_set.h"
 #include "commit/disk_superblock.h"
+#include "commit/volume.h"
 #include "util/checksum.h"
 
 namespace plyfs {
@@ -106,6 +107,7 @@ struct Found {
   std::string path;
   std::unique_ptr<BlockDevice> dev;
   DeviceLabelInfo label;
+  bool scanned = false;  // found in a directory, not named
 };
 
 // Every regular file and block device directly in `dir`, for scanning.
@@ -167,7 +169,7 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
         return Error::invalid(p + " and " + f.path + " are the same device of the volume (" +
                               uuid_text(f.label.device_uuid) + ")");
       }
-    found.push_back(Found{p, std::move(*dev), **l});
+    found.push_back(Found{p, std::move(*dev), **l, scanning});
     return ok();
   };
   for (const auto& o : others) {
@@ -204,12 +206,96 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
                                         d.nblocks * sb.block_size, std::move(name)});
     it->dev = nullptr;
   }
+  // A device the table lacks that a scan found is no device of the volume
+  // (one an interrupted add left, format.md#device-add); one named is refused.
   for (const auto& f : found)
-    if (f.dev)
+    if (f.dev && !f.scanned)
       return Error::invalid(f.path + " is not in the device table of volume " + uuid_text(sb.uuid) +
-                            " (a device removed from it?)");
+                            " (a device removed from it, or one whose add was cut short: add it again)");
   auto set = PLY_TRY(DeviceSet::make(std::move(members), disk::kReservedBytes));
   return std::unique_ptr<BlockDevice>(std::move(set));
+}
+
+Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, std::unique_ptr<BlockDevice> dev,
+                                              const std::string& name, const std::string& cls, bool force) {
+  const SuperChoice choice = PLY_TRY(read_superblocks(*set));
+  const SuperInfo& sb = choice.info;
+  if (!is_multi_device(sb))
+    return Error::io(EOPNOTSUPP, "a volume of one device takes no other (make it with mkfs.plyfs --class)");
+  if (sb.devices.size() >= disk::kMaxDevices)
+    return Error::invalid("the volume has " + std::to_string(disk::kMaxDevices) + " devices, the most it may");
+  // A label on the device: one of this volume's table is refused; one of
+  // this volume that the table lacks is an add a crash cut short, taken
+  // again; another volume's is refused unless forced.
+  if (auto l = read_device_label(*dev); l && *l) {
+    if ((*l)->volume_uuid == sb.uuid) {
+      for (const auto& d : sb.devices)
+        if (d.uuid == (*l)->device_uuid)
+          return Error::invalid(name + " is a device of the volume already (" + uuid_text(d.uuid) + ")");
+    } else if (!force) {
+      return Error::invalid(name + " is a device of another plyfs volume (" + uuid_text((*l)->volume_uuid) +
+                            "): give --force to take it");
+    }
+  }
+  const uint32_t bs = sb.block_size;
+  const uint64_t group = SpaceManager::kGroupBlocks;
+  const uint64_t end = sb.total_blocks;
+  const uint64_t first = sb.first_block + (end - sb.first_block + group - 1) / group * group;
+  const uint64_t nblocks = dev->size_bytes() / bs;
+  if (nblocks < sb.first_block + 16)
+    return Error::invalid(name + " is too small: a device of a volume holds at least " +
+                          std::to_string((sb.first_block + 16) * bs) + " bytes");
+  SuperInfo next = sb;
+  uint8_t class_id;
+  if (auto it = std::find(sb.classes.begin(), sb.classes.end(), cls); it != sb.classes.end()) {
+    class_id = static_cast<uint8_t>(it - sb.classes.begin());
+  } else {
+    if (sb.classes.size() >= disk::kMaxClasses)
+      return Error::invalid("the volume has " + std::to_string(disk::kMaxClasses) + " classes: give one of them");
+    if (cls.empty() || cls.size() > 15) return Error::invalid("a class name has 1 to 15 bytes");
+    next.classes.push_back(cls);
+    class_id = static_cast<uint8_t>(next.classes.size() - 1);
+  }
+  DeviceInfo d;
+  d.uuid = PLY_TRY(random_uuid());
+  d.first_block = first;
+  d.nblocks = nblocks;
+  d.class_id = class_id;
+  next.devices.push_back(d);
+  next.total_blocks = first + nblocks;
+  uint64_t holes = 0;
+  for (const auto& h : space_geometry(next).holes) holes += h.nblocks;
+  next.reserve_blocks = Volume::reserve_for(next.total_blocks - next.first_block - holes);
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  const uint64_t now = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+  // 1. The new device gets device 0's superblock slots byte for byte (so
+  // that every device holds the generation the volume is at), then its
+  // label; flushed before any other device changes.
+  {
+    std::vector<std::byte> buf(disk::kSuperSize);
+    for (int slot = 0; slot < 2; slot++) {
+      PLY_CHECK(set->member(0).read(disk::kSuperOffset[slot], buf));
+      PLY_CHECK(dev->write(disk::kSuperOffset[slot], buf));
+    }
+    PLY_CHECK(write_device_label(*dev, sb.uuid, d.uuid, now));
+    PLY_CHECK(dev->flush());
+  }
+  // 2. The set with it, and the two generations with the new table: each
+  // written to its slot of every device, then every device flushed (C4).
+  auto members = set->take_members();
+  std::string shown = name;
+  if (!is_nbd_uri(shown))
+    if (char* rp = realpath(shown.c_str(), nullptr)) shown = rp, free(rp);
+  members.push_back(DeviceSet::Member{std::move(dev), first * bs, nblocks * bs, shown});
+  auto grown = PLY_TRY(DeviceSet::make(std::move(members), disk::kReservedBytes));
+  for (int k = 1; k <= 2; k++) {
+    next.generation = Generation{sb.generation.v + k};
+    next.commit_time_ns = now;
+    PLY_CHECK(grown->write(disk::kSuperOffset[next.generation.v % 2], encode_superblock(next)));
+    PLY_CHECK(grown->flush());
+  }
+  return grown;
 }
 
 }  // namespace plyfs

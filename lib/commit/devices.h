@@ -51,4 +51,17 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
 
 std::string uuid_text(const std::array<uint8_t, 16>& u);
 
+class DeviceSet;
+// plyctl device add, offline (format.md#device-add): `dev` joins the volume
+// on `set` (as open_volume assembled it; the volume is not open) as its last
+// device, of class `cls` (one of the volume's, or a new one, then the
+// slowest), at the first group boundary past the volume's end. Two
+// generations that change nothing but the device table, written to every
+// device: a crash leaves the volume with the device or without it, and
+// without it the device is simply not in the table. Returns the new set.
+// EINVAL: the device is too small, a device of the volume already, or of
+// another volume (unless `force`); EOPNOTSUPP: a volume of one device.
+Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, std::unique_ptr<BlockDevice> dev,
+                                              const std::string& name, const std::string& cls, bool force);
+
 }  // namespace plyfs

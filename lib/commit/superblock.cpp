@@ -403,7 +403,7 @@ Result<SuperChoice> read_superblocks(BlockDevice& dev, bool trust_torn) {
                           "-byte sectors are larger than plyfs blocks can be");
   if (dev.size_bytes() < disk::kReservedBytes)
     return Error::invalid("the device is too small to hold a plyfs filesystem");
-  if (auto* set = dynamic_cast<DeviceSet*>(&dev); set && set->member_count() > 1)
+  if (auto* set = dev.device_set(); set && set->member_count() > 1)
     return choose_common(*set, trust_torn);
   SuperChoice c;
   {

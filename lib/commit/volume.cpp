@@ -172,7 +172,7 @@ Result<SuperInfo> Volume::plan(const BlockDevice& dev, const FormatOptions& o) {
   // set's layout, a uuid for each device, and the reserve of what the
   // devices hold (not the gaps between them).
   if (!o.device_classes.empty()) {
-    const auto* set = dynamic_cast<const DeviceSet*>(&dev);
+    const auto* set = const_cast<BlockDevice&>(dev).device_set();
     if (!set || set->member_count() != o.device_classes.size())
       return Error::invalid("a class for each device of the set is needed");
     if (o.classes.empty() || o.classes.size() > disk::kMaxClasses)
@@ -229,7 +229,7 @@ SpaceGeometry space_geometry(const SuperInfo& s) {
 Result<SuperInfo> Volume::format(BlockDevice& dev, const FormatOptions& o) {
   SuperInfo s = PLY_TRY(plan(dev, o));
   const uint32_t bs = s.block_size;
-  auto* set = dynamic_cast<DeviceSet*>(&dev);
+  auto* set = dev.device_set();
   // Wipe the reserved area (both superblock slots) and flush first: a crash
   // during mkfs then leaves no superblock at all, never an old one in front
   // of half-written new trees.

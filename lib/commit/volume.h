@@ -149,6 +149,8 @@ class Volume {
  public:
   // The superblock mkfs would write, without writing (mkfs -n).
   static Result<SuperInfo> plan(const BlockDevice& dev, const FormatOptions& opts);
+  // The space reserve (format.md#space-reserve) of a volume of `usable` blocks.
+  static uint64_t reserve_for(uint64_t usable);
   // Writes an empty filesystem: root and space trees, both superblocks.
   static Result<SuperInfo> format(BlockDevice& dev, const FormatOptions& opts);
   static Result<std::unique_ptr<Volume>> open(BlockDevice& dev, VolumeOptions opts = {});
@@ -341,7 +343,6 @@ class Volume {
   // lies at or past `end`; false when nothing is left there.
   Result<bool> relocate_batch(uint64_t end, uint64_t& moved_blocks);
   Result<void> check_movable();
-  static uint64_t reserve_for(uint64_t usable);
   static uint64_t change_budget(uint64_t reserve_blocks);
   std::mutex resize_mu_;  // one resize at a time
 

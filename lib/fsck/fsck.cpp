@@ -159,7 +159,7 @@ RebuildPlan plan_for(const std::vector<FsckProblem>& ps) {
 // written to those devices (its slot; the other slot stays as it is).
 // Nothing when the volume is not like that.
 std::optional<std::string> rewrite_lost_devices(BlockDevice& dev, bool write) {
-  auto* set = dynamic_cast<DeviceSet*>(&dev);
+  auto* set = dev.device_set();
   if (!set || set->member_count() < 2) return std::nullopt;
   std::vector<size_t> lost;
   std::optional<std::vector<std::byte>> agreed[2];
@@ -242,13 +242,13 @@ class Meter final : public BlockDevice {
     read_ += out.size();
     return in_.read(off, out);
   }
-  void count(uint64_t bytes) { read_ += bytes; }
   Result<void> write(uint64_t off, std::span<const std::byte> in) override { return in_.write(off, in); }
   Result<void> flush() override { return in_.flush(); }
   Result<void> discard(uint64_t off, uint64_t len) override { return in_.discard(off, len); }
   uint64_t size_bytes() const override { return in_.size_bytes(); }
   uint32_t logical_sector_size() const override { return in_.logical_sector_size(); }
   uint32_t physical_sector_size() const override { return in_.physical_sector_size(); }
+  DeviceSet* device_set() override { return in_.device_set(); }
 
  private:
   uint64_t done() const { return (read_.load() - start_) / bs_; }
@@ -278,44 +278,13 @@ class Meter final : public BlockDevice {
 
 Result<FsckReport> run(BlockDevice& dev, const FsckOptions& opts, int depth, Meter* meter = nullptr);
 
-// One device of a multi-device volume, its reads counted by the meter.
-class MeteredMember final : public BlockDevice {
- public:
-  MeteredMember(BlockDevice& in, Meter& m) : in_(in), m_(m) {}
-  Result<void> read(uint64_t off, std::span<std::byte> out) override {
-    m_.count(out.size());
-    return in_.read(off, out);
-  }
-  Result<void> write(uint64_t off, std::span<const std::byte> in) override { return in_.write(off, in); }
-  Result<void> flush() override { return in_.flush(); }
-  Result<void> discard(uint64_t off, uint64_t len) override { return in_.discard(off, len); }
-  uint64_t size_bytes() const override { return in_.size_bytes(); }
-  uint32_t logical_sector_size() const override { return in_.logical_sector_size(); }
-  uint32_t physical_sector_size() const override { return in_.physical_sector_size(); }
-
- private:
-  BlockDevice& in_;
-  Meter& m_;
-};
-
 }  // namespace
 
 Result<FsckReport> fsck_run(BlockDevice& dev, const FsckOptions& opts) {
   if (!opts.progress) return run(dev, opts, 0);
   Meter meter(dev, opts);
-  // A multi-device volume stays a set (recovery reads every device's
-  // superblocks, format.md#multi-device-recovery): the same set over
-  // members whose reads the meter counts.
-  if (auto* set = dynamic_cast<DeviceSet*>(&dev)) {
-    std::vector<DeviceSet::Member> ms;
-    for (size_t i = 0; i < set->member_count(); i++) {
-      const auto& info = set->member_info(i);
-      ms.push_back(DeviceSet::Member{std::make_unique<MeteredMember>(set->member(i), meter), info.base,
-                                     info.bytes, info.name});
-    }
-    auto metered = PLY_TRY(DeviceSet::make(std::move(ms), disk::kReservedBytes));
-    return run(*metered, opts, 0, &meter);
-  }
+  // A multi-device volume stays a set through the meter (device_set()):
+  // recovery reads every device's superblocks (format.md#multi-device-recovery).
   return run(meter, opts, 0, &meter);
 }
 

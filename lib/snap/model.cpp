@@ -166,7 +166,7 @@ Result<Json> devices(Volume& v) {
   const SuperInfo sb = v.super();
   const auto use = PLY_TRY(v.device_usage());
   const uint64_t bs = sb.block_size;
-  auto* set = dynamic_cast<DeviceSet*>(&v.device());
+  auto* set = v.device().device_set();
   Json list = Json::array();
   const size_t n = std::max<size_t>(1, sb.devices.size());
   for (size_t i = 0; i < n; i++) {
@@ -194,7 +194,7 @@ Result<Json> devices(Volume& v) {
 Json where(Volume& v, const std::vector<Filesystem::Placed>& extents) {
   const SuperInfo sb = v.super();
   const uint64_t bs = sb.block_size;
-  auto* set = dynamic_cast<DeviceSet*>(&v.device());
+  auto* set = v.device().device_set();
   auto device_of = [&](uint64_t b) {
     size_t i = 0;
     while (i + 1 < sb.devices.size() && sb.devices[i + 1].first_block <= b) i++;

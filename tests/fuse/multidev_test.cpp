@@ -391,3 +391,70 @@ TEST_CASE("multidev-fuse: placement rules place files and move them when they cr
   }
   REQUIRE(again.unmount() == 0);
 }
+
+// plyctl device add (format.md#device-add) on an unmounted volume: a third
+// image joins the slow class, the volume mounts with it, new data reaches
+// it, every old byte reads back, fsck is clean with the three; refusals.
+TEST_CASE("multidev-fuse: a device added offline takes data of its class", "[multidev-fuse]") {
+  TempDir tmp;
+  const std::string fast = tmp / "fast.img", slow = tmp / "slow.img", more = tmp / "more.img";
+  REQUIRE(mkfs_status(tmp, {"-q", "-s", "64M", "-C", "fast=" + fast, "-C", "slow=" + slow}) == 0);
+  std::map<std::string, std::string> files;
+  std::mt19937_64 rng(0x616464ull);
+  {
+    Mount m(fast, tmp / "mnt", {"device=" + slow});
+    m.start();
+    for (int i = 0; i < 8; i++) {
+      files["a" + std::to_string(i)] = random_bytes(rng, 3 << 20);
+      write_file(m / ("a" + std::to_string(i)), files["a" + std::to_string(i)]);
+    }
+    // Through the mount: refused, in one line.
+    auto r = ctl(tmp, {"device", "add", m.path(), more});
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("unmount") != std::string::npos);
+    REQUIRE(m.unmount() == 0);
+  }
+  {
+    const int fd = ::open(more.c_str(), O_CREAT | O_WRONLY, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 96 << 20) == 0);
+    ::close(fd);
+  }
+  auto r = ctl(tmp, {"--device", slow, "device", "add", fast, more, "--class", "slow", "--json"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  const json d = schema_checked("device list", r.out);
+  REQUIRE(d["devices"].size() == 3);
+  REQUIRE(d["devices"][2]["class"] == "slow");
+  REQUIRE(d["devices"][2]["path"].get<std::string>().ends_with("/more.img"));
+  // Again: it is a device of the volume already.
+  r = ctl(tmp, {"--device", slow, "--device", more, "device", "add", fast, more});
+  REQUIRE(r.rc == 2);
+  REQUIRE(r.err.find("already") != std::string::npos);
+  // Without it, the volume is refused (a device is missing).
+  std::string out;
+  REQUIRE(refused_mount(tmp, fast, {"device=" + slow}, out) != 0);
+  REQUIRE(out.find("missing") != std::string::npos);
+  {
+    Mount m(fast, tmp / "mnt", {"device=" + tmp.path()});
+    m.start();
+    for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+    // 120 MiB more: past what the first slow device has left.
+    for (int i = 0; i < 30; i++) {
+      const std::string name = "b" + std::to_string(i);
+      files[name] = random_bytes(rng, 4 << 20);
+      write_file(m / name, files[name]);
+    }
+    bool on_new = false;
+    for (int i = 0; i < 30 && !on_new; i++) {
+      auto w = ctl(tmp, {"where", m / ("b" + std::to_string(i)), "--json"});
+      REQUIRE(w.rc == 0);
+      const json wj = schema_checked("where", w.out);
+      for (const auto& e : wj["extents"]) on_new = on_new || e["device"] == 2;
+    }
+    REQUIRE(on_new);
+    for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+    REQUIRE(m.unmount() == 0);
+  }
+  REQUIRE(run({fsck_bin(), "-n", fast, slow, more}, tmp / "fsck.log") == 0);
+}
