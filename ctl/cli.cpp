@@ -167,6 +167,18 @@ std::vector<std::string>& extra_devices() {
   return v;
 }
 
+std::string mount_root(const std::string& resolved, dev_t dev) {
+  std::string mnt = resolved;
+  for (;;) {
+    const size_t slash = mnt.rfind('/');
+    const std::string up = slash == 0 ? "/" : mnt.substr(0, slash);
+    struct stat ps {};
+    if (mnt == "/" || ::stat(up.c_str(), &ps) != 0 || ps.st_dev != dev) break;
+    mnt = up;
+  }
+  return mnt;
+}
+
 Result<std::unique_ptr<BlockDevice>> open_image(const std::string& path, bool write) {
   return ::plyfs::open_volume(path, extra_devices(), FileOpenOptions{!write, true});
 }

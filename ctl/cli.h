@@ -3,6 +3,8 @@
 // Exit status: 0 success, 1 failure, 2 usage error.
 #pragma once
 
+#include <sys/types.h>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -37,6 +39,9 @@ Result<std::unique_ptr<BlockDevice>> open_image(const std::string& path, bool wr
 // directories to scan for them (format.md#multi-device).
 std::vector<std::string>& extra_devices();
 bool is_directory(const std::string& p);
+// The mount `resolved` (an absolute path without links, on filesystem
+// `dev`) lies in: the topmost directory above it on the same filesystem.
+std::string mount_root(const std::string& resolved, dev_t dev);
 
 // An image opened for the branch commands (offline: it must not be mounted).
 struct Opened {

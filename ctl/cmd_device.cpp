@@ -123,15 +123,8 @@ int cmd_where(const std::vector<std::string>& args) {
   if (!S_ISREG(st.st_mode)) return fail(path + ": not a regular file");
   char* rp = ::realpath(path.c_str(), nullptr);
   if (!rp) return fail_on(path, Error::sys(errno, "cannot resolve it"));
-  std::string mnt = rp;
+  const std::string mnt = mount_root(rp, st.st_dev);
   std::free(rp);
-  for (;;) {
-    const size_t slash = mnt.rfind('/');
-    const std::string up = slash == 0 ? "/" : mnt.substr(0, slash);
-    struct stat ps {};
-    if (mnt == "/" || ::stat(up.c_str(), &ps) != 0 || ps.st_dev != st.st_dev) break;
-    mnt = up;
-  }
   // Data still in the kernel's cache has no place yet: written back and
   // committed first, as fsync(1) would.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

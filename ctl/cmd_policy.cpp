@@ -75,14 +75,7 @@ Result<std::pair<std::string, std::string>> mount_path(const std::string& path) 
   if (!rp) return Error::sys(errno, "cannot resolve " + have);
   const std::string full = rp;
   std::free(rp);
-  std::string mnt = full;
-  for (;;) {
-    const size_t slash = mnt.rfind('/');
-    const std::string up = slash == 0 ? "/" : mnt.substr(0, slash);
-    struct stat ps {};
-    if (mnt == "/" || ::stat(up.c_str(), &ps) != 0 || ps.st_dev != st.st_dev) break;
-    mnt = up;
-  }
+  const std::string mnt = mount_root(full, st.st_dev);
   std::string inner = full.substr(mnt == "/" ? 0 : mnt.size()) + rest;
   if (inner.empty()) inner = "/";
   return std::make_pair(mnt, inner);

@@ -355,6 +355,9 @@ Result<uint64_t> Filesystem::migrate(uint64_t ino) {
         m.to = b->v;
       }
       std::unique_lock lk(mu_);
+      // A branch whose content was replaced meanwhile (a rollback or merge,
+      // retire()) is changed no more: the copies go back.
+      if (retired_) return undo(Error::io(ESTALE, "the branch was replaced while its file moved"));
       // The items again, under the tree's lock: anything that changed one
       // since (a merge replacing the file) keeps its own.
       auto now = c.extents(ino, es.front().file_blk, next_from);

@@ -7,6 +7,14 @@
 
 namespace plyfs::test {
 
+// A volume with filesystem trees on `dev`, opened read-write.
+inline std::unique_ptr<Volume> open_fs_volume(BlockDevice& dev) {
+  VolumeOptions vo;
+  vo.kinds = fs_kinds();
+  vo.movers = fs_movers();
+  return must(Volume::open(dev, vo));
+}
+
 struct FsImage {
   std::unique_ptr<MemDevice> dev;
   std::unique_ptr<Volume> vol;
@@ -17,12 +25,7 @@ struct FsImage {
     open();
     main = must(Filesystem::default_tree(*vol));
   }
-  void open() {
-    VolumeOptions vo;
-    vo.kinds = fs_kinds();
-    vo.movers = fs_movers();
-    vol = must(Volume::open(*dev, vo));
-  }
+  void open() { vol = open_fs_volume(*dev); }
   // Commits, closes and opens again, as an unmount and a mount would.
   void reopen() {
     must(vol->close());

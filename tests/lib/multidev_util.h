@@ -11,6 +11,7 @@
 #include "commit/devices.h"
 #include "commit/disk_superblock.h"
 #include "fs/fs.h"
+#include "fs_image.h"
 #include "test_util.h"
 
 namespace plyfs::test {
@@ -84,12 +85,7 @@ struct MultiFsImage {
     open();
     main = must(Filesystem::default_tree(*vol));
   }
-  void open() {
-    VolumeOptions vo;
-    vo.kinds = fs_kinds();
-    vo.movers = fs_movers();
-    vol = must(Volume::open(*set, vo));
-  }
+  void open() { vol = open_fs_volume(*set); }
   void reopen() {
     must(vol->close());
     vol.reset();
