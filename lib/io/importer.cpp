@@ -482,6 +482,10 @@ Result<BranchMeta> Builder::run(const BuildTarget& target) {
   }
   tree_ = PLY_TRY(Filesystem::create(v_, co));
   const TreeId tree = tree_;
+  // Imported files go where the volume's placement rules say
+  // (format.md#placement-rules), as they would written through a mount.
+  // A damaged rule (U6) leaves them all out of force, as at mount.
+  (void)load_placement_rules(v_);
   fs_ = PLY_TRY(Filesystem::open(v_, tree));
   dirs_[""] = fs_->root();
   buf_.resize(kChunkBytes);

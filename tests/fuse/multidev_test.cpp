@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "fuse_util.h"
 #include "json_schema.h"
@@ -380,6 +381,30 @@ TEST_CASE("multidev-fuse: placement rules place files and move them when they cr
     REQUIRE(r.rc == 0);
     REQUIRE(schema_checked("policy list", r.out)["rules"].size() == 4);
     REQUIRE(run({fsck_bin(), "-n", fast, slow}, tmp / "fsck.log") == 0);
+  }
+  // An offline import follows the rules too: a video to slow, a large file
+  // under /db to fast (strict), mounted on their own to see where they went.
+  {
+    ::mkdir((tmp / "src").c_str(), 0755);
+    ::mkdir((tmp / "src/db").c_str(), 0755);
+    write_file(tmp / "src/film.mp4", random_bytes(rng, 300000));
+    write_file(tmp / "src/db/big.bin", random_bytes(rng, 300000));
+    auto r = ctl(tmp, {"--device", slow, "import", fast, "imported", tmp / "src"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    Mount imp(fast, tmp / "mnt", {"device=" + slow, "branches=imported"});
+    imp.start();
+    auto cls = [&](const std::string& rel) {
+      auto w = ctl(tmp, {"where", imp / rel, "--json"});
+      REQUIRE(w.rc == 0);
+      const json j = schema_checked("where", w.out);
+      std::set<std::string> out;
+      for (const auto& e : j["extents"]) out.insert(e["class"].get<std::string>());
+      return out;
+    };
+    REQUIRE(cls("film.mp4") == std::set<std::string>{"slow"});
+    REQUIRE(cls("db/big.bin") == std::set<std::string>{"fast"});
+    REQUIRE(imp.unmount() == 0);
   }
   Mount again(fast, tmp / "mnt", {"device=" + slow});
   again.start();
