@@ -762,6 +762,44 @@ struct Differ {
       return ok();
     });
   }
+  // Two views (views() above): an object removed and added under the same
+  // path with the same inode number did not change its name: its directory
+  // was replaced around it (removed and made again, the object moved into
+  // the new one), and the walk listed it on both sides. It is no - and +,
+  // only M if it changed besides the ctime its move set (zfs diff compares
+  // the two paths too).
+  Result<void> same_path_pairs(Union& fv, Union& tv) {
+    std::map<std::pair<std::string, uint64_t>, std::pair<size_t, size_t>> at;  // -> (removed + 1, added + 1)
+    for (size_t i = 0; i < out.size(); i++) {
+      if (out[i].change == Change::Removed) at[{out[i].path, obj[i].first}].first = i + 1;
+      if (out[i].change == Change::Added) at[{out[i].path, obj[i].first}].second = i + 1;
+    }
+    std::vector<bool> drop(out.size());
+    std::vector<std::pair<DiffEntry, std::pair<uint64_t, Attr>>> extra;
+    for (const auto& [key, ra] : at) {
+      if (!ra.first || !ra.second) continue;
+      const size_t r = ra.first - 1, a = ra.second - 1;
+      if (out[r].type != out[a].type) continue;
+      drop[r] = drop[a] = true;
+      Attr moved = obj[a].second;
+      moved.ctime = obj[r].second.ctime;
+      bool changed = attrs_differ(obj[r].second, moved);
+      if (!changed && out[a].type != DT_DIR) {  // written within one tick of the clock
+        const int bf = fv.branch_of(obj[r].first), bt = tv.branch_of(obj[a].first);
+        if (bf < 0 || bt < 0) return Error::corrupt(0, "an object of a view is in no branch of it");
+        changed = !PLY_TRY(tv.stack()[size_t(bt)].fs->same_content(*fv.stack()[size_t(bf)].fs, obj[a].first));
+      }
+      if (changed) extra.push_back({{Change::Modified, out[a].path, "", out[a].type}, obj[a]});
+    }
+    std::vector<DiffEntry> kept;
+    std::vector<std::pair<uint64_t, Attr>> kept_obj;
+    for (size_t i = 0; i < out.size(); i++)
+      if (!drop[i]) kept.push_back(std::move(out[i])), kept_obj.push_back(obj[i]);
+    for (auto& [e, o] : extra) kept.push_back(std::move(e)), kept_obj.push_back(o);
+    out = std::move(kept);
+    obj = std::move(kept_obj);
+    return ok();
+  }
   // A rename in a layer is a copy-up, which keeps the inode number, and a
   // whiteout: the walk above saw the old name removed and the new one
   // added. One object removed under exactly one name and added under exactly
@@ -854,6 +892,7 @@ Result<std::vector<DiffEntry>> diff(Volume& v, TreeId from, TreeId to,
     if (Differ::attrs_differ(PLY_TRY(fv.u->getattr(fv.u->root())), PLY_TRY(tv.u->getattr(tv.u->root()))))
       d.add(Change::Modified, "/", PLY_TRY(tv.u->getattr(tv.u->root())));
     PLY_CHECK(d.views(*ffs, *fv.u, *tv.u, fv.u->root(), tv.u->root(), ffs->root(), tfs->root(), "/", 1.0));
+    PLY_CHECK(d.same_path_pairs(*fv.u, *tv.u));
   } else if (from != to) {
     // The walk is the first half of the work, naming what it found the
     // second (DiffStats::fraction).
