@@ -53,23 +53,32 @@ SpaceManager::SpaceManager(BlockCache& cache, uint64_t fs_id, SpaceGeometry geo,
   uint64_t usable = geo_.total_blocks > geo_.first_block ? geo_.total_blocks - geo_.first_block : 0;
   groups_.resize((usable + kGroupBlocks - 1) / kGroupBlocks);
   cursor_ = geo_.first_block;
+  place_classes_locked();
+}
+
+void SpaceManager::place_classes_locked() {
+  hole_blocks_ = 0;
   for (const auto& h : geo_.holes) hole_blocks_ += h.nblocks;
-  if (!geo_.regions.empty()) {
-    classes_.resize(geo_.class_count);
-    for (const auto& r : geo_.regions) {
-      if (r.class_id >= classes_.size() || r.start < geo_.first_block || r.end <= r.start) continue;
-      auto& cg = classes_[r.class_id];
-      for (size_t g = (r.start - geo_.first_block) / kGroupBlocks;
-           g < groups_.size() && geo_.first_block + g * kGroupBlocks < r.end; g++)
-        cg.groups.push_back(g);
-    }
-    for (auto& cg : classes_)
-      cg.cursor = cg.groups.empty() ? 0 : geo_.first_block + cg.groups[0] * kGroupBlocks;
-    meta_order_.push_back(geo_.meta_class);
-    for (uint8_t c = 0; c < geo_.class_count; c++)
-      if (c != geo_.meta_class) meta_order_.push_back(c);
-    for (uint8_t c = geo_.class_count; c-- > 0;) data_order_.push_back(c);
+  classes_.clear();
+  meta_order_.clear();
+  data_order_.clear();
+  if (geo_.regions.empty()) return;
+  classes_.resize(geo_.class_count);
+  for (const auto& r : geo_.regions) {
+    if (r.class_id >= classes_.size() || r.start < geo_.first_block || r.end <= r.start) continue;
+    auto& cg = classes_[r.class_id];
+    for (size_t g = (r.start - geo_.first_block) / kGroupBlocks;
+         g < groups_.size() && geo_.first_block + g * kGroupBlocks < r.end; g++)
+      cg.groups.push_back(g);
   }
+  for (auto& cg : classes_) {
+    std::sort(cg.groups.begin(), cg.groups.end());
+    cg.cursor = cg.groups.empty() ? 0 : geo_.first_block + cg.groups[0] * kGroupBlocks;
+  }
+  meta_order_.push_back(geo_.meta_class);
+  for (uint8_t c = 0; c < geo_.class_count; c++)
+    if (c != geo_.meta_class) meta_order_.push_back(c);
+  for (uint8_t c = geo_.class_count; c-- > 0;) data_order_.push_back(c);
 }
 
 // The parts of group g that no device backs (SpaceGeometry::holes) out of
@@ -215,40 +224,56 @@ Result<void> SpaceManager::grow(uint64_t total_blocks, uint64_t reserve_blocks) 
   return ok();
 }
 
-Result<void> SpaceManager::limit(uint64_t end) {
+Result<void> SpaceManager::exclude(uint64_t lo, uint64_t hi) {
   std::lock_guard lk(mu_);
-  if (end >= geo_.total_blocks) {  // lifted: what was hidden is free again
-    limit_ = ~0ull;
+  // Lifted (or moved): what was hidden is free again first.
+  if (ex_hi_ > ex_lo_) {
+    ex_lo_ = ex_hi_ = 0;
     auto runs = std::exchange(beyond_, {});
     beyond_blocks_ = 0;
     for (auto [s, n] : runs) free_range_locked(s, n);
-    return ok();
   }
-  if (end <= geo_.first_block) return Error::invalid("a shrink cannot end before the first usable block");
-  limit_ = end;
-  // Every group from the one holding the limit on is loaded and cut, so
-  // that free_now_locked() knows exactly what is out of reach.
-  for (size_t g = (end - geo_.first_block) / kGroupBlocks; g < groups_.size(); g++) {
+  hi = std::min(hi, geo_.total_blocks);
+  lo = std::max(lo, geo_.first_block);
+  if (hi <= lo) return ok();
+  ex_lo_ = lo;
+  ex_hi_ = hi;
+  // Every group the range touches is loaded and cut, so that
+  // free_now_locked() knows exactly what is out of reach.
+  for (size_t g = (lo - geo_.first_block) / kGroupBlocks;
+       g < groups_.size() && geo_.first_block + g * kGroupBlocks < hi; g++) {
     if (groups_[g].loaded) hide_beyond_locked(groups_[g].free);
     else PLY_CHECK(load_group_locked(g));
   }
-  if (cursor_ >= end) cursor_ = geo_.first_block;
+  if (cursor_ >= lo && cursor_ < hi) cursor_ = hi < geo_.total_blocks ? hi : geo_.first_block;
   return ok();
+}
+
+Result<void> SpaceManager::limit(uint64_t end) {
+  {
+    std::lock_guard lk(mu_);
+    if (end < geo_.total_blocks && end <= geo_.first_block)
+      return Error::invalid("a shrink cannot end before the first usable block");
+  }
+  if (end >= geometry().total_blocks) return exclude(0, 0);
+  return exclude(end, ~0ull);
 }
 
 uint64_t SpaceManager::alloc_limit() const {
   std::lock_guard lk(mu_);
-  return std::min(limit_, geo_.total_blocks);
+  return ex_hi_ > ex_lo_ && ex_hi_ >= geo_.total_blocks ? ex_lo_ : geo_.total_blocks;
 }
 
-Result<std::vector<SpaceManager::Placed>> SpaceManager::extents_from(uint64_t from) {
+Result<std::vector<SpaceManager::Placed>> SpaceManager::extents_in(uint64_t from, uint64_t to) {
   std::lock_guard lk(mu_);
   std::vector<Placed> out;
   // No extent is longer than a group: one that reaches `from` starts at
   // most kGroupBlocks before it.
   const uint64_t lo = from > kGroupBlocks ? from - kGroupBlocks : 0;
+  if (to <= from) return out;
   Result<void> bad = ok();
   PLY_CHECK(tree_->scan(item_key(lo), Key::max(), [&](Key k, std::span<const std::byte> v) {
+    if (k.hi >= to) return false;
     if (v.size() != sizeof(disk::SpaceItem)) {
       bad = Error::corrupt(k.hi, "space item of the wrong size");
       return false;
@@ -263,50 +288,108 @@ Result<std::vector<SpaceManager::Placed>> SpaceManager::extents_from(uint64_t fr
   }));
   PLY_CHECK(std::move(bad));
   for (const auto& [start, d] : pending_)
-    if (d.is_new && d.refs > 0 && start + d.nblocks > from)
+    if (d.is_new && d.refs > 0 && start + d.nblocks > from && start < to)
       out.push_back(Placed{start, d.nblocks, uint32_t(d.refs), d.kind});
   std::sort(out.begin(), out.end(), [](const Placed& a, const Placed& b) { return a.start < b.start; });
   return out;
 }
 
-Result<void> SpaceManager::relocate_tree(uint64_t end, Generation gen) {
+Result<void> SpaceManager::relocate_tree(uint64_t lo, uint64_t hi, Generation gen) {
   fold_gen_ = gen;
   MutCtx m{gen, *unshared_};
   BTree::RelocMemo memo;
   auto r = PLY_TRY(BTree::relocate(cache_, fs_id_, tree_->config(), tree_->root(), m,
-                                   [end](BlockNo b) { return b.v >= end; }, {}, memo));
+                                   [lo, hi](BlockNo b) { return b.v >= lo && b.v < hi; }, {}, memo));
   if (r) tree_ = std::make_unique<BTree>(cache_, fs_id_, tree_->config(), *r);
+  return ok();
+}
+
+// Whether anything of [lo, hi) is still in use or waits to be freed: an
+// extent, a queued change, a free not yet durable.
+Result<void> SpaceManager::check_vacated_locked(uint64_t lo, uint64_t hi) {
+  for (const auto& [start, d] : pending_)
+    if (start + d.nblocks > lo && start < hi)
+      return Error::io(EBUSY, "an extent in the range has queued changes");
+  for (const auto& [start, n] : deferred_)
+    if (start + n > lo && start < hi)
+      return Error::io(EBUSY, "blocks in the range were freed by a generation not yet durable");
+  const uint64_t from = lo > kGroupBlocks ? lo - kGroupBlocks : 0;
+  bool in = false;
+  PLY_CHECK(tree_->scan(item_key(from), Key::max(), [&](Key k, std::span<const std::byte> v) {
+    if (k.hi >= hi) return false;
+    if (v.size() == sizeof(disk::SpaceItem) &&
+        k.hi + reinterpret_cast<const disk::SpaceItem*>(v.data())->nblocks.get() <= lo)
+      return true;
+    in = true;
+    return false;
+  }));
+  if (in) return Error::io(EBUSY, "an extent still lies in the range");
   return ok();
 }
 
 Result<void> SpaceManager::shrink(uint64_t total_blocks, uint64_t reserve_blocks) {
   std::lock_guard lk(mu_);
   if (total_blocks >= geo_.total_blocks) return Error::invalid("shrink() cannot grow");
-  if (limit_ != total_blocks) return Error::invalid("shrink() to an end other than the limit");
-  for (const auto& [start, d] : pending_)
-    if (start + d.nblocks > total_blocks)
-      return Error::io(EBUSY, "an extent past the new end has queued changes");
-  for (auto it = deferred_.begin(); it != deferred_.end(); ++it)
-    if (it->first + it->second > total_blocks)
-      return Error::io(EBUSY, "blocks past the new end were freed by a generation not yet durable");
-  const uint64_t lo = total_blocks > kGroupBlocks ? total_blocks - kGroupBlocks : 0;
-  bool past = false;
-  PLY_CHECK(tree_->scan(item_key(lo), Key::max(), [&](Key k, std::span<const std::byte> v) {
-    if (v.size() == sizeof(disk::SpaceItem) &&
-        k.hi + reinterpret_cast<const disk::SpaceItem*>(v.data())->nblocks.get() <= total_blocks)
-      return true;
-    past = true;
-    return false;
-  }));
-  if (past) return Error::io(EBUSY, "an extent still lies past the new end");
+  if (ex_lo_ != total_blocks || ex_hi_ < geo_.total_blocks)
+    return Error::invalid("shrink() to an end other than the limit");
+  PLY_CHECK(check_vacated_locked(total_blocks, geo_.total_blocks));
   geo_.total_blocks = total_blocks;
   geo_.reserve_blocks = reserve_blocks;
   groups_.resize((total_blocks - geo_.first_block + kGroupBlocks - 1) / kGroupBlocks);
   // Every free run past the limit is in beyond_, none in the free maps.
   beyond_.clear();
   beyond_blocks_ = 0;
-  limit_ = ~0ull;
+  ex_lo_ = ex_hi_ = 0;
   if (cursor_ >= total_blocks) cursor_ = geo_.first_block;
+  return ok();
+}
+
+Result<void> SpaceManager::drop_region(const SpaceGeometry& next) {
+  std::lock_guard lk(mu_);
+  if (ex_hi_ <= ex_lo_) return Error::invalid("drop_region() without an excluded range");
+  if (next.first_block != geo_.first_block || next.total_blocks > geo_.total_blocks ||
+      next.regions.empty() || next.class_count < geo_.class_count)
+    return Error::invalid("drop_region() to a geometry that is not this one without a range");
+  for (const auto& r : next.regions)
+    if (r.start < ex_hi_ && r.end > ex_lo_) return Error::invalid("drop_region() keeps part of the range");
+  PLY_CHECK(check_vacated_locked(ex_lo_, ex_hi_));
+  // Every free run of the range is in beyond_: it leaves with the range.
+  // A group the range touched holds nothing else (devices begin at group
+  // boundaries): emptied, marked loaded, it is a hole's.
+  for (size_t g = (ex_lo_ - geo_.first_block) / kGroupBlocks;
+       g < groups_.size() && geo_.first_block + g * kGroupBlocks < ex_hi_; g++) {
+    groups_[g].free.clear();
+    groups_[g].loaded = true;
+  }
+  beyond_.clear();
+  beyond_blocks_ = 0;
+  ex_lo_ = ex_hi_ = 0;
+  geo_ = next;
+  groups_.resize((geo_.total_blocks - geo_.first_block + kGroupBlocks - 1) / kGroupBlocks);
+  place_classes_locked();
+  if (cursor_ >= geo_.total_blocks) cursor_ = geo_.first_block;
+  return ok();
+}
+
+Result<void> SpaceManager::add_region(const SpaceGeometry& next) {
+  std::lock_guard lk(mu_);
+  const uint64_t old = geo_.total_blocks;
+  if (next.first_block != geo_.first_block || next.total_blocks <= old || next.class_count < geo_.class_count)
+    return Error::invalid("add_region() to a geometry that does not extend this one");
+  geo_ = next;
+  // The groups past the old end are new, and free but for their holes (the
+  // gap up to the device, its reserved area). The old last group keeps its
+  // end: what lies between it and the device is a hole.
+  const size_t n = (geo_.total_blocks - geo_.first_block + kGroupBlocks - 1) / kGroupBlocks;
+  for (size_t g = groups_.size(); g < n; g++) {
+    const uint64_t gs = geo_.first_block + g * kGroupBlocks;
+    Group grp;
+    grp.loaded = true;
+    grp.free[gs] = std::min(gs + kGroupBlocks, geo_.total_blocks) - gs;
+    hide_holes_locked(g, grp.free);
+    groups_.push_back(std::move(grp));
+  }
+  place_classes_locked();
   return ok();
 }
 
@@ -423,30 +506,31 @@ Result<void> SpaceManager::load_group_locked(size_t g) {
 }
 
 void SpaceManager::hide_beyond_locked(std::map<uint64_t, uint64_t>& fm) {
-  if (limit_ == ~0ull) return;
-  auto it = fm.upper_bound(limit_);
-  if (it != fm.begin() && std::prev(it)->first + std::prev(it)->second > limit_) {
-    auto p = std::prev(it);
-    const uint64_t end = p->first + p->second;
-    p->second = limit_ - p->first;
-    beyond_[limit_] = end - limit_;
-    beyond_blocks_ += end - limit_;
-    if (p->second == 0) fm.erase(p);
-  }
-  while (it != fm.end()) {
-    beyond_[it->first] = it->second;
-    beyond_blocks_ += it->second;
+  if (ex_hi_ <= ex_lo_) return;
+  // The runs that meet [ex_lo_, ex_hi_) lose that part to beyond_.
+  auto it = fm.upper_bound(ex_lo_);
+  if (it != fm.begin() && std::prev(it)->first + std::prev(it)->second > ex_lo_) --it;
+  while (it != fm.end() && it->first < ex_hi_) {
+    const uint64_t fs = it->first, fe = fs + it->second;
+    const uint64_t hs = std::max(fs, ex_lo_), he = std::min(fe, ex_hi_);
     it = fm.erase(it);
+    beyond_[hs] = he - hs;
+    beyond_blocks_ += he - hs;
+    if (fs < hs) fm[fs] = hs - fs;
+    if (fe > he) it = fm.emplace(he, fe - he).first;
   }
 }
 
 void SpaceManager::free_range_locked(uint64_t start, uint64_t len) {
-  if (start + len > limit_) {  // past a shrink's limit: out of reach (limit())
-    const uint64_t from = std::max(start, limit_);
-    beyond_[from] = start + len - from;
-    beyond_blocks_ += start + len - from;
-    if (start >= limit_) return;
-    len = limit_ - start;
+  if (ex_hi_ > ex_lo_ && start < ex_hi_ && start + len > ex_lo_) {
+    // In the excluded range: out of reach (exclude()); the parts on either
+    // side are free as ever.
+    const uint64_t hs = std::max(start, ex_lo_), he = std::min(start + len, ex_hi_);
+    beyond_[hs] = he - hs;
+    beyond_blocks_ += he - hs;
+    if (start + len > he) free_range_locked(he, start + len - he);
+    if (start >= hs) return;
+    len = hs - start;
   }
   Group& grp = groups_[(start - geo_.first_block) / kGroupBlocks];
   if (!grp.loaded) return;  // it will be derived from the tree when loaded

@@ -193,27 +193,38 @@ class SpaceManager {
   // `reserve_blocks` (plyctl resize, format.md#resize): the blocks past the
   // old end are free at once; the next superblock records the new end.
   Result<void> grow(uint64_t total_blocks, uint64_t reserve_blocks);
-  // Shrinking (format.md#relocation). limit(): no block at or past `end` is
-  // handed out from now on; free blocks there leave the free map (and stop
+  // Shrinking and removing a device (format.md#relocation,
+  // format.md#device-remove). exclude(): no block in [lo, hi) is handed
+  // out from now on; free blocks there leave the free map (and stop
   // counting as free, so reservations cannot promise them), and blocks
-  // freed there later stay out. limit(total_blocks) lifts it. Then, once
-  // the blocks past `end` were moved and what freed them is durable,
-  // shrink() makes `end` the filesystem's end: it fails (EBUSY) while any
-  // extent, queued change or pending free still lies past it.
+  // freed there later stay out. exclude(0, 0) lifts it. limit(end) is
+  // exclude(end, end of the filesystem); limit(total_blocks) lifts it.
+  // Then, once the blocks in the range were moved and what freed them is
+  // durable, shrink() makes `end` the filesystem's end, or drop_region()
+  // takes the geometry without the range: both fail (EBUSY) while any
+  // extent, queued change or pending free still lies there.
+  Result<void> exclude(uint64_t lo, uint64_t hi);
   Result<void> limit(uint64_t end);
   Result<void> shrink(uint64_t total_blocks, uint64_t reserve_blocks);
+  // A device gone (format.md#device-remove): `next` is the geometry without
+  // the excluded range (a hole now, or past the new end).
+  Result<void> drop_region(const SpaceGeometry& next);
+  // A device joined (format.md#device-add): `next` is the geometry with its
+  // region, which lies past the old end; its blocks are free at once.
+  Result<void> add_region(const SpaceGeometry& next);
   uint64_t alloc_limit() const;
-  // The extents that reach `from` or past it, with their references now
+  // The extents that reach into [lo, hi), with their references now
   // (queued changes included; extents whose count fell to 0 left out).
   struct Placed {
     uint64_t start, nblocks;
     uint32_t refs;
     ExtentKind kind;
   };
-  Result<std::vector<Placed>> extents_from(uint64_t from);
-  // Copies every node of the space tree at or past `end` below it
+  Result<std::vector<Placed>> extents_in(uint64_t lo, uint64_t hi);
+  Result<std::vector<Placed>> extents_from(uint64_t from) { return extents_in(from, ~0ull); }
+  // Copies every node of the space tree in [lo, hi) out of it
   // (BTree::relocate), in generation `gen`, before its fold.
-  Result<void> relocate_tree(uint64_t end, Generation gen);
+  Result<void> relocate_tree(uint64_t lo, uint64_t hi, Generation gen);
   // A read-only view of the space tree for checks.
   const BTree& tree() const { return *tree_; }
 
@@ -239,6 +250,8 @@ class SpaceManager {
                                                 size_t& pos, uint64_t& cursor, uint64_t nblocks,
                                                 ExtentKind kind);
   void hide_holes_locked(size_t g, std::map<uint64_t, uint64_t>& fm) const;
+  // classes_, meta_order_, data_order_ and hole_blocks_ from geo_.
+  void place_classes_locked();
   uint64_t hole_blocks_ = 0;
   // Multi-device: the groups of each class, and the next-fit position in them.
   struct ClassGroups {
@@ -250,6 +263,7 @@ class SpaceManager {
   std::vector<uint8_t> meta_order_, data_order_;
   Result<std::optional<disk::SpaceItem>> item_locked(BlockNo start);
   void free_range_locked(uint64_t start, uint64_t len);
+  Result<void> check_vacated_locked(uint64_t lo, uint64_t hi);
   void hide_beyond_locked(std::map<uint64_t, uint64_t>& fm);
   void account_locked(ExtentKind kind, int64_t nblocks);
   Result<NodeSpace::Freed> free_unshared_locked(BlockNo b, Generation gen);
@@ -278,8 +292,9 @@ class SpaceManager {
   uint64_t trim_returns_ = 0;           // counts trim()'s returns, for alloc_locked's wait
   std::condition_variable trim_cv_;
   bool early_reuse_ = false;
-  uint64_t limit_ = ~0ull;                  // limit(): nothing at or past it is handed out
-  std::map<uint64_t, uint64_t> beyond_;     // free runs past limit_, out of the free maps
+  // exclude(): nothing in [ex_lo_, ex_hi_) is handed out (empty: none).
+  uint64_t ex_lo_ = 0, ex_hi_ = 0;
+  std::map<uint64_t, uint64_t> beyond_;     // free runs in the excluded range, out of the free maps
   uint64_t beyond_blocks_ = 0;
 };
 

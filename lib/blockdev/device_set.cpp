@@ -1,6 +1,7 @@
 #include "blockdev/device_set.h"
 
 #include <algorithm>
+#include <mutex>
 
 namespace plyfs {
 
@@ -12,7 +13,7 @@ Result<std::unique_ptr<DeviceSet>> DeviceSet::make(std::vector<Member> members,
   for (size_t i = 0; i < members.size(); i++) {
     const Member& m = members[i];
     if (!m.dev) return Error::invalid("a device set member is missing");
-    if ((i == 0 && m.base != 0) || (i > 0 && m.base < end))
+    if (i > 0 && m.base < end)
       return Error::invalid("device set members overlap or are out of order");
     if (m.bytes < mirrored_bytes || m.bytes > m.dev->size_bytes())
       return Error::invalid("device " + std::to_string(i) + " of the set is smaller than its " +
@@ -48,13 +49,50 @@ Result<std::pair<size_t, uint64_t>> DeviceSet::locate(uint64_t offset, uint64_t 
   return std::pair<size_t, uint64_t>{static_cast<size_t>(i), offset - members_[i].base};
 }
 
+Result<void> DeviceSet::add_member(Member m) {
+  std::unique_lock lk(mu_);
+  if (!m.dev) return Error::invalid("a device set member is missing");
+  if (!members_.empty() && m.base < members_.back().base + members_.back().bytes)
+    return Error::invalid("a new device set member overlaps the last one");
+  if (m.bytes < mirrored_ || m.bytes > m.dev->size_bytes())
+    return Error::invalid("the new device is smaller than its " + std::to_string(m.bytes) + " bytes in the volume");
+  const uint32_t lss = std::max(lss_, m.dev->logical_sector_size());
+  for (const Member& x : members_)
+    if (x.base % lss || x.bytes % lss) return Error::invalid("the new device's sector size does not suit the set");
+  if (m.base % lss || m.bytes % lss) return Error::invalid("a device set member is not aligned to the sector size");
+  lss_ = lss;
+  pss_ = std::max(pss_, m.dev->physical_sector_size());
+  size_ = m.base + m.bytes;
+  members_.push_back(std::move(m));
+  return ok();
+}
+
+Result<DeviceSet::Member> DeviceSet::remove_member(size_t i) {
+  std::unique_lock lk(mu_);
+  if (i >= members_.size()) return Error::invalid("no such member of the set");
+  if (members_.size() == 1) return Error::invalid("the last member of a set cannot leave it");
+  Member m = std::move(members_[i]);
+  members_.erase(members_.begin() + static_cast<std::ptrdiff_t>(i));
+  size_ = members_.back().base + members_.back().bytes;
+  return m;
+}
+
 Result<void> DeviceSet::read(uint64_t offset, std::span<std::byte> out) {
+  std::shared_lock lk(mu_);
+  if (offset < mirrored_) {  // every member's own copy: the first's
+    if (out.size() > mirrored_ - offset) return Error::invalid("a read crosses the end of the mirrored area");
+    return members_[0].dev->read(offset, out);
+  }
   auto [i, off] = PLY_TRY(locate(offset, out.size()));
   return members_[i].dev->read(off, out);
 }
 
 Result<void> DeviceSet::write(uint64_t offset, std::span<const std::byte> in) {
-  auto [i, off] = PLY_TRY(locate(offset, in.size()));
+  std::shared_lock lk(mu_);
+  return write_locked(offset, in);
+}
+
+Result<void> DeviceSet::write_locked(uint64_t offset, std::span<const std::byte> in) {
   if (offset < mirrored_) {
     // The reserved area is every member's own copy (the superblocks): all of
     // them, each an independent write (D2 lets them land in any order).
@@ -67,14 +105,16 @@ Result<void> DeviceSet::write(uint64_t offset, std::span<const std::byte> in) {
     }
     return first;
   }
+  auto [i, off] = PLY_TRY(locate(offset, in.size()));
   return members_[i].dev->write(off, in);
 }
 
 Result<void> DeviceSet::write_batch(std::span<const WriteReq> reqs) {
+  std::shared_lock lk(mu_);
   std::vector<std::vector<WriteReq>> per(members_.size());
   for (const auto& r : reqs) {
     if (r.offset < mirrored_) {
-      PLY_CHECK(write(r.offset, r.data));
+      PLY_CHECK(write_locked(r.offset, r.data));
       continue;
     }
     auto [i, off] = PLY_TRY(locate(r.offset, r.data.size()));
@@ -92,6 +132,7 @@ Result<void> DeviceSet::write_batch(std::span<const WriteReq> reqs) {
 Result<void> DeviceSet::flush() {
   // Every member, even after one failed: the others' writes are then durable
   // and the caller learns of the failure either way (D4).
+  std::shared_lock lk(mu_);
   Result<void> first = ok();
   for (auto& m : members_) {
     auto r = m.dev->flush();
@@ -102,8 +143,9 @@ Result<void> DeviceSet::flush() {
 
 Result<void> DeviceSet::discard(uint64_t offset, uint64_t len) {
   if (len == 0) return ok();
-  auto [i, off] = PLY_TRY(locate(offset, len));
   if (offset < mirrored_) return Error::invalid("the reserved area is never discarded");
+  std::shared_lock lk(mu_);
+  auto [i, off] = PLY_TRY(locate(offset, len));
   return members_[i].dev->discard(off, len);
 }
 

@@ -6,9 +6,14 @@
 // between two members. Every request must fall inside one member: a request
 // that reaches into a gap or across a boundary is EIO, as one past the end of
 // a device is. The first `mirrored_bytes` (the reserved area with the
-// superblock slots, format.md#layout) are every member's own: a write there
-// goes to every member, a read comes from the first. Code that must see one
-// member's copy (recovery, the device labels) reads the member itself.
+// superblock slots, format.md#layout) are every member's own, at the same
+// offset of each, whatever its base: a write there goes to every member, a
+// read comes from the first. Code that must see one member's copy
+// (recovery, the device labels) reads the member itself.
+//
+// Members join and leave while I/O runs (plyctl device add|remove on a
+// mounted volume, format.md#device-remove): the member list is behind a
+// reader-writer lock, each request holding it shared.
 //
 // The device contract (blockdev.h) holds per member, each on its own: a
 // flush of the set flushes every member and fails if any fails (D4 then
@@ -16,7 +21,9 @@
 // against another's; the commit protocol never needs it to (format.md#commit).
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <shared_mutex>
 #include <vector>
 
 #include "blockdev/blockdev.h"
@@ -31,8 +38,7 @@ class DeviceSet final : public BlockDevice {
     uint64_t bytes = 0;  // bytes of the member the set spans (at most its size)
     std::string name;    // the path it was opened by, for messages and listings
   };
-  // Members in increasing base order, without overlap; the first at base 0.
-  // EINVAL otherwise.
+  // Members in increasing base order, without overlap. EINVAL otherwise.
   static Result<std::unique_ptr<DeviceSet>> make(std::vector<Member> members,
                                                  uint64_t mirrored_bytes);
 
@@ -41,14 +47,23 @@ class DeviceSet final : public BlockDevice {
   Result<void> write_batch(std::span<const WriteReq> reqs) override;
   Result<void> flush() override;
   Result<void> discard(uint64_t offset, uint64_t len) override;
-  uint64_t size_bytes() const override { return size_; }
+  uint64_t size_bytes() const override { return size_.load(std::memory_order_acquire); }
   uint32_t logical_sector_size() const override { return lss_; }
   uint32_t physical_sector_size() const override { return pss_; }
   DeviceSet* device_set() override { return this; }
 
+  // The accessors below are for a set no other thread changes (add_member,
+  // remove_member) while they run, or for the thread that changes it.
   size_t member_count() const { return members_.size(); }
   BlockDevice& member(size_t i) { return *members_[i].dev; }
   const Member& member_info(size_t i) const { return members_[i]; }
+  // A new last member, past every other; EINVAL if it overlaps or is too
+  // small for the mirrored area.
+  Result<void> add_member(Member m);
+  // Member i leaves: requests that reach its bytes are EIO from now on, and
+  // the mirrored area's writes and flushes no longer go to it. The last
+  // member cannot leave. Returns it.
+  Result<Member> remove_member(size_t i);
   // The members, the set left empty (to make a set of more, add_device).
   std::vector<Member> take_members() { return std::move(members_); }
   // The member holding byte `offset`, or -1 in a gap or past the end.
@@ -59,10 +74,12 @@ class DeviceSet final : public BlockDevice {
   // The member and member-relative offset of [offset, offset+len); EIO when
   // the range is not inside one member.
   Result<std::pair<size_t, uint64_t>> locate(uint64_t offset, uint64_t len) const;
+  Result<void> write_locked(uint64_t offset, std::span<const std::byte> in);
 
+  mutable std::shared_mutex mu_;  // members_, size_, lss_, pss_ change under it exclusively
   std::vector<Member> members_;
   uint64_t mirrored_ = 0;
-  uint64_t size_ = 0;
+  std::atomic<uint64_t> size_{0};
   uint32_t lss_ = 512, pss_ = 512;
 };
 

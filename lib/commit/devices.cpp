@@ -10,6 +10,7 @@
 
 #include "alloc/space.h"
 #include "blockdev/device_set.h"
+#include "blockdev/test_devices.h"
 #include "commit/disk_superblock.h"
 #include "commit/volume.h"
 #include "util/checksum.h"
@@ -78,8 +79,8 @@ std::vector<std::pair<uint64_t, uint64_t>> plan_devices(const std::vector<uint64
   return out;
 }
 
-Result<SuperInfo> member_superblock(BlockDevice& dev) {
-  std::optional<SuperInfo> best;
+Result<std::vector<SuperInfo>> member_superblocks(BlockDevice& dev) {
+  std::vector<SuperInfo> out;
   std::string why;
   for (int slot = 0; slot < 2; slot++) {
     std::vector<std::byte> buf(disk::kSuperSize);
@@ -95,11 +96,14 @@ Result<SuperInfo> member_superblock(BlockDevice& dev) {
       why = std::string(slot_state_name(rep.state)) + ", " + rep.detail;
       continue;
     }
-    if (!best || rep.info->generation > best->generation) best = std::move(rep.info);
+    out.push_back(std::move(*rep.info));
   }
-  if (!best) return Error::corrupt(Error::kNoBlock, "no valid superblock on the device (" + why + ")");
-  return *best;
+  if (out.empty()) return Error::corrupt(Error::kNoBlock, "no valid superblock on the device (" + why + ")");
+  std::sort(out.begin(), out.end(), [](const SuperInfo& a, const SuperInfo& b) { return a.generation > b.generation; });
+  return out;
 }
+
+Result<SuperInfo> member_superblock(BlockDevice& dev) { return PLY_TRY(member_superblocks(dev)).front(); }
 
 namespace {
 
@@ -184,28 +188,56 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
       PLY_CHECK(consider(o, false));
     }
   }
-  std::vector<DeviceSet::Member> members;
-  for (size_t i = 0; i < sb.devices.size(); i++) {
-    const DeviceInfo& d = sb.devices[i];
-    auto it = std::find_if(found.begin(), found.end(),
-                           [&](const Found& f) { return f.label.device_uuid == d.uuid; });
-    if (it == found.end())
-      return Error::io(ENODEV, "device " + std::to_string(i) + " (" + uuid_text(d.uuid) + ", class " +
-                                   sb.classes[d.class_id] + ") of volume " + uuid_text(sb.uuid) +
-                                   " is missing: give its path too (plyfs -o device=PATH, plyctl --device PATH, "
-                                   "fsck.plyfs DEVICE...), or a directory to scan");
-    if (d.nblocks * sb.block_size > it->dev->size_bytes())
-      return Error::io(EIO, it->path + " holds " + std::to_string(it->dev->size_bytes()) +
-                                " bytes, but the volume spans " + std::to_string(d.nblocks * sb.block_size) +
-                                " of it");
-    // The absolute path for listings: a daemon leaves its working directory.
-    std::string name = it->path;
-    if (!is_nbd_uri(name))
-      if (char* rp = realpath(name.c_str(), nullptr)) name = rp, free(rp);
-    members.push_back(DeviceSet::Member{std::move(it->dev), d.first_block * sb.block_size,
-                                        d.nblocks * sb.block_size, std::move(name)});
-    it->dev = nullptr;
+  // The table the set is assembled by: the first device's newest, unless
+  // the generation recovery then chooses lists a device that table lacks:
+  // a device change cut short (format.md#device-remove), the first device
+  // a generation ahead of the others. Then its other slot's table, with the
+  // device it needs, if that one was found. Each tried on borrowed devices.
+  auto members_for = [&](const SuperInfo& t, bool borrow) -> Result<std::vector<DeviceSet::Member>> {
+    std::vector<DeviceSet::Member> members;
+    for (size_t i = 0; i < t.devices.size(); i++) {
+      const DeviceInfo& d = t.devices[i];
+      auto it = std::find_if(found.begin(), found.end(),
+                             [&](const Found& f) { return f.dev && f.label.device_uuid == d.uuid; });
+      if (it == found.end())
+        return Error::io(ENODEV, "device " + std::to_string(i) + " (" + uuid_text(d.uuid) + ", class " +
+                                     t.classes[d.class_id] + ") of volume " + uuid_text(t.uuid) +
+                                     " is missing: give its path too (plyfs -o device=PATH, plyctl --device PATH, "
+                                     "fsck.plyfs DEVICE...), or a directory to scan");
+      if (d.nblocks * t.block_size > it->dev->size_bytes())
+        return Error::io(EIO, it->path + " holds " + std::to_string(it->dev->size_bytes()) +
+                                  " bytes, but the volume spans " + std::to_string(d.nblocks * t.block_size) +
+                                  " of it");
+      // The absolute path for listings: a daemon leaves its working directory.
+      std::string name = it->path;
+      if (!is_nbd_uri(name))
+        if (char* rp = realpath(name.c_str(), nullptr)) name = rp, free(rp);
+      std::unique_ptr<BlockDevice> dev;
+      if (borrow) dev = std::make_unique<BorrowedDevice>(*it->dev);
+      else dev = std::move(it->dev);
+      members.push_back(DeviceSet::Member{std::move(dev), d.first_block * t.block_size,
+                                          d.nblocks * t.block_size, std::move(name)});
+    }
+    return members;
+  };
+  {
+    auto trial = [&](const SuperInfo& t) -> Result<void> {
+      auto set = PLY_TRY(DeviceSet::make(PLY_TRY(members_for(t, true)), disk::kReservedBytes));
+      auto r = read_superblocks(*set);
+      if (!r) return r.error();
+      return ok();
+    };
+    auto first_try = trial(sb);
+    if (!first_try && first_try.error().code == ENODEV)
+      if (auto both = member_superblocks(*found[0].dev); both)
+        for (const auto& other : *both)
+          if (other.uuid == sb.uuid && other.generation < sb.generation && is_multi_device(other) &&
+              trial(other)) {
+            sb = other;
+            break;
+          }
   }
+  std::vector<DeviceSet::Member> members = PLY_TRY(members_for(sb, false));
   // A device the table lacks that a scan found is no device of the volume
   // (one an interrupted add left, format.md#device-add); one named is refused.
   for (const auto& f : found)
@@ -216,18 +248,16 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
   return std::unique_ptr<BlockDevice>(std::move(set));
 }
 
-Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, std::unique_ptr<BlockDevice> dev,
-                                              const std::string& name, const std::string& cls, bool force) {
-  const SuperChoice choice = PLY_TRY(read_superblocks(*set));
-  const SuperInfo& sb = choice.info;
+Result<SuperInfo> plan_device_add(const SuperInfo& sb, BlockDevice& dev, const std::string& name,
+                                  const std::string& cls, bool force) {
   if (!is_multi_device(sb))
     return Error::io(EOPNOTSUPP, "a volume of one device takes no other (make it with mkfs.plyfs --class)");
   if (sb.devices.size() >= disk::kMaxDevices)
     return Error::invalid("the volume has " + std::to_string(disk::kMaxDevices) + " devices, the most it may");
   // A label on the device: one of this volume's table is refused; one of
-  // this volume that the table lacks is an add a crash cut short, taken
-  // again; another volume's is refused unless forced.
-  if (auto l = read_device_label(*dev); l && *l) {
+  // this volume that the table lacks is an add a crash cut short (or a
+  // device removed), taken again; another volume's is refused unless forced.
+  if (auto l = read_device_label(dev); l && *l) {
     if ((*l)->volume_uuid == sb.uuid) {
       for (const auto& d : sb.devices)
         if (d.uuid == (*l)->device_uuid)
@@ -241,7 +271,7 @@ Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, st
   const uint64_t group = SpaceManager::kGroupBlocks;
   const uint64_t end = sb.total_blocks;
   const uint64_t first = sb.first_block + (end - sb.first_block + group - 1) / group * group;
-  const uint64_t nblocks = dev->size_bytes() / bs;
+  const uint64_t nblocks = dev.size_bytes() / bs;
   if (nblocks < sb.first_block + 16)
     return Error::invalid(name + " is too small: a device of a volume holds at least " +
                           std::to_string((sb.first_block + 16) * bs) + " bytes");
@@ -252,7 +282,9 @@ Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, st
   } else {
     if (sb.classes.size() >= disk::kMaxClasses)
       return Error::invalid("the volume has " + std::to_string(disk::kMaxClasses) + " classes: give one of them");
-    if (cls.empty() || cls.size() > 15) return Error::invalid("a class name has 1 to 15 bytes");
+    if (cls.empty() || cls.size() > 15 ||
+        cls.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
+      return Error::invalid("a class name has 1 to 15 bytes of a-z 0-9 _ -");
     next.classes.push_back(cls);
     class_id = static_cast<uint8_t>(next.classes.size() - 1);
   }
@@ -266,28 +298,50 @@ Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, st
   uint64_t holes = 0;
   for (const auto& h : space_geometry(next).holes) holes += h.nblocks;
   next.reserve_blocks = Volume::reserve_for(next.total_blocks - next.first_block - holes);
+  return next;
+}
+
+Result<void> join_device(BlockDevice& from, BlockDevice& dev, const SuperInfo& next) {
+  // The new device gets `from`'s superblock slots byte for byte (so that
+  // every device holds the generation the volume is at), then its label;
+  // flushed before any other device changes.
+  std::vector<std::byte> buf(disk::kSuperSize);
+  for (int slot = 0; slot < 2; slot++) {
+    PLY_CHECK(from.read(disk::kSuperOffset[slot], buf));
+    PLY_CHECK(dev.write(disk::kSuperOffset[slot], buf));
+  }
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   const uint64_t now = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-  // 1. The new device gets device 0's superblock slots byte for byte (so
-  // that every device holds the generation the volume is at), then its
-  // label; flushed before any other device changes.
-  {
-    std::vector<std::byte> buf(disk::kSuperSize);
-    for (int slot = 0; slot < 2; slot++) {
-      PLY_CHECK(set->member(0).read(disk::kSuperOffset[slot], buf));
-      PLY_CHECK(dev->write(disk::kSuperOffset[slot], buf));
-    }
-    PLY_CHECK(write_device_label(*dev, sb.uuid, d.uuid, now));
-    PLY_CHECK(dev->flush());
-  }
+  PLY_CHECK(write_device_label(dev, next.uuid, next.devices.back().uuid, now));
+  return dev.flush();
+}
+
+Result<void> wipe_device(BlockDevice& dev) {
+  std::vector<std::byte> zero(disk::kReservedBytes);
+  PLY_CHECK(dev.write(0, zero));
+  return dev.flush();
+}
+
+Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, std::unique_ptr<BlockDevice> dev,
+                                              const std::string& name, const std::string& cls, bool force) {
+  const SuperChoice choice = PLY_TRY(read_superblocks(*set));
+  const SuperInfo& sb = choice.info;
+  SuperInfo next = PLY_TRY(plan_device_add(sb, *dev, name, cls, force));
+  const uint32_t bs = sb.block_size;
+  const DeviceInfo d = next.devices.back();
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  const uint64_t now = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+  // 1. The new device gets device 0's superblock slots, then its label.
+  PLY_CHECK(join_device(set->member(0), *dev, next));
   // 2. The set with it, and the two generations with the new table: each
   // written to its slot of every device, then every device flushed (C4).
   auto members = set->take_members();
   std::string shown = name;
   if (!is_nbd_uri(shown))
     if (char* rp = realpath(shown.c_str(), nullptr)) shown = rp, free(rp);
-  members.push_back(DeviceSet::Member{std::move(dev), first * bs, nblocks * bs, shown});
+  members.push_back(DeviceSet::Member{std::move(dev), d.first_block * bs, d.nblocks * bs, shown});
   auto grown = PLY_TRY(DeviceSet::make(std::move(members), disk::kReservedBytes));
   for (int k = 1; k <= 2; k++) {
     next.generation = Generation{sb.generation.v + k};

@@ -37,6 +37,8 @@ std::vector<std::pair<uint64_t, uint64_t>> plan_devices(const std::vector<uint64
 // The newest valid superblock of one device of a set, read on its own
 // (before the set is assembled): where its device table comes from.
 Result<SuperInfo> member_superblock(BlockDevice& dev);
+// Both valid ones, the newest first.
+Result<std::vector<SuperInfo>> member_superblocks(BlockDevice& dev);
 
 // Opens the volume at `path`. A device without a label is a volume of one
 // device and comes back as open_device() gives it. A device of a
@@ -50,6 +52,22 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
                                                  FileOpenOptions opts = {});
 
 std::string uuid_text(const std::array<uint8_t, 16>& u);
+
+// The superblock of the volume `sb` with `dev` joined as its last device
+// (format.md#device-add): at the first group boundary past the end, of
+// class `cls` (one of the volume's, or a new one, then the slowest), a new
+// uuid, the reserve grown. EINVAL: too small, a device of the volume
+// already, of another volume (unless `force`), or 32 devices or 8 classes
+// already; EOPNOTSUPP: a volume of one device.
+Result<SuperInfo> plan_device_add(const SuperInfo& sb, BlockDevice& dev, const std::string& name,
+                                  const std::string& cls, bool force);
+// Step 1 of an add: `dev` gets the superblock slots of `from` (a device of
+// the volume) byte for byte, then the label of next's last device, flushed.
+Result<void> join_device(BlockDevice& from, BlockDevice& dev, const SuperInfo& next);
+// A device that left the volume (format.md#device-remove): its reserved
+// area (label and superblock slots) zeroed and flushed, so that nothing
+// takes it for a device of the volume, or for a volume, again.
+Result<void> wipe_device(BlockDevice& dev);
 
 class DeviceSet;
 // plyctl device add, offline (format.md#device-add): `dev` joins the volume

@@ -61,9 +61,9 @@ Result<void> Volume::check_movable() {
   return ok();
 }
 
-Result<bool> Volume::relocate_batch(uint64_t end, uint64_t& moved_blocks) {
+Result<bool> Volume::relocate_batch(uint64_t lo, uint64_t hi, uint64_t& moved_blocks) {
   const Generation g = open_generation();
-  const auto placed = PLY_TRY(space_->extents_from(end));
+  const auto placed = PLY_TRY(space_->extents_in(lo, hi));
   if (placed.empty()) return false;
   const uint64_t bs = info_.block_size;
   // What one batch moves: nodes first (they are small, and a node that
@@ -97,7 +97,7 @@ Result<bool> Volume::relocate_batch(uint64_t end, uint64_t& moved_blocks) {
   MoveSpace ms(*space_, g, allocated_, released_);
   MutCtx m{g, ms};
 
-  // Data: each extent to a new one of the same length below the end, its
+  // Data: each extent to a new one of the same length out of the range, its
   // bytes copied as they are (the checksums in the values that reference
   // it stay true), its references carried over.
   std::unordered_map<uint64_t, BlockNo> moved;
@@ -111,9 +111,9 @@ Result<bool> Volume::relocate_batch(uint64_t end, uint64_t& moved_blocks) {
     if (!nb) {
       space_->unreserve(p.nblocks);
       if (!moved.empty()) break;
-      return Error::no_space("free space below the new end is too fragmented for an extent of " +
-                             std::to_string(p.nblocks * bs) + " bytes, which moves whole; the filesystem keeps "
-                             "its size (what moved so far stays moved)");
+      return Error::no_space("free space out of the range is too fragmented for an extent of " +
+                             std::to_string(p.nblocks * bs) + " bytes, which moves whole (what moved so far "
+                             "stays moved)");
     }
     allocated_.fetch_add(p.nblocks, std::memory_order_relaxed);
     constexpr uint64_t kChunk = 8ull << 20;
@@ -180,14 +180,14 @@ Result<bool> Volume::relocate_batch(uint64_t end, uint64_t& moved_blocks) {
   moved_blocks += memo.copied;
 
   // The root and space trees are small and never shared: all of their
-  // nodes past the end move in every batch.
+  // nodes in the range move in every batch.
   MutCtx um{g, space_->unshared(g)};
-  const BTree::MovesNode past = [end](BlockNo b) { return b.v >= end; };
+  const BTree::MovesNode past = [lo, hi](BlockNo b) { return b.v >= lo && b.v < hi; };
   BTree::RelocMemo rmemo;
   auto rr = BTree::relocate(*cache_, info_.fs_id, root_tree_->config(), root_tree_->root(), um, past, {}, rmemo);
   if (!rr) return failed(rr.error());
   if (*rr) root_tree_ = std::make_unique<BTree>(*cache_, info_.fs_id, root_tree_->config(), **rr);
-  if (auto sr = space_->relocate_tree(end, g); !sr) return failed(sr.error());
+  if (auto sr = space_->relocate_tree(lo, hi, g); !sr) return failed(sr.error());
   changed_ = true;
   mutations_.fetch_add(1, std::memory_order_acq_rel);
   return true;
@@ -233,7 +233,7 @@ Result<Generation> Volume::shrink(uint64_t total_blocks,
       std::lock_guard cl(commit_mu_);
       if (auto w = writable(); !w) return lift(w.error());
       gate_.close();
-      auto r = relocate_batch(total_blocks, moved);
+      auto r = relocate_batch(total_blocks, now, moved);
       gate_.open();
       if (!r) return lift(r.error());
       more = *r;

@@ -5,6 +5,7 @@
 
 #include "alloc/space.h"
 #include "blockdev/device_set.h"
+#include "commit/devices.h"
 #include "commit/disk_superblock.h"
 #include "util/checksum.h"
 
@@ -151,12 +152,13 @@ std::string decode_device_table(const disk::Superblock& sb, SuperInfo& s) {
     if (all_zero(d.uuid.data(), 16)) return "device " + std::to_string(i) + " has a nil uuid";
     for (const auto& other : s.devices)
       if (other.uuid == d.uuid) return "device " + std::to_string(i) + " is listed twice";
-    // Device 0 begins the block space; every other one at a group boundary
-    // (format.md#device-table), so that no extent crosses from one device
-    // into the next, and each begins with its own reserved area.
+    // Each device at a group boundary after the one before, or the first at
+    // block 0 (format.md#device-table): no extent crosses from one device
+    // into the next, and each begins with its own reserved area. The first
+    // begins past 0 once the device that did was removed.
     const uint64_t g = SpaceManager::kGroupBlocks;
-    if (i == 0 ? d.first_block != 0
-               : (d.first_block < end || (d.first_block - s.first_block) % g != 0))
+    if (!(i == 0 && d.first_block == 0) &&
+        (d.first_block < std::max(end, s.first_block) || (d.first_block - s.first_block) % g != 0))
       return "device " + std::to_string(i) + " begins at block " + std::to_string(d.first_block) +
              ", not at a group boundary after the device before it";
     if (d.nblocks < s.first_block + 1 || d.nblocks > (~0ull - d.first_block) / s.block_size / 2)
@@ -386,6 +388,23 @@ Result<SuperChoice> choose_common(DeviceSet& set, bool trust_torn) {
   }
   c.slot = best;
   c.info = *c.reports[best].info;
+  // The set was assembled from one device's newest table; the generation
+  // every device agrees on may be older, from before a device was added or
+  // removed (format.md#device-remove). Each device its table lists must be
+  // a member, where the table puts it; a member it does not list is one an
+  // add left, which its next commit makes the table's again.
+  const uint64_t bs = c.info.block_size;
+  for (size_t i = 0; i < c.info.devices.size(); i++) {
+    const DeviceInfo& d = c.info.devices[i];
+    bool present = false;
+    for (size_t j = 0; j < set.member_count() && !present; j++)
+      present = set.member_info(j).base == d.first_block * bs && set.member_info(j).bytes == d.nblocks * bs;
+    if (!present)
+      return Error::io(ENODEV, "generation " + std::to_string(c.info.generation.v) +
+                                   ", the newest all the devices given hold, has device " + std::to_string(i) + " (" +
+                                   uuid_text(d.uuid) + ") which was not given: a change of the volume's devices "
+                                   "was cut short; give that device too");
+  }
   for (const auto& d : m) {
     const auto& other = d.reports[1 - best];
     if (other.state != SlotState::Valid && other.state != SlotState::Empty) c.fell_back = true;

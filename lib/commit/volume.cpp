@@ -213,13 +213,14 @@ SpaceGeometry space_geometry(const SuperInfo& s) {
   if (!is_multi_device(s)) return g;
   g.meta_class = static_cast<uint8_t>(s.meta_class);
   g.class_count = static_cast<uint8_t>(s.classes.size());
-  uint64_t end = 0;
+  uint64_t end = s.first_block;
   for (size_t i = 0; i < s.devices.size(); i++) {
     const DeviceInfo& d = s.devices[i];
-    // Each device but the first begins with its own reserved area (its
-    // label and superblock copies), after a gap up to a group boundary.
-    const uint64_t usable = i == 0 ? s.first_block : d.first_block + s.first_block;
-    if (i > 0 && usable > end) g.holes.push_back(BlockRange{end, usable - end});
+    // Each device begins with its own reserved area (its label and
+    // superblock copies; block 0's is the volume's), after a gap up to a
+    // group boundary.
+    const uint64_t usable = d.first_block + s.first_block;
+    if (usable > end) g.holes.push_back(BlockRange{end, usable - end});
     g.regions.push_back(DeviceRegion{usable, d.first_block + d.nblocks, d.class_id});
     end = d.first_block + d.nblocks;
   }

@@ -247,6 +247,26 @@ class Volume {
   Result<Generation> shrink(uint64_t total_blocks,
                             const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr);
   uint64_t total_blocks() const { return total_blocks_.load(std::memory_order_acquire); }
+  // Devices joining and leaving a multi-device volume while it is in use
+  // (format.md#device-add, format.md#device-remove); the volume's device
+  // is the DeviceSet that gains or loses the member. EOPNOTSUPP on a
+  // volume of one device.
+  //
+  // add_device: `dev` becomes the last device, of class `cls`
+  // (plan_device_add), its blocks free at once: the durable generation's
+  // slots and the label written to it, then two generations with the new
+  // table. Returns the second.
+  Result<Generation> add_device(std::unique_ptr<BlockDevice> dev, const std::string& name, const std::string& cls,
+                                bool force);
+  // remove_device: every node and extent on device `index` moved to the
+  // others (as shrink() moves them, each batch its own generation), then
+  // two generations with the table without it, written to the others only;
+  // then its reserved area is wiped (wipe_device). ENOSPC, changing
+  // nothing, when what is used does not fit on the others with the
+  // reserve; EINVAL for the only device. Interrupted, the device stays, some
+  // of its blocks moved. `progress` hears the blocks moved and to move.
+  Result<Generation> remove_device(size_t index,
+                                   const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr);
   // Bytes discarded since open, by commits (-o discard) and trim().
   uint64_t discarded_bytes() const { return discarded_bytes_.load(); }
   CacheStats cache_stats() const { return cache_->stats(); }
@@ -341,10 +361,10 @@ class Volume {
   Result<Generation> commit_for(CommitStats::Cause cause);
   // One batch of shrink(): with the gate closed, moves up to a batch of what
   // lies at or past `end`; false when nothing is left there.
-  Result<bool> relocate_batch(uint64_t end, uint64_t& moved_blocks);
+  Result<bool> relocate_batch(uint64_t lo, uint64_t hi, uint64_t& moved_blocks);
   Result<void> check_movable();
   static uint64_t change_budget(uint64_t reserve_blocks);
-  std::mutex resize_mu_;  // one resize at a time
+  std::mutex resize_mu_;  // one resize or device change at a time
 
   BlockDevice& dev_;
   VolumeOptions opts_;
