@@ -193,6 +193,41 @@ Result<bool> Volume::relocate_batch(uint64_t lo, uint64_t hi, uint64_t& moved_bl
   return true;
 }
 
+Result<std::pair<uint64_t, uint64_t>> Volume::vacate(uint64_t lo, uint64_t hi,
+                                                     const std::function<void(uint64_t, uint64_t)>& progress) {
+  // Everything queued so far durable first: the batches then see one
+  // generation's changes at a time.
+  (void)PLY_TRY(commit());
+  PLY_CHECK(space_->exclude(lo, hi));
+  auto lift = [&](const Error& e) {
+    (void)space_->exclude(0, 0);
+    return e;
+  };
+  uint64_t to_move = 0, moved = 0;
+  {
+    auto placed = space_->extents_in(lo, hi);
+    if (!placed) return lift(placed.error());
+    for (const auto& p : *placed) to_move += p.nblocks;
+  }
+  if (progress) progress(0, to_move);
+  for (;;) {
+    bool more;
+    {
+      std::lock_guard cl(commit_mu_);
+      if (auto w = writable(); !w) return lift(w.error());
+      gate_.close();
+      auto r = relocate_batch(lo, hi, moved);
+      gate_.open();
+      if (!r) return lift(r.error());
+      more = *r;
+    }
+    if (!more) break;
+    if (auto c = commit(); !c) return lift(c.error());
+    if (progress) progress(std::min(moved, to_move), std::max(moved, to_move));
+  }
+  return std::pair{moved, to_move};
+}
+
 Result<Generation> Volume::shrink(uint64_t total_blocks,
                                   const std::function<void(uint64_t, uint64_t)>& progress) {
   PLY_CHECK(writable());
@@ -212,36 +247,11 @@ Result<Generation> Volume::shrink(uint64_t total_blocks,
                              std::to_string(reserve * bs) + " must stay free");
   }
   PLY_CHECK(check_movable());
-  // Everything queued so far durable first: the batches then see one
-  // generation's changes at a time.
-  (void)PLY_TRY(commit());
-  PLY_CHECK(space_->limit(total_blocks));
-  auto lift = [&](const Error& e) {
-    (void)space_->limit(now);
+  const auto lift = [&](const Error& e) {
+    (void)space_->exclude(0, 0);
     return e;
   };
-  uint64_t to_move = 0, moved = 0;
-  {
-    auto placed = space_->extents_from(total_blocks);
-    if (!placed) return lift(placed.error());
-    for (const auto& p : *placed) to_move += p.nblocks;
-  }
-  if (progress) progress(0, to_move);
-  for (;;) {
-    bool more;
-    {
-      std::lock_guard cl(commit_mu_);
-      if (auto w = writable(); !w) return lift(w.error());
-      gate_.close();
-      auto r = relocate_batch(total_blocks, now, moved);
-      gate_.open();
-      if (!r) return lift(r.error());
-      more = *r;
-    }
-    if (!more) break;
-    if (auto c = commit(); !c) return lift(c.error());
-    if (progress) progress(std::min(moved, to_move), std::max(moved, to_move));
-  }
+  const auto [moved, to_move] = PLY_TRY(vacate(total_blocks, now, progress));
   // Nothing lies past the end now, and what the moves freed is durable:
   // one generation records the new end, a second one puts it in the other
   // superblock slot too.

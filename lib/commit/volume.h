@@ -363,6 +363,12 @@ class Volume {
   // lies at or past `end`; false when nothing is left there.
   Result<bool> relocate_batch(uint64_t lo, uint64_t hi, uint64_t& moved_blocks);
   Result<void> check_movable();
+  // Moves every node and extent in [lo, hi) out of it, with the range
+  // excluded from allocation (SpaceManager::exclude), one relocate_batch()
+  // and commit after another; the range stays excluded for the caller to
+  // drop, or is lifted on a failure. Returns {moved, to move} in blocks.
+  Result<std::pair<uint64_t, uint64_t>> vacate(uint64_t lo, uint64_t hi,
+                                               const std::function<void(uint64_t, uint64_t)>& progress);
   static uint64_t change_budget(uint64_t reserve_blocks);
   std::mutex resize_mu_;  // one resize or device change at a time
 

@@ -85,36 +85,11 @@ Result<Generation> Volume::remove_device(size_t index,
                              " must stay free");
   }
   PLY_CHECK(check_movable());
-  // Everything queued so far durable first: the batches then see one
-  // generation's changes at a time.
-  (void)PLY_TRY(commit());
-  PLY_CHECK(space_->exclude(region.start, region.end));
-  auto lift = [&](const Error& e) {
+  const auto lift = [&](const Error& e) {
     (void)space_->exclude(0, 0);
     return e;
   };
-  uint64_t to_move = 0, moved = 0;
-  {
-    auto placed = space_->extents_in(region.start, region.end);
-    if (!placed) return lift(placed.error());
-    for (const auto& p : *placed) to_move += p.nblocks;
-  }
-  if (progress) progress(0, to_move);
-  for (;;) {
-    bool more;
-    {
-      std::lock_guard cl(commit_mu_);
-      if (auto w = writable(); !w) return lift(w.error());
-      gate_.close();
-      auto r = relocate_batch(region.start, region.end, moved);
-      gate_.open();
-      if (!r) return lift(r.error());
-      more = *r;
-    }
-    if (!more) break;
-    if (auto c = commit(); !c) return lift(c.error());
-    if (progress) progress(std::min(moved, to_move), std::max(moved, to_move));
-  }
+  const auto [moved, to_move] = PLY_TRY(vacate(region.start, region.end, progress));
   // Nothing lies on the device now, and what the moves freed is durable:
   // it leaves the set and the space, and one generation records the table
   // without it, on the other devices only; a second one puts it in their
