@@ -1,4 +1,4 @@
-// plyctl device list (plyctl.8): the devices of a volume
+// plyctl device list|add|remove|replace (plyctl.8): the devices of a volume
 // (format.md#multi-device), offline or through a mount's daemon.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,6 +13,7 @@
 #include "output.h"
 #include "snap/model.h"
 #include "util/parse.h"
+#include "util/progress.h"
 #include "blockdev/device_set.h"
 #include "commit/devices.h"
 
@@ -32,57 +33,130 @@ void print_devices(const Json& r) {
   }
 }
 
-// plyctl device add IMAGE DEVICE [--class CLASS] [--force]: offline, the
-// volume's devices named by IMAGE and --device (format.md#device-add).
-int device_add(const std::vector<std::string>& args) {
-  auto p = parse(args, {"--class"}, {"--json", "--force"});
+// The absolute path of a device given on the command line (a daemon leaves
+// its working directory), or the URI as given.
+std::string full_path(const std::string& p) {
+  if (is_nbd_uri(p)) return p;
+  std::string out = p;
+  if (char* rp = ::realpath(p.c_str(), nullptr)) out = rp, std::free(rp);
+  return out;
+}
+
+// DEVICE as `device list` shows it: its index, its path, or its uuid.
+Result<size_t> find_device(const Json& list, const std::string& spec) {
+  const auto& devs = list["devices"];
+  const std::string full = full_path(spec);
+  for (const auto& d : devs) {
+    const size_t i = d["index"].get<size_t>();
+    if (spec == std::to_string(i) || (d["uuid"].is_string() && d["uuid"].get<std::string>() == spec) ||
+        (d["path"].is_string() && (d["path"].get<std::string>() == spec || d["path"].get<std::string>() == full)))
+      return i;
+  }
+  return Error::invalid(spec + " is not a device of the volume (give its index, path or uuid as `plyctl device list` shows it)");
+}
+
+// Usage errors (exit 2) for what the user got wrong, failures (1) else.
+int device_error(const std::string& what, const Error& e, bool online) {
+  if (e.code == EINVAL || e.code == EOPNOTSUPP) return usage_error(what + ": " + e.message());
+  return online ? fail(what + ": " + e.message()) : fail_on(what, e);
+}
+
+void print_change(const std::string& path, const std::string& verb, const Json& before, size_t index,
+                  const std::string& added, const Json& after) {
+  const auto& old = before["devices"][index];
+  const std::string cls = old["class"].is_string() ? old["class"].get<std::string>() : "-";
+  const std::string name = old["path"].is_string() ? old["path"].get<std::string>() : std::to_string(index);
+  const uint64_t moved = after.value("moved_bytes", uint64_t(0));
+  if (verb == "removed")
+    std::printf("%s: removed %s (device %zu, class %s), moved %s\n", path.c_str(), name.c_str(), index, cls.c_str(),
+                format_size(moved).c_str());
+  else
+    std::printf("%s: replaced %s (device %zu, class %s) by %s, moved %s\n", path.c_str(), name.c_str(), index,
+                cls.c_str(), added.c_str(), format_size(moved).c_str());
+}
+
+// plyctl device add|remove|replace (format.md#device-add,
+// format.md#device-remove), on a volume named by one of its devices (with
+// --device for the others) or on a mount point or mounted image, whose
+// daemon then does it while the files stay in use.
+int device_change(const std::string& sub, const std::vector<std::string>& args) {
+  auto p = parse(args, sub == "add" ? std::set<std::string>{"--class"} : std::set<std::string>{},
+                 sub == "remove" ? std::set<std::string>{"--json"} : std::set<std::string>{"--json", "--force"});
   if (!p) return usage_error(p.error().message());
-  if (p->pos.size() != 2)
-    return usage_error("usage: plyctl [--device PATH]... device add IMAGE NEWDEVICE [--class CLASS] [--force] [--json]");
-  const std::string& image = p->pos[0];
-  const std::string& added = p->pos[1];
-  if (is_directory(image))
-    return fail(image + ": devices are added to a volume that is not mounted: unmount it, then give one of its devices");
-  auto o = open_volume(image, true);
-  if (!o) return fail_on(image, o.error());
-  const SuperInfo sb = o->vol->super();
-  if (sb.classes.empty())
-    return usage_error(image + ": a volume of one device takes no other (make it with mkfs.plyfs --class)");
-  const std::string cls = p->opt.count("--class") ? p->opt["--class"] : sb.classes.back();
-  if (auto c = o->vol->close(); !c) return fail_on(image, c.error());
-  o->vol.reset();
-  DeviceSet* ds = o->dev->device_set();
-  if (!ds || static_cast<BlockDevice*>(ds) != o->dev.get()) return fail(image + ": not a volume of several devices");
-  // Named twice (it is open, and locked, as a member already).
-  if (char* rp = ::realpath(added.c_str(), nullptr)) {
-    const std::string full = rp;
-    std::free(rp);
-    for (size_t i = 0; i < ds->member_count(); i++)
-      if (ds->member_info(i).name == full)
-        return usage_error(added + " is a device of the volume already (device " + std::to_string(i) + ")");
+  const size_t want = sub == "replace" ? 3 : 2;
+  if (p->pos.size() != want)
+    return usage_error(sub == "add"      ? "usage: plyctl [--device PATH]... device add IMAGE|MOUNTPOINT NEWDEVICE [--class CLASS] [--force] [--json]"
+                       : sub == "remove" ? "usage: plyctl [--device PATH]... device remove IMAGE|MOUNTPOINT DEVICE [--json]"
+                                         : "usage: plyctl [--device PATH]... device replace IMAGE|MOUNTPOINT DEVICE NEWDEVICE [--force] [--json]");
+  const std::string& path = p->pos[0];
+  const std::string added = sub == "remove" ? "" : p->pos[want - 1];
+  const bool force = p->opt.count("--force") > 0;
+  auto t = open_target(path, true);
+  if (!t) return fail_on(path, t.error());
+  const bool online = !t->mnt.empty();
+  Result<Json> before = online ? request(t->mnt, Json{{"command", "devices"}}) : model::devices(*t->o.vol);
+  if (!before) return online ? fail(path + ": " + before.error().message()) : fail_on(path, before.error());
+  if ((*before)["classes"].empty())
+    return usage_error(path + ": a volume of one device " + (sub == "add" ? "takes no other (make it with mkfs.plyfs --class)"
+                                                                          : "has no device to " + sub));
+  size_t index = 0;
+  if (sub != "add") {
+    auto i = find_device(*before, p->pos[1]);
+    if (!i) return usage_error(path + ": " + i.error().message());
+    index = *i;
   }
-  std::unique_ptr<DeviceSet> set(static_cast<DeviceSet*>(o->dev.release()));
-  auto dev = open_device(added, FileOpenOptions{false, true});
-  if (!dev) return fail_on(added, dev.error());
-  auto grown = add_device(std::move(set), std::move(*dev), added, cls, p->opt.count("--force") > 0);
-  if (!grown) {
-    const int code = grown.error().code;
-    return code == EINVAL || code == EOPNOTSUPP ? usage_error(added + ": " + grown.error().message())
-                                                : fail_on(added, grown.error());
-  }
-  VolumeOptions vo;
-  vo.read_only = true;
-  auto vol = Volume::open(**grown, vo);
-  if (!vol) return fail_on(image, vol.error());
-  auto r = model::devices(**vol);
-  if (!r) return fail_on(image, r.error());
-  if (p->opt.count("--json")) {
-    print_json(*r);
+  // Named twice: a device open as a member already (and locked).
+  if (!added.empty())
+    for (const auto& d : (*before)["devices"])
+      if (d["path"].is_string() && d["path"].get<std::string>() == full_path(added))
+        return usage_error(added + " is a device of the volume already (device " +
+                           std::to_string(d["index"].get<size_t>()) + ")");
+  const std::string cls = p->opt.count("--class") ? p->opt["--class"]
+                          : sub == "replace"      ? (*before)["devices"][index]["class"].get<std::string>()
+                                                  : (*before)["classes"].back().get<std::string>();
+  Result<Json> after = Error::invalid("");
+  if (online) {
+    Json req{{"command", "device-" + sub}};
+    if (!added.empty()) req["path"] = full_path(added), req["force"] = force;
+    if (sub == "add") req["class"] = cls;
+    else req["device"] = index;
+    Progress work("moving blocks off the device", 0, Progress::Unit::Bytes);
+    after = request(t->mnt, req, nullptr, sub == "add" ? nullptr : &work);
+    if (!after) return device_error(path, after.error(), true);
   } else {
-    const auto& last = (*r)["devices"].back();
-    std::printf("%s: added %s as device %llu, class %s, %s\n", image.c_str(), added.c_str(),
+    Volume& vol = *t->o.vol;
+    const uint64_t bs = vol.block_size();
+    uint64_t moved = 0;
+    if (!added.empty()) {
+      auto dev = open_device(added, FileOpenOptions{false, true});
+      if (!dev) return fail_on(added, dev.error());
+      if (auto r = vol.add_device(std::move(*dev), full_path(added), cls, force); !r)
+        return device_error(added, r.error(), false);
+    }
+    if (sub != "add") {
+      Progress prog("moving blocks off the device", 0, Progress::Unit::Bytes);
+      auto r = vol.remove_device(index, [&](uint64_t done, uint64_t total) {
+        prog.set_total(total * bs);
+        prog.update(done * bs);
+        moved = done * bs;
+      });
+      if (prog.shown()) prog.finish();
+      if (!r) return device_error(path, r.error(), false);
+    }
+    after = model::devices(vol);
+    if (!after) return fail_on(path, after.error());
+    if (sub != "add") (*after)["moved_bytes"] = moved;
+    if (auto c = vol.close(); !c) return fail_on(path, c.error());
+  }
+  if (p->opt.count("--json")) {
+    print_json(*after);
+  } else if (sub == "add") {
+    const auto& last = (*after)["devices"].back();
+    std::printf("%s: added %s as device %llu, class %s, %s\n", path.c_str(), added.c_str(),
                 (unsigned long long)last["index"].get<uint64_t>(), last["class"].get<std::string>().c_str(),
                 format_size(last["size_bytes"].get<uint64_t>()).c_str());
+  } else {
+    print_change(path, sub == "remove" ? "removed" : "replaced", *before, index, added, *after);
   }
   return 0;
 }
@@ -90,8 +164,8 @@ int device_add(const std::vector<std::string>& args) {
 }  // namespace
 
 int cmd_device(const std::string& sub, const std::vector<std::string>& args) {
-  if (sub == "add") return device_add(args);
-  if (sub != "list") return usage_error("unknown device subcommand '" + sub + "' (list, add)");
+  if (sub == "add" || sub == "remove" || sub == "replace") return device_change(sub, args);
+  if (sub != "list") return usage_error("unknown device subcommand '" + sub + "' (list, add, remove, replace)");
   auto p = parse(args, {}, {"--json"});
   if (!p) return usage_error(p.error().message());
   if (p->pos.size() != 1) return usage_error("usage: plyctl [--device PATH]... device list IMAGE|MOUNTPOINT [--json]");

@@ -87,7 +87,7 @@ int real_main(int argc, char** argv) {
     return cmd_policy(sub, args);
   }
   if (cmd == "device") {
-    if (args.empty()) return usage_error("device needs a subcommand: list");
+    if (args.empty()) return usage_error("device needs a subcommand: list, add, remove, replace");
     const std::string sub = args[0];
     args.erase(args.begin());
     return cmd_device(sub, args);

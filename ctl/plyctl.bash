@@ -47,7 +47,7 @@ _plyctl() {
             layer) subs=$'list\ncreate\ndelete' ;;
             view) subs=$'list\ncreate\ndelete\ndefault' ;;
             debug) subs=$'tree\nfields\ncorrupt' ;;
-            device) subs=$'list\nadd' ;;
+            device) subs=$'list\nadd\nremove\nreplace' ;;
             policy) subs=$'list\nset\ntest\napply' ;;
         esac
         COMPREPLY=($(compgen -W "$subs" -- "$cur"))
@@ -96,6 +96,7 @@ _plyctl() {
         "debug corrupt"*) opts+=$'\n--set\n--flip\n--zero\n--add\n--keep-checksum' ;;
         "policy set") opts+=$'\n--file' ;;
         "device add") opts+=$'\n--class\n--force' ;;
+        "device replace") opts+=$'\n--force' ;;
         "policy test") opts+=$'\n--gid\n--mode\n--image' ;;
     esac
     case $cmd in

@@ -395,7 +395,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
                                                      "view-create", "view-delete", "view-default", "sync", "du",
                                                      "hold", "release", "quota", "scrub", "send", "receive",
                                                      "devices", "where", "policy", "policy-set", "policy-test",
-                                                     "policy-apply"};
+                                                     "policy-apply", "device-add", "device-remove", "device-replace"};
   const std::string cmd = req.is_object() && req.contains("command") && req["command"].is_string()
                               ? req["command"].get<std::string>()
                               : "";
@@ -404,7 +404,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
                           "\" (list, add, remove, set, move, snapshot, merge, rollback, clone, delete, diff, trim, resize, "
                           "read, close, progress, show, branches, views, default, view-create, view-delete, view-default, "
                           "sync, du, hold, release, quota, scrub, scrub-cancel, send, receive, devices, where, policy, policy-set, "
-                          "policy-test, policy-apply)");
+                          "policy-test, policy-apply, device-add, device-remove, device-replace)");
   // Not behind a long merge: a commit is serialized with the others.
   if (cmd == "sync") return sync_answer();
   std::lock_guard lk(g->ctl_mu);
@@ -459,6 +459,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
                             : cmd == "scrub" ? "only root or the mount's owner may scrub"
                             : cmd == "send"  ? "only root or the mount's owner may send branches"
                             : cmd == "policy-set" || cmd == "policy-apply" ? "only root or the mount's owner may change placement"
+                            : cmd.rfind("device-", 0) == 0 ? "only root or the mount's owner may change the devices"
                                              : "only root or the mount's owner may change branches");
   if (cmd == "policy-set") {
     if (!req.contains("rules") || !req["rules"].is_array()) return Error::invalid("\"rules\" must be a list of rules");
@@ -490,6 +491,7 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     (void)PLY_TRY(g->vol->commit());
     return model::policy_applied(*g->vol, st);
   }
+  if (cmd.rfind("device-", 0) == 0) return device_online(cmd, req);
   if (cmd == "diff") return run_diff(req);
   if (cmd == "send") return send_online(req, caller);
   if (cmd == "receive") return receive_online(req, caller);

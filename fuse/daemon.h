@@ -150,6 +150,9 @@ Result<nlohmann::ordered_json> delete_online(const BranchMeta& b);
 Result<nlohmann::ordered_json> trim_online(uint64_t start, uint64_t len, uint64_t min_bytes);
 // `resize` (space.cpp, format.md#resize): nullopt grows to the device's size.
 Result<nlohmann::ordered_json> resize_online(std::optional<uint64_t> bytes);
+// `device-add`, `device-remove`, `device-replace` (space.cpp,
+// format.md#device-add, format.md#device-remove).
+Result<nlohmann::ordered_json> device_online(const std::string& cmd, const nlohmann::ordered_json& req);
 // scrub.cpp: the scrub (rate: bytes a second, 0: no limit), and its cancel
 // (answered at once, outside ctl_mu; the running scrub stops at its next batch).
 Result<nlohmann::ordered_json> scrub_online(uint64_t rate_bytes);

@@ -6,7 +6,10 @@
 #include <linux/fs.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+
+#include "blockdev/blockdev.h"
 
 #include "daemon.h"
 #include "snap/model.h"
@@ -38,6 +41,76 @@ Result<nlohmann::ordered_json> resize_online(std::optional<uint64_t> bytes) {
                                 {"size_bytes", g->vol->total_blocks() * bs},
                                 {"generation", gen.v},
                                 {"moved_bytes", moved}};
+}
+
+// Devices joining and leaving the mounted volume (format.md#device-add,
+// format.md#device-remove): `device-add` {"path", "class", "force"},
+// `device-remove` {"device": index}, `device-replace` {"device", "path",
+// "force"}; each answers the device list after it (the schema's Devices),
+// with "moved_bytes" for a removal. Files stay in use meanwhile: the moves
+// hold operations only batch by batch.
+namespace {
+
+Result<std::unique_ptr<BlockDevice>> open_new_device(const std::string& path) {
+  if (path.empty()) return Error::invalid("\"path\" must name the new device");
+  auto dev = PLY_TRY(open_device(path, FileOpenOptions{false, true}));
+  return dev;
+}
+
+std::string shown_path(const std::string& path) {
+  if (is_nbd_uri(path)) return path;
+  std::string full = path;
+  if (char* rp = ::realpath(path.c_str(), nullptr)) full = rp, ::free(rp);
+  return full;
+}
+
+Result<size_t> arg_device(const nlohmann::ordered_json& req) {
+  if (!req.contains("device") || !req["device"].is_number_unsigned())
+    return Error::invalid("\"device\" must be a device's index");
+  return req["device"].get<size_t>();
+}
+
+Result<uint64_t> remove_with_progress(size_t index) {
+  const uint64_t bs = g->vol->block_size();
+  RunningOp op("device-remove", "moving blocks off the device", "bytes");
+  uint64_t moved = 0;
+  (void)PLY_TRY(g->vol->remove_device(index, [&](uint64_t done, uint64_t total) {
+    op.update(done * bs, total ? double(done) / double(total) : 1.0);
+    moved = done * bs;
+  }));
+  return moved;
+}
+
+}  // namespace
+
+Result<nlohmann::ordered_json> device_online(const std::string& cmd, const nlohmann::ordered_json& req) {
+  if (g->read_only) return Error::io(EROFS, "the mount is read-only");
+  const std::string path = req.contains("path") && req["path"].is_string() ? req["path"].get<std::string>() : "";
+  const bool force = req.contains("force") && req["force"].is_boolean() && req["force"].get<bool>();
+  uint64_t moved = 0;
+  if (cmd == "device-add") {
+    const SuperInfo sb = g->vol->super();
+    std::string cls = sb.classes.empty() ? "" : sb.classes.back();
+    if (req.contains("class")) {
+      if (!req["class"].is_string()) return Error::invalid("\"class\" must be a class name");
+      cls = req["class"].get<std::string>();
+    }
+    auto dev = PLY_TRY(open_new_device(path));
+    (void)PLY_TRY(g->vol->add_device(std::move(dev), shown_path(path), cls, force));
+  } else if (cmd == "device-remove") {
+    moved = PLY_TRY(remove_with_progress(PLY_TRY(arg_device(req))));
+  } else {  // device-replace: the new device with the old one's class, then the old one out
+    const size_t index = PLY_TRY(arg_device(req));
+    const SuperInfo sb = g->vol->super();
+    if (index >= sb.devices.size()) return Error::invalid("the volume has no device " + std::to_string(index));
+    auto dev = PLY_TRY(open_new_device(path));
+    (void)PLY_TRY(g->vol->add_device(std::move(dev), shown_path(path), sb.classes[sb.devices[index].class_id], force));
+    moved = PLY_TRY(remove_with_progress(index));
+  }
+  (void)PLY_TRY(g->vol->commit());
+  auto out = PLY_TRY(model::devices(*g->vol));
+  if (cmd != "device-add") out["moved_bytes"] = moved;
+  return out;
 }
 
 // FITRIM: struct fstrim_range in and out; on return `len` holds the bytes

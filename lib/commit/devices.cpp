@@ -325,31 +325,17 @@ Result<void> wipe_device(BlockDevice& dev) {
 
 Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, std::unique_ptr<BlockDevice> dev,
                                               const std::string& name, const std::string& cls, bool force) {
-  const SuperChoice choice = PLY_TRY(read_superblocks(*set));
-  const SuperInfo& sb = choice.info;
-  SuperInfo next = PLY_TRY(plan_device_add(sb, *dev, name, cls, force));
-  const uint32_t bs = sb.block_size;
-  const DeviceInfo d = next.devices.back();
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  const uint64_t now = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-  // 1. The new device gets device 0's superblock slots, then its label.
-  PLY_CHECK(join_device(set->member(0), *dev, next));
-  // 2. The set with it, and the two generations with the new table: each
-  // written to its slot of every device, then every device flushed (C4).
-  auto members = set->take_members();
-  std::string shown = name;
-  if (!is_nbd_uri(shown))
-    if (char* rp = realpath(shown.c_str(), nullptr)) shown = rp, free(rp);
-  members.push_back(DeviceSet::Member{std::move(dev), d.first_block * bs, d.nblocks * bs, shown});
-  auto grown = PLY_TRY(DeviceSet::make(std::move(members), disk::kReservedBytes));
-  for (int k = 1; k <= 2; k++) {
-    next.generation = Generation{sb.generation.v + k};
-    next.commit_time_ns = now;
-    PLY_CHECK(grown->write(disk::kSuperOffset[next.generation.v % 2], encode_superblock(next)));
-    PLY_CHECK(grown->flush());
+  // The volume's own add, on a volume opened for it alone: the same steps
+  // as on a mounted one (Volume::add_device).
+  {
+    auto vol = PLY_TRY(Volume::open(*set));
+    std::string shown = name;
+    if (!is_nbd_uri(shown))
+      if (char* rp = realpath(shown.c_str(), nullptr)) shown = rp, free(rp);
+    (void)PLY_TRY(vol->add_device(std::move(dev), shown, cls, force));
+    PLY_CHECK(vol->close());
   }
-  return grown;
+  return set;
 }
 
 }  // namespace plyfs

@@ -48,7 +48,7 @@ expect "commands" $'branch' br
 expect "commands starting with d" $'debug\ndelete\ndevice\ndiff\ndu' d
 expect "commands starting with p" 'policy' p
 expect "branch subcommands" $'add\ncreate\nlist\nmove\nremove\nset' branch ''
-expect "device subcommands" $'add\nlist' device ''
+expect "device subcommands" $'add\nlist\nremove\nreplace' device ''
 expect "options of device add" $'--class\n--force\n--json' device add "$IMG" x -
 expect "policy subcommands" $'apply\nlist\nset\ntest' policy ''
 expect "options of policy test" $'--gid\n--image\n--json\n--mode' policy test /mnt/x 1M -
