@@ -364,15 +364,51 @@ Result<SuperChoice> choose_common(DeviceSet& set, bool trust_torn) {
   SuperChoice c;
   c.reports[0] = m[0].reports[0];
   c.reports[1] = m[0].reports[1];
+  // A generation counts when every device ITS table lists is a member where
+  // the table puts it and holds it whole and identical; a member its table
+  // does not list (one a removal dropped, one an add had not yet joined
+  // when the generation was written) has no say (format.md#device-remove).
+  // Each member's valid slots are the candidates.
+  const auto listed = [&](const SuperInfo& info, size_t j) {
+    const uint64_t bs = info.block_size;
+    for (const auto& d : info.devices)
+      if (set.member_info(j).base == d.first_block * bs && set.member_info(j).bytes == d.nblocks * bs) return true;
+    return false;
+  };
+  std::optional<SuperInfo> chosen;
   int best = -1;
-  for (int slot = 0; slot < 2; slot++) {
-    if (m[0].reports[slot].state != SlotState::Valid) continue;
-    const uint64_t gen = m[0].reports[slot].info->generation.v;
-    bool agreed = true;
-    for (size_t i = 1; i < m.size() && agreed; i++)
-      agreed = m[i].reports[slot].state == SlotState::Valid && m[i].raw[slot] == m[0].raw[slot];
-    if (agreed && (best < 0 || gen > c.reports[best].info->generation.v)) best = slot;
-  }
+  uint64_t missing_gen = 0;  // the newest candidate that needs a device not given
+  std::string missing;
+  for (size_t i = 0; i < m.size(); i++)
+    for (int slot = 0; slot < 2; slot++) {
+      const auto& rep = m[i].reports[slot];
+      if (rep.state != SlotState::Valid || !listed(*rep.info, i)) continue;
+      const SuperInfo& info = *rep.info;
+      if (chosen && info.generation <= chosen->generation) continue;
+      size_t members_listed = 0;
+      bool agreed = true;
+      for (size_t j = 0; j < m.size() && agreed; j++) {
+        if (!listed(info, j)) continue;
+        members_listed++;
+        agreed = m[j].reports[slot].state == SlotState::Valid && m[j].raw[slot] == m[i].raw[slot];
+      }
+      if (!agreed) continue;
+      if (members_listed < info.devices.size()) {
+        // Agreed by the members it lists, but it lists a device not given.
+        if (info.generation.v > missing_gen) {
+          missing_gen = info.generation.v;
+          missing = "generation " + std::to_string(info.generation.v) + ", the newest the devices given hold, lists " +
+                    std::to_string(info.devices.size()) + " devices and " + std::to_string(members_listed) +
+                    " were given: a change of the volume's devices was cut short; give the others too";
+        }
+        continue;
+      }
+      chosen = info;
+      best = slot;
+    }
+  // Only a generation older than one that needs a device agrees: choosing
+  // it would drop what the newer one made durable.
+  if (missing_gen > (chosen ? chosen->generation.v : 0)) return Error::io(ENODEV, missing);
   if (best < 0) {
     std::string why;
     for (size_t i = 0; i < m.size(); i++)
@@ -387,24 +423,7 @@ Result<SuperChoice> choose_common(DeviceSet& set, bool trust_torn) {
                           "the devices of the volume hold no superblock in common (" + why + ")");
   }
   c.slot = best;
-  c.info = *c.reports[best].info;
-  // The set was assembled from one device's newest table; the generation
-  // every device agrees on may be older, from before a device was added or
-  // removed (format.md#device-remove). Each device its table lists must be
-  // a member, where the table puts it; a member it does not list is one an
-  // add left, which its next commit makes the table's again.
-  const uint64_t bs = c.info.block_size;
-  for (size_t i = 0; i < c.info.devices.size(); i++) {
-    const DeviceInfo& d = c.info.devices[i];
-    bool present = false;
-    for (size_t j = 0; j < set.member_count() && !present; j++)
-      present = set.member_info(j).base == d.first_block * bs && set.member_info(j).bytes == d.nblocks * bs;
-    if (!present)
-      return Error::io(ENODEV, "generation " + std::to_string(c.info.generation.v) +
-                                   ", the newest all the devices given hold, has device " + std::to_string(i) + " (" +
-                                   uuid_text(d.uuid) + ") which was not given: a change of the volume's devices "
-                                   "was cut short; give that device too");
-  }
+  c.info = *chosen;
   for (const auto& d : m) {
     const auto& other = d.reports[1 - best];
     if (other.state != SlotState::Valid && other.state != SlotState::Empty) c.fell_back = true;
