@@ -9,6 +9,7 @@
 #include "fs/fs.h"
 #include "mount_client.h"
 #include "snap/snap.h"
+#include "union/view.h"
 
 #include "commit/devices.h"
 
@@ -205,6 +206,14 @@ Result<Opened> open_volume(const std::string& image, bool write) {
   o.vol = PLY_TRY(Volume::open(*o.dev, vo));
   // What an interrupted merge or rollback left goes first (format.md#snapshots).
   if (write) (void)PLY_TRY(drop_doomed(*o.vol));
+  // The placement rules in force for whatever the command writes (a
+  // receive, an import, a removal's moves), as on a mount
+  // (format.md#placement-rules): a damaged rule leaves them all out, with a
+  // warning, and fsck reports it.
+  if (write)
+    if (auto r = load_placement_rules(*o.vol); !r)
+      std::fprintf(stderr, "%s: %s: placement rules not in force: %s\n", kProg, image.c_str(),
+                   r.error().message().c_str());
   return o;
 }
 

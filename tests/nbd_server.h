@@ -1,13 +1,17 @@
-// An nbdkit server on a Unix socket in a temporary directory, for the tests
-// of images on NBD (tests/lib/nbd_test.cpp, tests/fuse/nbd_test.cpp):
-// nothing on the network. The server dies with the test (--exit-with-parent)
+// An nbdkit server on a Unix socket in a temporary directory, or on TCP on
+// the loopback address (with TLS or without), for the tests of images on
+// NBD (tests/lib/nbd_test.cpp, tests/fuse/nbd_test.cpp): nothing on the
+// network. The server dies with the test (--exit-with-parent)
 // and is stopped by the destructor.
 #pragma once
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,21 +34,52 @@ inline std::string nbdkit_path() {
   return "";
 }
 
+// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick).
+inline int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Where an NbdServer listens: a Unix socket in its directory, or TCP on
+// 127.0.0.1 (never another address), then with TLS when `tls_psk` names a
+// PSK file (nbdkit --tls=require: a client without TLS is refused).
+struct NbdListen {
+  bool tcp = false;
+  std::string tls_psk;   // "username:hexkey" lines, as nbdkit --tls-psk takes
+  std::string tls_user;  // the username the URI gives
+};
+
 class NbdServer {
  public:
+  using Listen = NbdListen;
   // args: the plugin and its parameters, after nbdkit's own options, e.g.
   // {"memory", "1G"} or {"--filter=error", "memory", "1G", "error-pwrite=EIO"}.
   // dir: where the socket and the log go.
-  NbdServer(const std::string& dir, std::vector<std::string> args, const std::string& name = "nbd")
+  NbdServer(const std::string& dir, std::vector<std::string> args, const std::string& name = "nbd",
+            Listen listen = {})
       : sock_(dir + "/" + name + ".sock"), log_(dir + "/" + name + ".log"),
-        pidfile_(dir + "/" + name + ".pid"), args_(std::move(args)) {
+        pidfile_(dir + "/" + name + ".pid"), args_(std::move(args)), listen_(std::move(listen)) {
+    if (listen_.tcp) port_ = free_loopback_port();
     start();
   }
   ~NbdServer() { stop(SIGTERM); }
   NbdServer(const NbdServer&) = delete;
   NbdServer& operator=(const NbdServer&) = delete;
 
-  std::string uri() const { return "nbd+unix:///?socket=" + sock_; }
+  std::string uri() const {
+    if (!listen_.tcp) return "nbd+unix:///?socket=" + sock_;
+    if (listen_.tls_psk.empty()) return "nbd://127.0.0.1:" + std::to_string(port_) + "/";
+    return "nbds://" + listen_.tls_user + "@127.0.0.1:" + std::to_string(port_) + "/?tls-psk-file=" + listen_.tls_psk;
+  }
+  int port() const { return port_; }
   const std::string& socket() const { return sock_; }
   pid_t pid() const { return pid_; }
 
@@ -71,8 +106,13 @@ class NbdServer {
     REQUIRE(!bin.empty());
     ::unlink(sock_.c_str());
     ::unlink(pidfile_.c_str());
-    std::vector<std::string> argv = {bin, "--unix", sock_, "--foreground", "--exit-with-parent",
-                                     "--pidfile", pidfile_};
+    std::vector<std::string> argv = {bin, "--foreground", "--exit-with-parent", "--pidfile", pidfile_};
+    if (listen_.tcp) {
+      argv.insert(argv.end(), {"--ipaddr", "127.0.0.1", "--port", std::to_string(port_)});
+      if (!listen_.tls_psk.empty()) argv.insert(argv.end(), {"--tls=require", "--tls-psk=" + listen_.tls_psk});
+    } else {
+      argv.insert(argv.end(), {"--unix", sock_});
+    }
     argv.insert(argv.end(), args_.begin(), args_.end());
     std::vector<char*> av;
     for (auto& a : argv) av.push_back(a.data());
@@ -106,6 +146,8 @@ class NbdServer {
 
   std::string sock_, log_, pidfile_;
   std::vector<std::string> args_;
+  Listen listen_;
+  int port_ = 0;
   pid_t pid_ = -1;
 };
 

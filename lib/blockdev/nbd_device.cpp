@@ -145,6 +145,10 @@ Result<std::unique_ptr<NbdDevice::Conn>> connect(const std::string& uri) {
   if (c->wake_fd < 0) return Error::sys(errno, "eventfd");
   if (nbd_supports_uri(c->h) != 1)
     return Error::io(EOPNOTSUPP, "this libnbd cannot connect to URIs (built without libxml2)");
+  // The URI is the user's own (a command line, a mount option), not a
+  // remote party's: its TLS key or certificate files (tls-psk-file=,
+  // tls-certificates=) may be read, as nbdinfo and nbdcopy allow.
+  if (nbd_set_uri_allow_local_file(c->h, true) != 0) return nbd_error("cannot allow the URI's TLS files");
   if (nbd_connect_uri(c->h, uri.c_str()) != 0) {
     const int e = nbd_get_errno();
     const char* msg = nbd_get_error();

@@ -194,29 +194,16 @@ TEST_CASE("multidev: a power cut during a commit, each device torn on its own, l
     auto use = must(vol->device_usage());
     REQUIRE(use[1].meta_blocks + use[2].meta_blocks > 0);
   }
-  for (size_t j = 0; j < base.size(); j++) {
-    for (uint64_t k = 1;; k++) {
-      auto devs = clones(base);
-      for (auto& d : devs) d->track_unflushed(true);
-      FaultDevice cut(*devs[j]);
-      cut.add({FaultDevice::Op::Modify, k, true, FaultDevice::Kind::Eio, 0});
-      std::vector<BlockDevice*> members = ptrs(devs);
-      members[j] = &cut;
-      bool done;
-      {
+  states = power_cuts(
+      base, s0, ~0ull, 8,
+      [&](const std::vector<BlockDevice*>& members) {
         auto set = assemble(members);
         auto vol = must(Volume::open(*set));
         Model m = before;
         change(*vol, t, m, s0 + 1, 3000);
-        done = vol->commit().ok();
-      }
-      for (uint64_t tear = 0; tear < 8; tear++) {
-        std::vector<std::unique_ptr<MemDevice>> crashed;
-        for (size_t i = 0; i < devs.size(); i++) {
-          crashed.push_back(devs[i]->clone());
-          std::mt19937_64 rng(s0 ^ (k * 131 + tear * 7 + i * 1009 + j * 65537));
-          crashed.back()->crash(rng);
-        }
+        return vol->commit().ok();
+      },
+      [&](std::vector<std::unique_ptr<MemDevice>>& crashed, size_t j, uint64_t k, uint64_t tear) {
         auto set = assemble(ptrs(crashed));
         auto vol = must(Volume::open(*set));
         auto got = dump(*vol, t);
@@ -225,14 +212,10 @@ TEST_CASE("multidev: a power cut during a commit, each device torn on its own, l
         REQUIRE((is_old || is_new));
         saw_old += is_old;
         saw_new += is_new;
-        states++;
         vol.reset();
         auto rep = must(verify_image(*set));
         for (const auto& p : rep.problems) REQUIRE(p.code == "S-slot");
-      }
-      if (done) break;
-    }
-  }
+      });
   std::printf("[multidev-power-cut] %llu crash states: %llu old, %llu new\n", (unsigned long long)states,
               (unsigned long long)saw_old, (unsigned long long)saw_new);
   REQUIRE(saw_old > 0);
@@ -435,27 +418,17 @@ TEST_CASE("multidev: a device added offline joins with its class; a power cut le
   // A power cut: device j cut at its call k, then every device keeps, drops
   // or tears its unflushed writes on its own. The volume opens (with the new
   // device given) at its old content, with two devices or three.
-  uint64_t states = 0, with = 0, without = 0;
-  for (size_t j = 0; j < 3; j++) {
-    for (uint64_t k = 1;; k++) {
-      REQUIRE(k < 100);
-      auto devs = clones(base);
-      devs.push_back(fresh_new());
-      for (auto& d : devs) d->track_unflushed(true);
-      FaultDevice cut(*devs[j]);
-      cut.add({FaultDevice::Op::Modify, k, true, FaultDevice::Kind::Eio, 0});
-      std::vector<BlockDevice*> members = ptrs(devs);
-      members[j] = &cut;
-      const bool done =
-          add_device(assemble({members[0], members[1]}), std::make_unique<BorrowedDevice>(*members[2]), "new", "slow", false)
-              .ok();
-      for (uint64_t tear = 0; tear < 6; tear++) {
-        std::vector<std::unique_ptr<MemDevice>> crashed;
-        for (size_t i = 0; i < devs.size(); i++) {
-          crashed.push_back(devs[i]->clone());
-          std::mt19937_64 rng(s0 ^ (k * 131 + tear * 7 + i * 1009 + j * 65537));
-          crashed.back()->crash(rng);
-        }
+  uint64_t with = 0, without = 0;
+  std::vector<std::unique_ptr<MemDevice>> three = clones(base);
+  three.push_back(fresh_new());
+  const uint64_t states = power_cuts(
+      three, s0, 100, 6,
+      [&](const std::vector<BlockDevice*>& members) {
+        return add_device(assemble({members[0], members[1]}), std::make_unique<BorrowedDevice>(*members[2]), "new",
+                          "slow", false)
+            .ok();
+      },
+      [&](std::vector<std::unique_ptr<MemDevice>>& crashed, size_t j, uint64_t k, uint64_t tear) {
         INFO("device " << j << " cut at call " << k << " tear " << tear);
         // The devices open_volume would take: those of device 0's newest table.
         const size_t listed = must(member_superblock(*crashed[0])).devices.size();
@@ -467,7 +440,6 @@ TEST_CASE("multidev: a device added offline joins with its class; a power cut le
         const size_t n = vol->super().devices.size();
         REQUIRE((n == 2 || n == 3));
         (n == 3 ? with : without)++;
-        states++;
         // It goes on from there: a commit, and the volume opens again.
         Model m = before;
         change(*vol, t, m, s0 + 9, 50);
@@ -476,10 +448,7 @@ TEST_CASE("multidev: a device added offline joins with its class; a power cut le
         auto rep = must(verify_image(*set));
         for (const auto& p : rep.problems) REQUIRE(p.code == "S-slot");
         REQUIRE(dump(*must(Volume::open(*assemble(ptrs(crashed)))), t) == m);
-      }
-      if (done) break;
-    }
-  }
+      });
   std::printf("[multidev-add] %llu crash states: %llu with the device, %llu without\n", (unsigned long long)states,
               (unsigned long long)with, (unsigned long long)without);
   CHECK(with > 0);

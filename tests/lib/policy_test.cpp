@@ -341,18 +341,10 @@ TEST_CASE("policy: a power cut during a migration, each device torn on its own, 
     fs.reset();
     must(vol->close());
   }
-  uint64_t states = 0, moved_states = 0;
-  for (size_t j = 0; j < base.size(); j++) {
-    for (uint64_t k = 1;; k++) {
-      REQUIRE(k < 1000);  // the migration finishes when nothing is cut
-      auto devs = clones(base);
-      for (auto& d : devs) d->track_unflushed(true);
-      FaultDevice cut(*devs[j]);
-      cut.add({FaultDevice::Op::Modify, k, true, FaultDevice::Kind::Eio, 0});
-      std::vector<BlockDevice*> members = ptrs(devs);
-      members[j] = &cut;
-      bool done = false;
-      {
+  uint64_t moved_states = 0;
+  const uint64_t states = power_cuts(
+      base, s0, 1000, 4,
+      [&](const std::vector<BlockDevice*>& members) {
         auto set = assemble(members);
         VolumeOptions vo;
         vo.kinds = fs_kinds();
@@ -370,15 +362,9 @@ TEST_CASE("policy: a power cut during a migration, each device torn on its own, 
           ok = st.failed == 0 && st.files == content.size();
         }
         fs.reset();
-        done = ok && vol->commit().ok();
-      }
-      for (uint64_t tear = 0; tear < 4; tear++) {
-        std::vector<std::unique_ptr<MemDevice>> crashed;
-        for (size_t i = 0; i < devs.size(); i++) {
-          crashed.push_back(devs[i]->clone());
-          std::mt19937_64 rng(s0 ^ (k * 131 + tear * 7 + i * 1009 + j * 65537));
-          crashed.back()->crash(rng);
-        }
+        return ok && vol->commit().ok();
+      },
+      [&](std::vector<std::unique_ptr<MemDevice>>& crashed, size_t j, uint64_t k, uint64_t tear) {
         auto set = assemble(ptrs(crashed));
         VolumeOptions vo;
         vo.kinds = fs_kinds();
@@ -395,16 +381,12 @@ TEST_CASE("policy: a power cut during a migration, each device torn on its own, 
             for (const auto& e : must(fs->placement(ino))) on_fast = on_fast && vol->class_of(BlockNo{e.block}) == 0;
           }
           moved_states += on_fast;
-          states++;
         }
         VerifyOptions vfo;
         vfo.kinds = fs_kinds();
         auto rep = must(verify_image(*set, vfo));
         for (const auto& p : rep.problems) REQUIRE(p.code == "S-slot");
-      }
-      if (done) break;
-    }
-  }
+      });
   std::printf("[policy-power-cut] %llu crash states, %llu with every file moved\n", (unsigned long long)states,
               (unsigned long long)moved_states);
   CHECK(moved_states > 0);
