@@ -1,5 +1,6 @@
 // lib/blockdev/nbd_device: an image on an NBD server, against real nbdkit
-// servers on Unix sockets (tests/nbd_server.h). Exits 77 (skipped) without
+// servers on Unix sockets (tests/nbd_server.h); at the end, the crash
+// harness over NBD (crash states rebuilt from the server's own log). Exits 77 (skipped) without
 // nbdkit.
 #include <signal.h>
 #include <unistd.h>
@@ -7,7 +8,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <catch2/generators/catch_generators.hpp>
@@ -29,6 +34,13 @@ extern "C" int plyfs_test_precheck() {
 }
 
 namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
 struct Dir {
   std::string path;
@@ -325,4 +337,274 @@ TEST_CASE("nbd device: the server's errors come back as they are", "[nbd]") {
   REQUIRE(!w);
   REQUIRE(w.error().code == EIO);
   REQUIRE(dev->read(4096, buf));  // the connection stays usable
+}
+
+// ---------------------------------------------------------------------------
+// The crash harness over NBD. A workload of commits runs on an NbdDevice to
+// nbdkit's memory plugin behind its log filter, which writes every request
+// as the server receives and completes it. From the server's own order of
+// events, with the data the engine wrote, every crash state the device
+// contract allows (docs/format.md#device-contract: a write is durable once
+// a flush that began after it completed has completed; any other write may
+// be there, missing, or torn at sector granularity) is rebuilt at many
+// points of the log and opened: each must recover to a committed generation
+// with that generation's exact content, never older than the newest one
+// whose commit had returned. And the transport itself: every write the
+// engine made before a flush completed at the server before that flush
+// began there (the NBD flush covers only completed writes).
+
+namespace {
+
+// What the engine asked of the device: each write with its data and the
+// number of flushes it asked for before it.
+class Witness final : public BlockDevice {
+ public:
+  explicit Witness(BlockDevice& d) : d_(d) {}
+  struct W {
+    uint64_t epoch, offset;
+    std::vector<std::byte> data;
+  };
+  Result<void> read(uint64_t o, std::span<std::byte> out) override { return d_.read(o, out); }
+  Result<void> write(uint64_t o, std::span<const std::byte> in) override {
+    note(o, in);
+    return d_.write(o, in);
+  }
+  Result<void> write_batch(std::span<const WriteReq> reqs) override {
+    for (const auto& r : reqs) note(r.offset, r.data);
+    return d_.write_batch(reqs);
+  }
+  Result<void> flush() override {
+    auto r = d_.flush();
+    std::lock_guard lk(mu_);
+    flushes_++;
+    return r;
+  }
+  Result<void> discard(uint64_t o, uint64_t n) override { return d_.discard(o, n); }
+  uint64_t size_bytes() const override { return d_.size_bytes(); }
+  uint32_t logical_sector_size() const override { return d_.logical_sector_size(); }
+  uint32_t physical_sector_size() const override { return d_.physical_sector_size(); }
+  uint64_t flushes() const {
+    std::lock_guard lk(mu_);
+    return flushes_;
+  }
+  std::vector<W> writes() const {
+    std::lock_guard lk(mu_);
+    return writes_;
+  }
+
+ private:
+  void note(uint64_t o, std::span<const std::byte> in) {
+    std::lock_guard lk(mu_);
+    writes_.push_back(W{flushes_, o, std::vector<std::byte>(in.begin(), in.end())});
+  }
+  BlockDevice& d_;
+  mutable std::mutex mu_;
+  uint64_t flushes_ = 0;
+  std::vector<W> writes_;
+};
+
+// One request of nbdkit's log filter: its start or its return.
+struct Ev {
+  char kind;  // 'W' write, 'F' flush, 'T' trim, 'Z' zero
+  bool ret;
+  uint64_t conn, id, offset = 0, count = 0;
+};
+
+std::vector<Ev> parse_log(const std::string& text) {
+  std::vector<Ev> out;
+  std::istringstream in(text);
+  std::string line;
+  auto field = [](const std::string& l, const std::string& key) -> uint64_t {
+    const size_t at = l.find(" " + key + "=");
+    if (at == std::string::npos) return 0;
+    return std::stoull(l.substr(at + key.size() + 2), nullptr, 0);
+  };
+  while (std::getline(in, line)) {
+    const size_t c = line.find("connection=");
+    if (c == std::string::npos) continue;
+    // "connection=N Write id=..." begins a request, "connection=N ...Write
+    // id=... return=0" ends it.
+    const size_t sp = line.find(' ', c);
+    if (sp == std::string::npos) continue;
+    const bool ret = line.compare(sp + 1, 3, "...") == 0;
+    const std::string rest = line.substr(sp + 1 + (ret ? 3 : 0));
+    char kind = 0;
+    if (rest.rfind("Write ", 0) == 0) kind = 'W';
+    else if (rest.rfind("Flush ", 0) == 0) kind = 'F';
+    else if (rest.rfind("Trim ", 0) == 0) kind = 'T';
+    else if (rest.rfind("Zero ", 0) == 0) kind = 'Z';
+    if (!kind) continue;
+    if (ret && line.find("return=0") == std::string::npos) FAIL("a request failed at the server: " << line);
+    Ev e{kind, ret, field(line, "connection"), field(line, "id")};
+    if (!ret) e.offset = field(line, "offset"), e.count = field(line, "count");
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("nbd device: crash states from the server's own log recover; flushes cover completed writes", "[nbd]") {
+  const uint64_t s0 = seed("nbd-crash");
+  Dir d;
+  const std::string log = d.path + "/requests.log";
+  NbdServer srv(d.path, {"--filter=log", "memory", "4M", "logfile=" + log});
+  auto nbd = must(NbdDevice::open(srv.uri(), false));
+  must(Volume::format(*nbd, FormatOptions{}));
+  REQUIRE(nbd->flush());
+  // The image as formatted: the base every crash state starts from.
+  auto base = std::make_unique<MemDevice>(nbd->size_bytes());
+  {
+    std::vector<std::byte> all(nbd->size_bytes());
+    REQUIRE(nbd->read(0, all));
+    REQUIRE(base->write(0, all));
+  }
+  const size_t skip = parse_log(slurp(log)).size();  // the format's requests
+
+  Witness wit(*nbd);
+  std::map<uint64_t, Model> model_at;   // generation -> the tree's content
+  std::map<uint64_t, uint64_t> acked;   // generation -> flushes asked when its commit returned
+  TreeId t;
+  {
+    auto vol = must(Volume::open(wit));
+    model_at[vol->durable_generation().v] = {};
+    acked[vol->durable_generation().v] = 0;
+    {
+      auto txn = must(vol->begin());
+      t = must(txn.create_tree(kKindPlain));
+    }
+    std::mt19937_64 rng(s0);
+    Model m;
+    for (int round = 0; round < 20; round++) {
+      {
+        auto txn = must(vol->begin());
+        for (int i = 0; i < 300; i++) {
+          const Key k{rng() % 4000, 0};
+          if (rng() % 4 == 0 && m.count(k)) {
+            (void)must(txn.erase(t, k));
+            m.erase(k);
+          } else {
+            std::vector<std::byte> v(8 + rng() % 200);
+            for (auto& b : v) b = std::byte(rng());
+            must(txn.put(t, k, v));
+            m[k] = v;
+          }
+        }
+      }
+      const Generation g = must(vol->commit());
+      model_at[g.v] = m;
+      acked[g.v] = wit.flushes();
+    }
+    must(vol->close());
+  }
+  nbd.reset();
+  srv.stop(SIGTERM);  // the log is whole once the server is gone
+  const auto events = parse_log(slurp(log));
+  INFO(events.size() << " events, " << skip << " of the format, " << wit.writes().size() << " writes");
+  REQUIRE(events.size() >= skip + 20 * 8);  // each commit: nodes, flush, superblock, flush
+  const auto writes = wit.writes();
+
+  // The data of a write the server began in flush epoch `epoch`: the part
+  // of the engine's write of that epoch that it covers.
+  auto data_of = [&](const Ev& e, uint64_t epoch) -> std::span<const std::byte> {
+    for (auto it = writes.rbegin(); it != writes.rend(); ++it)
+      if (it->epoch == epoch && it->offset <= e.offset && e.offset + e.count <= it->offset + it->data.size())
+        return std::span(it->data).subspan(e.offset - it->offset, e.count);
+    FAIL("the server wrote " << e.count << " bytes at " << e.offset << " in flush epoch " << epoch
+                             << ", which the engine never asked for");
+    return {};
+  };
+
+  // Replay the server's order. `durable`: the base with every write a
+  // completed flush covers. `open`: writes begun, not yet covered.
+  struct Open {
+    uint64_t offset;
+    std::span<const std::byte> data;
+    bool returned;
+  };
+  auto durable = base->clone();
+  std::map<std::pair<uint64_t, uint64_t>, Open> open;  // (conn, id) -> write
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<Open>> covering;  // a flush's writes
+  uint64_t epoch = 0, flushes_done = 0, states = 0, newest_seen = 0;
+  std::map<uint64_t, uint64_t> opened_at;  // generation -> states that opened there
+  std::mt19937_64 rng(s0 ^ 0x5eed);
+  for (size_t i = skip; i < events.size(); i++) {
+    const Ev& e = events[i];
+    const auto key = std::make_pair(e.conn, e.id);
+    if (e.kind == 'W' && !e.ret) {
+      open[key] = Open{e.offset, data_of(e, epoch), false};
+    } else if (e.kind == 'W') {
+      open.at(key).returned = true;
+    } else if (e.kind == 'F' && !e.ret) {
+      // Every byte the engine wrote before asking for this flush must have
+      // completed at the server by now.
+      epoch++;
+      for (const auto& w : writes) {
+        if (w.epoch != epoch - 1) continue;
+        for (uint64_t off = w.offset; off < w.offset + w.data.size(); off += 512) {
+          bool done = false;
+          for (const auto& [k, o] : open)
+            done = done || (o.returned && o.offset <= off && off < o.offset + o.data.size());
+          INFO("flush " << epoch << " began at the server before the write at " << off << " completed");
+          REQUIRE(done);
+        }
+      }
+      std::vector<Open> c;
+      for (auto it = open.begin(); it != open.end();)
+        if (it->second.returned) {
+          c.push_back(it->second);
+          it = open.erase(it);
+        } else {
+          ++it;
+        }
+      covering[key] = std::move(c);
+    } else if (e.kind == 'F') {
+      for (const auto& o : covering.at(key)) REQUIRE(durable->write(o.offset, o.data));
+      covering.erase(key);
+      flushes_done++;
+    }
+    // A power cut right after event i: each write not yet durable is there,
+    // missing, or torn (each 512-byte sector on its own).
+    for (int variant = 0; variant < 6; variant++) {
+      auto img = durable->clone();
+      std::vector<const Open*> maybe;
+      for (const auto& [k, o] : open) maybe.push_back(&o);
+      for (const auto& [k, c] : covering)
+        for (const auto& o : c) maybe.push_back(&o);
+      for (const Open* o : maybe) {
+        const int pick = int(rng() % 3);
+        if (pick == 0) continue;
+        for (uint64_t off = 0; off < o->data.size(); off += 512)
+          if (pick == 1 || rng() % 2) REQUIRE(img->write(o->offset + off, o->data.subspan(off, 512)));
+      }
+      // The newest generation whose commit had returned before this point:
+      // its last flush completed at the server.
+      uint64_t must_have = 0;
+      for (const auto& [g, f] : acked)
+        if (f <= flushes_done) must_have = std::max(must_have, g);
+      INFO("power cut after server event " << i << " (variant " << variant << "), " << flushes_done
+                                           << " flushes done");
+      VolumeOptions ro;
+      ro.read_only = true;
+      auto vol = must(Volume::open(*img, ro));
+      const uint64_t g = vol->durable_generation().v;
+      REQUIRE(g >= must_have);
+      REQUIRE(model_at.count(g));
+      Model got;
+      auto txn = must(vol->begin());
+      auto exists = txn.scan(t, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
+        got.emplace(k, std::vector<std::byte>(v.begin(), v.end()));
+        return true;
+      });
+      if (!exists) REQUIRE(model_at.at(g).empty());
+      REQUIRE(got == model_at.at(g));
+      opened_at[g]++;
+      newest_seen = std::max(newest_seen, g);
+      states++;
+    }
+  }
+  std::printf("[nbd-crash] %llu crash states from %zu server events, at %zu generations\n",
+              (unsigned long long)states, events.size() - skip, opened_at.size());
+  REQUIRE(newest_seen == model_at.rbegin()->first);
+  REQUIRE(opened_at.size() >= 10);
 }
