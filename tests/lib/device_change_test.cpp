@@ -299,7 +299,7 @@ TEST_CASE("devices: a power cut during a removal, each device torn on its own, l
   const auto& base = im.mem;
   uint64_t with = 0, without = 0;
   const uint64_t states = power_cuts(
-      base, s0, 3000, 6,
+      base, s0, 3000, 12,
       [&](const std::vector<BlockDevice*>& members) {
         auto set = assemble(members);
         VolumeOptions vo;
