@@ -24,6 +24,7 @@
 #include <cctype>
 #include <cinttypes>
 #include <cstdio>
+#include <map>
 #include <cstring>
 #include <libgen.h>
 #include <optional>
@@ -540,8 +541,20 @@ Result<void> make_multi(const Options& o) {
   auto undo = [&] {
     for (const auto& p : created) ::unlink(p.c_str());
   };
+  // An NBD export has its size (-s may use less of it, never more), is
+  // neither created nor sized, and is checked for plyfs superblocks only
+  // (M2, as make_on_nbd).
+  std::map<std::string, uint64_t> nbd_bytes;
   for (const auto& p : o.paths) {
-    if (is_nbd_uri(p)) return Error::invalid(p + ": an NBD export cannot be one of several devices");
+    if (is_nbd_uri(p)) {
+      auto dev = PLY_TRY(open_device(p, FileOpenOptions{.read_only = true}));
+      if (!o.force) PLY_CHECK(refuse_if_plyfs(*dev, p));
+      if (o.format.size_bytes > dev->size_bytes())
+        return Error::invalid("-s " + std::to_string(o.format.size_bytes) + " is more than the " +
+                              std::to_string(dev->size_bytes()) + " bytes of the NBD export " + p);
+      nbd_bytes[p] = o.format.size_bytes ? o.format.size_bytes : dev->size_bytes();
+      continue;
+    }
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) {
       if (errno != ENOENT) return Error::sys(errno, "cannot access " + p);
@@ -561,7 +574,9 @@ Result<void> make_multi(const Options& o) {
     // or extended to it), else its size.
     struct stat st {};
     uint64_t size = o.format.size_bytes;
-    if (::stat(p.c_str(), &st) == 0) {
+    if (nbd_bytes.count(p)) {
+      size = nbd_bytes[p];
+    } else if (::stat(p.c_str(), &st) == 0) {
       auto dev = PLY_TRY(FileDevice::open(p, FileOpenOptions{.read_only = true}));
       if (dev->is_block_device() && size > dev->size_bytes())
         return Error::invalid("-s " + std::to_string(size) + " is more than the " +
@@ -589,6 +604,16 @@ Result<void> make_multi(const Options& o) {
   }
   for (size_t i = 0; i < o.paths.size(); i++) {
     const std::string& p = o.paths[i];
+    if (nbd_bytes.count(p)) {
+      auto dev = open_device(p, FileOpenOptions{});
+      if (!dev) {
+        undo();
+        return dev.error();
+      }
+      members.push_back(DeviceSet::Member{std::move(*dev), layout[i].first * o.format.block_size,
+                                          layout[i].second * o.format.block_size, p});
+      continue;
+    }
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) {
       const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);

@@ -460,3 +460,51 @@ TEST_CASE("NBD: qemu-nbd serving a qcow2 file; trim unmaps its clusters; the qco
   }
   stop(pid);
 }
+
+// A volume of two devices whose slow one is an NBD export
+// (format.md#multi-device): mkfs.plyfs -C with the URI, a mount naming it
+// with -o device=, data on it (plyctl where), fsck with both, and a device
+// added through the mount from another export, which then takes data.
+TEST_CASE("NBD: one device of a volume on several is an NBD export", "[nbd-fuse]") {
+  std::mt19937_64 rng(seed("nbd-multi"));
+  TempDir tmp;
+  ::umask(022);
+  NbdServer slow(tmp.path(), {"memory", "256M"}, "slow");
+  NbdServer more(tmp.path(), {"memory", "256M"}, "more");
+  const std::string fast = tmp / "fast.img";
+  {
+    const int fd = ::open(fast.c_str(), O_CREAT | O_WRONLY, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 64 << 20) == 0);
+    ::close(fd);
+  }
+  REQUIRE(run({mkfs_bin(), "-q", "-C", "fast=" + fast, "-C", "slow=" + slow.uri()}, tmp / "mkfs.log") == 0);
+  // A second mkfs finds it (M2) without -f.
+  REQUIRE(run({mkfs_bin(), "-q", "-C", "fast=" + fast, "-C", "slow=" + slow.uri()}, tmp / "mkfs2.log") != 0);
+  std::map<std::string, std::string> files;
+  {
+    Mount m(fast, tmp / "mnt", {"device=" + slow.uri()});
+    m.start();
+    for (int i = 0; i < 6; i++) files["f" + std::to_string(i)] = random_bytes(rng, 8 << 20);
+    for (const auto& [name, data] : files) write_file(m / name, data);
+    CtlOut w = ctl(tmp, {"where", m / "f0", "--json"});
+    REQUIRE(w.rc == 0);
+    REQUIRE(w.out.find("\"slow\"") != std::string::npos);
+    CtlOut a = ctl(tmp, {"device", "add", m.path(), more.uri(), "--class", "slow"});
+    INFO(a.err);
+    REQUIRE(a.rc == 0);
+    for (int i = 6; i < 40; i++) files["f" + std::to_string(i)] = random_bytes(rng, 8 << 20);
+    for (int i = 6; i < 40; i++) write_file(m / ("f" + std::to_string(i)), files["f" + std::to_string(i)]);
+    CtlOut l = ctl(tmp, {"device", "list", m.path(), "--json"});
+    REQUIRE(l.rc == 0);
+    const auto j = nlohmann::json::parse(l.out);
+    REQUIRE(j["devices"].size() == 3);
+    REQUIRE(j["devices"][2]["used_bytes"].get<uint64_t>() > 0);  // past what the first export holds
+    REQUIRE(m.unmount() == 0);
+  }
+  REQUIRE(run({fsck_bin(), "-fn", fast, slow.uri(), more.uri()}, tmp / "fsck.log") == 0);
+  Mount m(fast, tmp / "mnt", {"device=" + slow.uri(), "device=" + more.uri()});
+  m.start();
+  for (const auto& [name, data] : files) REQUIRE_SAME(read_file(m / name), data);
+  REQUIRE(m.unmount() == 0);
+}
