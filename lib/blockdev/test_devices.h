@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "blockdev/blockdev.h"
+#include "blockdev/borrowed_device.h"
 
 namespace plyfs {
 
@@ -66,26 +67,6 @@ class MemDevice final : public BlockDevice {
   std::unordered_map<uint64_t, std::unique_ptr<std::byte[]>> pages_;
   bool track_ = false;
   std::vector<Pending> unflushed_;  // in write order, one entry per sector
-};
-
-// Forwards every call to a device someone else owns: a member of a
-// DeviceSet (which owns its members) that a test keeps to clone, tear or
-// damage.
-class BorrowedDevice final : public BlockDevice {
- public:
-  explicit BorrowedDevice(BlockDevice& d) : d_(d) {}
-  Result<void> read(uint64_t o, std::span<std::byte> out) override { return d_.read(o, out); }
-  Result<void> write(uint64_t o, std::span<const std::byte> in) override { return d_.write(o, in); }
-  Result<void> write_batch(std::span<const WriteReq> reqs) override { return d_.write_batch(reqs); }
-  Result<void> flush() override { return d_.flush(); }
-  Result<void> discard(uint64_t o, uint64_t n) override { return d_.discard(o, n); }
-  uint64_t size_bytes() const override { return d_.size_bytes(); }
-  uint32_t logical_sector_size() const override { return d_.logical_sector_size(); }
-  uint32_t physical_sector_size() const override { return d_.physical_sector_size(); }
-  DeviceSet* device_set() override { return d_.device_set(); }
-
- private:
-  BlockDevice& d_;
 };
 
 // Logs every call that reaches the device, in order, and forwards it.

@@ -10,7 +10,7 @@
 
 #include "alloc/space.h"
 #include "blockdev/device_set.h"
-#include "blockdev/test_devices.h"
+#include "blockdev/borrowed_device.h"
 #include "commit/disk_superblock.h"
 #include "commit/volume.h"
 #include "util/checksum.h"
