@@ -80,12 +80,12 @@ void print_change(const std::string& path, const std::string& verb, const Json& 
 // --device for the others) or on a mount point or mounted image, whose
 // daemon then does it while the files stay in use.
 int device_change(const std::string& sub, const std::vector<std::string>& args) {
-  auto p = parse(args, sub == "add" ? std::set<std::string>{"--class"} : std::set<std::string>{},
+  auto p = parse(args, sub == "add" ? std::set<std::string>{"--class", "--first-class"} : std::set<std::string>{},
                  sub == "remove" ? std::set<std::string>{"--json"} : std::set<std::string>{"--json", "--force"});
   if (!p) return usage_error(p.error().message());
   const size_t want = sub == "replace" ? 3 : 2;
   if (p->pos.size() != want)
-    return usage_error(sub == "add"      ? "usage: plyctl [--device PATH]... device add IMAGE|MOUNTPOINT NEWDEVICE [--class CLASS] [--force] [--json]"
+    return usage_error(sub == "add"      ? "usage: plyctl [--device PATH]... device add IMAGE|MOUNTPOINT NEWDEVICE [--class CLASS] [--first-class CLASS] [--force] [--json]"
                        : sub == "remove" ? "usage: plyctl [--device PATH]... device remove IMAGE|MOUNTPOINT DEVICE [--json]"
                                          : "usage: plyctl [--device PATH]... device replace IMAGE|MOUNTPOINT DEVICE NEWDEVICE [--force] [--json]");
   const std::string& path = p->pos[0];
@@ -96,9 +96,43 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
   const bool online = !t->mnt.empty();
   Result<Json> before = online ? request(t->mnt, Json{{"command", "devices"}}) : model::devices(*t->o.vol);
   if (!before) return online ? fail(path + ": " + before.error().message()) : fail_on(path, before.error());
-  if ((*before)["classes"].empty())
-    return usage_error(path + ": a volume of one device " + (sub == "add" ? "takes no other (make it with mkfs.plyfs --class)"
-                                                                          : "has no device to " + sub));
+  if ((*before)["classes"].empty()) {
+    if (sub != "add") return usage_error(path + ": a volume of one device has no device to " + sub);
+    if (online)
+      return usage_error(path + ": a mounted volume of one device takes no other: unmount it, then plyctl device add "
+                                "IMAGE NEWDEVICE makes it a volume of several devices");
+    // A volume of one device becomes one of several (format.md#device-convert):
+    // its device first, of class --first-class, then the add as on any.
+    const std::string first = p->opt.count("--first-class") ? p->opt["--first-class"] : "main";
+    if (!valid_class_name(first)) return usage_error("--first-class " + first + ": a class name has 1 to 15 bytes of a-z 0-9 _ -");
+    const std::string cls = p->opt.count("--class") ? p->opt["--class"] : first;
+    // What the add would refuse is refused before the volume changes.
+    {
+      SuperInfo conv = t->o.vol->super();
+      conv.incompat |= kIncompatMultiDevice;
+      conv.classes = {first};
+      conv.meta_class = 0;
+      conv.devices = {DeviceInfo{}};
+      conv.devices[0].nblocks = conv.total_blocks;
+      if (full_path(added) == full_path(path)) return usage_error(added + " is the volume's device already");
+      auto nd = open_device(added, FileOpenOptions{true, false});
+      if (!nd) return fail_on(added, nd.error());
+      if (auto r = plan_device_add(conv, **nd, added, cls, force); !r) return device_error(added, r.error(), false);
+    }
+    if (auto c = t->o.vol->close(); !c) return fail_on(path, c.error());
+    t->o.vol.reset();
+    auto set = make_multi_device(std::move(t->o.dev), path, first);
+    if (!set) return fail_on(path, set.error());
+    set->reset();  // its lock goes: the volume opens again as one of several devices
+    auto o = open_volume(path, true);
+    if (!o) return fail_on(path, o.error());
+    t->o = std::move(*o);
+    before = model::devices(*t->o.vol);
+    if (!before) return fail_on(path, before.error());
+  } else if (p->opt.count("--first-class")) {
+    return usage_error("--first-class: " + path + " has several devices already (it names the first device's class "
+                       "when a volume of one device takes a second)");
+  }
   size_t index = 0;
   if (sub != "add") {
     auto i = find_device(*before, p->pos[1]);

@@ -59,7 +59,7 @@ _plyctl() {
         w=${COMP_WORDS[i]}
         if ((skip)); then skip=0; continue; fi
         case $w in
-            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | --rate | --file | --gid | --mode | --image | --class | -o | -f) skip=1 ;;
+            --at | --name | --clone | --parent | --on | --view | --branch | --to | --set | --flip | --add | --format | --compress | --rate | --file | --gid | --mode | --image | --class | --first-class | -o | -f) skip=1 ;;
             -*) ;;
             *) args+=("$w") ;;
         esac
@@ -72,7 +72,7 @@ _plyctl() {
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" branch "$target")"; return ;;
         --view)
             _plyctl_reply_names "$cur" "$(_plyctl_names "$prog" view "$target")"; return ;;
-        --at | --name | --set | --flip | --add | --rate | --gid | --mode | --class) return ;;
+        --at | --name | --set | --flip | --add | --rate | --gid | --mode | --class | --first-class) return ;;
         --format)
             [[ $cmd == import ]] && COMPREPLY=($(compgen -W $'dir\ntar\noci-layer\noci\next4' -- "$cur"))
             [[ $cmd == export ]] && COMPREPLY=($(compgen -W $'tar\noci-layer' -- "$cur"))
@@ -95,7 +95,7 @@ _plyctl() {
         "view create") opts+=$'\n--default' ;;
         "debug corrupt"*) opts+=$'\n--set\n--flip\n--zero\n--add\n--keep-checksum' ;;
         "policy set") opts+=$'\n--file' ;;
-        "device add") opts+=$'\n--class\n--force' ;;
+        "device add") opts+=$'\n--class\n--first-class\n--force' ;;
         "device replace") opts+=$'\n--force' ;;
         "policy test") opts+=$'\n--gid\n--mode\n--image' ;;
     esac

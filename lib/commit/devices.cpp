@@ -145,6 +145,13 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
   }
   const DeviceLabelInfo lab0 = **label;
   SuperInfo sb = PLY_TRY(member_superblock(*first));
+  // A conversion cut short (format.md#device-convert): the label was
+  // written, no slot has the table yet. The volume is still of one device.
+  if (sb.uuid == lab0.volume_uuid && !is_multi_device(sb)) {
+    if (!others.empty())
+      return Error::invalid(path + " is not a device of a multi-device plyfs volume");
+    return first;
+  }
   if (sb.uuid != lab0.volume_uuid || !is_multi_device(sb))
     return Error::corrupt(Error::kNoBlock, path + ": its label names volume " + uuid_text(lab0.volume_uuid) +
                                                ", its superblock " + uuid_text(sb.uuid));
@@ -248,10 +255,15 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
   return std::unique_ptr<BlockDevice>(std::move(set));
 }
 
+bool valid_class_name(const std::string& name) {
+  return !name.empty() && name.size() <= 15 &&
+         name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") == std::string::npos;
+}
+
 Result<SuperInfo> plan_device_add(const SuperInfo& sb, BlockDevice& dev, const std::string& name,
                                   const std::string& cls, bool force) {
   if (!is_multi_device(sb))
-    return Error::io(EOPNOTSUPP, "a volume of one device takes no other (make it with mkfs.plyfs --class)");
+    return Error::io(EOPNOTSUPP, "a volume of one device in use takes no other: unmounted, plyctl device add makes it a volume of several (format.md#device-convert)");
   if (sb.devices.size() >= disk::kMaxDevices)
     return Error::invalid("the volume has " + std::to_string(disk::kMaxDevices) + " devices, the most it may");
   // A label on the device: one of this volume's table is refused; one of
@@ -282,9 +294,7 @@ Result<SuperInfo> plan_device_add(const SuperInfo& sb, BlockDevice& dev, const s
   } else {
     if (sb.classes.size() >= disk::kMaxClasses)
       return Error::invalid("the volume has " + std::to_string(disk::kMaxClasses) + " classes: give one of them");
-    if (cls.empty() || cls.size() > 15 ||
-        cls.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
-      return Error::invalid("a class name has 1 to 15 bytes of a-z 0-9 _ -");
+    if (!valid_class_name(cls)) return Error::invalid("a class name has 1 to 15 bytes of a-z 0-9 _ -");
     next.classes.push_back(cls);
     class_id = static_cast<uint8_t>(next.classes.size() - 1);
   }
@@ -321,6 +331,40 @@ Result<void> wipe_device(BlockDevice& dev) {
   std::vector<std::byte> zero(disk::kReservedBytes);
   PLY_CHECK(dev.write(0, zero));
   return dev.flush();
+}
+
+Result<std::unique_ptr<DeviceSet>> make_multi_device(std::unique_ptr<BlockDevice> dev, const std::string& name,
+                                                     const std::string& cls) {
+  if (!valid_class_name(cls)) return Error::invalid("a class name has 1 to 15 bytes of a-z 0-9 _ -");
+  uint64_t bytes;
+  {
+    auto vol = PLY_TRY(Volume::open(*dev));
+    const SuperInfo sb = vol->super();
+    if (is_multi_device(sb)) return Error::invalid(name + " is a device of a volume of several devices already");
+    // The label first, flushed: until a slot says MULTI_DEVICE it is
+    // unused (a label beside a superblock of one device is a conversion cut
+    // short, and open_volume opens the one device). A label of this volume
+    // left by such a cut keeps its device uuid; anything else in the boot
+    // area, unused by a volume of one device (format.md#layout), is
+    // overwritten.
+    std::array<uint8_t, 16> duuid{};
+    auto l = read_device_label(*dev);
+    if (l && *l && (*l)->volume_uuid == sb.uuid) duuid = (*l)->device_uuid;
+    else duuid = PLY_TRY(random_uuid());
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    PLY_CHECK(write_device_label(*dev, sb.uuid, duuid, uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec)));
+    PLY_CHECK(dev->flush());
+    (void)PLY_TRY(vol->make_multi_device(duuid, cls));
+    bytes = sb.total_blocks * sb.block_size;
+    PLY_CHECK(vol->close());
+  }
+  std::string shown = name;
+  if (!is_nbd_uri(shown))
+    if (char* rp = realpath(shown.c_str(), nullptr)) shown = rp, free(rp);
+  std::vector<DeviceSet::Member> m;
+  m.push_back(DeviceSet::Member{std::move(dev), 0, bytes, shown});
+  return DeviceSet::make(std::move(m), disk::kReservedBytes);
 }
 
 Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, std::unique_ptr<BlockDevice> dev,

@@ -53,6 +53,9 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
 
 std::string uuid_text(const std::array<uint8_t, 16>& u);
 
+// A class name (format.md#device-table): 1 to 15 bytes of a-z 0-9 _ -.
+bool valid_class_name(const std::string& name);
+
 // The superblock of the volume `sb` with `dev` joined as its last device
 // (format.md#device-add): at the first group boundary past the end, of
 // class `cls` (one of the volume's, or a new one, then the slowest), a new
@@ -70,6 +73,15 @@ Result<void> join_device(BlockDevice& from, BlockDevice& dev, const SuperInfo& n
 Result<void> wipe_device(BlockDevice& dev);
 
 class DeviceSet;
+// plyctl device add on a volume of one device, offline
+// (format.md#device-convert): `dev` (the volume's device, not open
+// otherwise) gets a label, then two generations with MULTI_DEVICE and a
+// table of that one device, of class `cls`. Returns the set of that one
+// device, ready for add_device. A crash leaves a volume of one device
+// (the label unused) or the converted one. EINVAL: a volume of several
+// devices already, or a bad class name.
+Result<std::unique_ptr<DeviceSet>> make_multi_device(std::unique_ptr<BlockDevice> dev, const std::string& name,
+                                                     const std::string& cls);
 // plyctl device add, offline (format.md#device-add): `dev` joins the volume
 // on `set` (as open_volume assembled it; the volume is not open) as its last
 // device, of class `cls` (one of the volume's, or a new one, then the

@@ -266,9 +266,7 @@ Result<Generation> Volume::shrink(uint64_t total_blocks,
     gate_.open();
     if (!r) return lift(r.error());
   }
-  (void)PLY_TRY(commit());
-  changed_ = true;
-  const Generation g = PLY_TRY(commit());
+  const Generation g = PLY_TRY(commit_twice());
   if (progress) progress(std::max(moved, to_move), std::max(moved, to_move));
   return g;
 }

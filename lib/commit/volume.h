@@ -267,6 +267,12 @@ class Volume {
   // of its blocks moved. `progress` hears the blocks moved and to move.
   Result<Generation> remove_device(size_t index,
                                    const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr);
+  // make_multi_device: a volume of one device becomes a volume of one
+  // device of class `cls` (format.md#device-convert): `device_uuid` (its
+  // label's, written and flushed by the caller) at block 0, spanning
+  // total_blocks; MULTI_DEVICE set; two generations, one in each slot.
+  // Nothing else changes. EINVAL when it has MULTI_DEVICE already.
+  Result<Generation> make_multi_device(const std::array<uint8_t, 16>& device_uuid, const std::string& cls);
   // Bytes discarded since open, by commits (-o discard) and trim().
   uint64_t discarded_bytes() const { return discarded_bytes_.load(); }
   CacheStats cache_stats() const { return cache_->stats(); }
@@ -359,6 +365,9 @@ class Volume {
   TreeConfig config_for(const TreeInfo& info) const;
   void committer_loop();
   Result<Generation> commit_for(CommitStats::Cause cause);
+  // Two commits, the second forced: what changed goes to both superblock
+  // slots (a table or size change that the older slot must not contradict).
+  Result<Generation> commit_twice();
   // One batch of shrink(): with the gate closed, moves up to a batch of what
   // lies at or past `end`; false when nothing is left there.
   Result<bool> relocate_batch(uint64_t lo, uint64_t hi, uint64_t& moved_blocks);

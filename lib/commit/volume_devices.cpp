@@ -23,7 +23,7 @@ Result<Generation> Volume::add_device(std::unique_ptr<BlockDevice> dev, const st
   PLY_CHECK(writable());
   DeviceSet* set = dev_.device_set();
   if (!is_multi_device(info_) || !set)
-    return Error::io(EOPNOTSUPP, "a volume of one device takes no other (make it with mkfs.plyfs --class)");
+    return Error::io(EOPNOTSUPP, "a volume of one device in use takes no other: unmounted, plyctl device add makes it a volume of several (format.md#device-convert)");
   std::lock_guard rl(resize_mu_);
   {
     std::lock_guard cl(commit_mu_);
@@ -49,9 +49,7 @@ Result<Generation> Volume::add_device(std::unique_ptr<BlockDevice> dev, const st
     changed_ = true;
   }
   // Two generations: both slots of every device list the new device.
-  (void)PLY_TRY(commit());
-  changed_ = true;
-  return commit();
+  return commit_twice();
 }
 
 Result<Generation> Volume::remove_device(size_t index,
@@ -118,15 +116,45 @@ Result<Generation> Volume::remove_device(size_t index,
     gate_.open();
     if (!r) return lift(r.error());
   }
-  (void)PLY_TRY(commit());
-  changed_ = true;
-  const Generation g = PLY_TRY(commit());
+  const Generation g = PLY_TRY(commit_twice());
   // The device is no longer the volume's in either slot of any device:
   // wiped, it is not taken for one again (a failure here leaves a device
   // that open refuses as not in the table).
   (void)wipe_device(*gone.dev);
   if (progress) progress(std::max(moved, to_move), std::max(moved, to_move));
   return g;
+}
+
+Result<Generation> Volume::commit_twice() {
+  (void)PLY_TRY(commit());
+  changed_ = true;
+  return commit();
+}
+
+Result<Generation> Volume::make_multi_device(const std::array<uint8_t, 16>& device_uuid, const std::string& cls) {
+  PLY_CHECK(writable());
+  if (!valid_class_name(cls)) return Error::invalid("a class name has 1 to 15 bytes of a-z 0-9 _ -");
+  std::lock_guard rl(resize_mu_);
+  {
+    std::lock_guard cl(commit_mu_);
+    PLY_CHECK(writable());
+    if (is_multi_device(info_)) return Error::invalid("the volume has several devices already");
+    // The one device as the first of a table (format.md#device-convert):
+    // the block space, the space manager's view of it and the reserve are
+    // those of a volume of one device already (no hole, one region).
+    DeviceInfo d;
+    d.uuid = device_uuid;
+    d.first_block = 0;
+    d.nblocks = info_.total_blocks;
+    d.class_id = 0;
+    std::lock_guard lk(state_mu_);
+    info_.incompat |= kIncompatMultiDevice;
+    info_.classes = {cls};
+    info_.meta_class = 0;
+    info_.devices = {d};
+    changed_ = true;
+  }
+  return commit_twice();
 }
 
 }  // namespace plyfs

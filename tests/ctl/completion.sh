@@ -49,7 +49,7 @@ expect "commands starting with d" $'debug\ndelete\ndevice\ndiff\ndu' d
 expect "commands starting with p" 'policy' p
 expect "branch subcommands" $'add\ncreate\nlist\nmove\nremove\nset' branch ''
 expect "device subcommands" $'add\nlist\nremove\nreplace' device ''
-expect "options of device add" $'--class\n--force\n--json' device add "$IMG" x -
+expect "options of device add" $'--class\n--first-class\n--force\n--json' device add "$IMG" x -
 expect "policy subcommands" $'apply\nlist\nset\ntest' policy ''
 expect "options of policy test" $'--gid\n--image\n--json\n--mode' policy test /mnt/x 1M -
 expect "options of policy set" $'--file\n--json' policy set "$IMG" -

@@ -483,6 +483,95 @@ TEST_CASE("multidev-fuse: a device added offline takes data of its class", "[mul
   REQUIRE(run({fsck_bin(), "-n", fast, slow, more}, tmp / "fsck.log") == 0);
 }
 
+// A volume made with one device takes a second (format.md#device-convert):
+// refused on a mount (one line, what to do), done offline with the first
+// device's class named; files read back, new data goes to the new device
+// (the slowest class), fsck is clean; and the first device can then leave,
+// leaving a volume on the new image alone.
+TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the first can leave",
+          "[multidev-fuse]") {
+  TempDir tmp;
+  const std::string one = tmp / "one.img", more = tmp / "more.img";
+  REQUIRE(mkfs_status(tmp, {"-q", "-s", "64M", one}) == 0);
+  {
+    const int fd = ::open(more.c_str(), O_CREAT | O_WRONLY, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 128 << 20) == 0);
+    ::close(fd);
+  }
+  std::map<std::string, std::string> files;
+  std::mt19937_64 rng(0x636f6e76ull);
+  {
+    Mount m(one, tmp / "mnt");
+    m.start();
+    ::mkdir((m / "d").c_str(), 0755);
+    for (int i = 0; i < 6; i++) {
+      files["d/a" + std::to_string(i)] = random_bytes(rng, 1 << 20);
+      write_file(m / ("d/a" + std::to_string(i)), files["d/a" + std::to_string(i)]);
+    }
+    auto r = ctl(tmp, {"device", "add", m.path(), more});
+    REQUIRE(r.rc == 2);
+    REQUIRE(r.err.find("unmount") != std::string::npos);
+    REQUIRE(m.unmount() == 0);
+  }
+  // Refused before anything changes: a bad class, a device too small, itself.
+  auto r = ctl(tmp, {"device", "add", one, more, "--first-class", "Fast"});
+  REQUIRE(r.rc == 2);
+  const std::string tiny = tmp / "tiny.img";
+  {
+    const int fd = ::open(tiny.c_str(), O_CREAT | O_WRONLY, 0644);
+    REQUIRE(::ftruncate(fd, 64 << 10) == 0);
+    ::close(fd);
+  }
+  r = ctl(tmp, {"device", "add", one, tiny});
+  REQUIRE(r.rc != 0);
+  REQUIRE(r.err.find("too small") != std::string::npos);
+  r = ctl(tmp, {"device", "add", one, one});
+  REQUIRE(r.rc != 0);
+  r = ctl(tmp, {"device", "list", one, "--json"});
+  REQUIRE(r.rc == 0);
+  REQUIRE(schema_checked("device list", r.out)["classes"].empty());
+  // The add.
+  r = ctl(tmp, {"device", "add", one, more, "--first-class", "fast", "--class", "slow", "--json"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  json d = schema_checked("device list", r.out);
+  REQUIRE(d["classes"] == json::array({"fast", "slow"}));
+  REQUIRE(d["devices"].size() == 2);
+  REQUIRE(d["devices"][0]["class"] == "fast");
+  REQUIRE(d["devices"][1]["class"] == "slow");
+  REQUIRE(d["devices"][1]["path"].get<std::string>().ends_with("/more.img"));
+  // --first-class means nothing to a volume of several devices.
+  r = ctl(tmp, {"--device", more, "device", "add", one, tiny, "--first-class", "x"});
+  REQUIRE(r.rc == 2);
+  REQUIRE(run({fsck_bin(), "-n", one, more}, tmp / "fsck.log") == 0);
+  {
+    Mount m(one, tmp / "mnt", {"device=" + more});
+    m.start();
+    for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+    files["big"] = random_bytes(rng, 8 << 20);
+    write_file(m / "big", files["big"]);
+    ::sync();
+    auto w = ctl(tmp, {"where", m / "big", "--json"});
+    REQUIRE(w.rc == 0);
+    const json wj = schema_checked("where", w.out);
+    REQUIRE(!wj["extents"].empty());
+    for (const auto& e : wj["extents"]) REQUIRE(e["device"] == 1);
+    // The first device leaves: its blocks move to the new one.
+    r = ctl(tmp, {"device", "remove", m.path(), "0"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+    REQUIRE(m.unmount() == 0);
+  }
+  // The volume is the new image alone now.
+  REQUIRE(run({fsck_bin(), "-n", more}, tmp / "fsck2.log") == 0);
+  Mount m(more, tmp / "mnt");
+  m.start();
+  for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+  REQUIRE(m.unmount() == 0);
+}
+
 // plyctl device add|remove|replace on a mounted volume (format.md#device-add,
 // format.md#device-remove) while a writer keeps writing and reading: a third
 // image joins, the slow image leaves (its blocks moved, the image wiped),

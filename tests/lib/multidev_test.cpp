@@ -295,6 +295,24 @@ TEST_CASE("multidev: opening finds the devices and refuses a missing, foreign or
   // A single-device image still opens as itself.
   auto one = must(open_volume(single, {}));
   REQUIRE(dynamic_cast<DeviceSet*>(one.get()) == nullptr);
+  one.reset();
+  // With the label a conversion cut short left (format.md#device-convert):
+  // still a volume of one device; with the table too, a set of that one.
+  const SuperInfo s1 = must(member_superblock(*must(FileDevice::open(single))));
+  {
+    auto d = must(FileDevice::open(single));
+    must(write_device_label(*d, s1.uuid, must(random_uuid()), 1));
+    must(d->flush());
+  }
+  one = must(open_volume(single, {}));
+  REQUIRE(dynamic_cast<DeviceSet*>(one.get()) == nullptr);
+  REQUIRE(must(Volume::open(*one))->super().uuid == s1.uuid);
+  one.reset();
+  refused(single, {a1}, EINVAL, "not a device of a multi-device");
+  must(make_multi_device(must(FileDevice::open(single)), single, "main"));
+  one = must(open_volume(single, {}));
+  REQUIRE(dynamic_cast<DeviceSet*>(one.get()) != nullptr);
+  REQUIRE(must(Volume::open(*one))->super().devices.size() == 1);
 }
 
 TEST_CASE("multidev: a damaged device table is caught, a request across two devices is EIO",
@@ -453,4 +471,122 @@ TEST_CASE("multidev: a device added offline joins with its class; a power cut le
               (unsigned long long)with, (unsigned long long)without);
   CHECK(with > 0);
   CHECK(without > 0);
+}
+
+TEST_CASE("multidev: a volume of one device takes a second offline; a power cut leaves it of one device or of the new two",
+          "[multidev]") {
+  const uint64_t s0 = seed("multidev-convert");
+  std::vector<std::unique_ptr<MemDevice>> base;
+  base.push_back(std::make_unique<MemDevice>(4 << 20));
+  base.push_back(std::make_unique<MemDevice>(8 << 20));
+  must(Volume::format(*base[0], FormatOptions{}));
+  TreeId t;
+  Model before;
+  {
+    auto vol = must(Volume::open(*base[0]));
+    REQUIRE(!is_multi_device(vol->super()));
+    {
+      auto txn = must(vol->begin());
+      t = must(txn.create_tree(kKindPlain));
+    }
+    change(*vol, t, before, s0, 2000);
+    must(vol->close());
+  }
+  const uint64_t total0 = must(member_superblock(*base[0])).total_blocks;
+  const auto convert_and_add = [](BlockDevice& d0, BlockDevice& d1) -> Result<std::unique_ptr<DeviceSet>> {
+    auto one = PLY_TRY(make_multi_device(std::make_unique<BorrowedDevice>(d0), "dev0", "fast"));
+    return add_device(std::move(one), std::make_unique<BorrowedDevice>(d1), "dev1", "slow", false);
+  };
+  {  // The conversion and the add, and what they give.
+    auto devs = clones(base);
+    {  // Converted alone: one device of class fast, at block 0, the content as it was.
+      auto copy = devs[0]->clone();
+      auto one = must(make_multi_device(std::make_unique<BorrowedDevice>(*copy), "dev0", "fast"));
+      auto vol = must(Volume::open(*one));
+      const SuperInfo sb = vol->super();
+      REQUIRE(is_multi_device(sb));
+      REQUIRE(sb.classes == std::vector<std::string>{"fast"});
+      REQUIRE(sb.devices.size() == 1);
+      REQUIRE(sb.devices[0].first_block == 0);
+      REQUIRE(sb.devices[0].nblocks == total0);
+      REQUIRE(sb.total_blocks == total0);
+      REQUIRE(dump(*vol, t) == before);
+      auto l = must(read_device_label(*copy));
+      REQUIRE(l);
+      REQUIRE(l->volume_uuid == sb.uuid);
+      REQUIRE(l->device_uuid == sb.devices[0].uuid);
+      vol.reset();
+      require_clean(*one);
+      // Not twice, and a bad class name changes nothing.
+      auto again = make_multi_device(std::make_unique<BorrowedDevice>(*copy), "dev0", "fast");
+      REQUIRE(!again);
+      CHECK(again.error().code == EINVAL);
+      auto plain = devs[0]->clone();
+      REQUIRE(!make_multi_device(std::make_unique<BorrowedDevice>(*plain), "dev0", "Fast!"));
+      REQUIRE(!must(read_device_label(*plain)));
+    }
+    auto set = must(convert_and_add(*devs[0], *devs[1]));
+    REQUIRE(set->member_count() == 2);
+    auto vol = must(Volume::open(*set));
+    const SuperInfo sb = vol->super();
+    const auto layout = plan_devices({4 << 20, 8 << 20}, 4096);
+    REQUIRE(sb.classes == std::vector<std::string>{"fast", "slow"});
+    REQUIRE(sb.devices.size() == 2);
+    REQUIRE(sb.devices[1].first_block == layout[1].first);
+    REQUIRE(sb.devices[1].class_id == 1);
+    REQUIRE(dump(*vol, t) == before);
+    // New data goes to the slow class, the new device (on a copy).
+    {
+      auto copies = clones(devs);
+      auto cset = assemble(ptrs(copies));
+      auto cvol = must(Volume::open(*cset));
+      auto txn = must(cvol->begin());
+      auto b = must(txn.alloc_extent(16));
+      REQUIRE(device_of(sb, b.v) == 1);
+    }
+    Model m = before;
+    change(*vol, t, m, s0 + 1, 500);
+    must(vol->close());
+    vol.reset();
+    set.reset();
+    require_clean(*assemble(ptrs(devs)));
+    REQUIRE(dump(*must(Volume::open(*assemble(ptrs(devs)))), t) == m);
+  }
+  // A power cut anywhere in the conversion and the add, each device torn
+  // on its own: the volume opens with its content, of one device without a
+  // table, of one device with one, or of both.
+  uint64_t plain = 0, one = 0, two = 0;
+  const uint64_t states = power_cuts(
+      base, s0, 100, 6,
+      [&](const std::vector<BlockDevice*>& members) { return convert_and_add(*members[0], *members[1]).ok(); },
+      [&](std::vector<std::unique_ptr<MemDevice>>& crashed, size_t j, uint64_t k, uint64_t tear) {
+        INFO("device " << j << " cut at call " << k << " tear " << tear);
+        const SuperInfo newest = must(member_superblock(*crashed[0]));
+        std::unique_ptr<DeviceSet> set;
+        BlockDevice* dev = crashed[0].get();
+        if (is_multi_device(newest)) {
+          const size_t listed = newest.devices.size();
+          REQUIRE((listed == 1 || listed == 2));
+          // Found by their labels, as open_volume finds them.
+          set = assemble_table(newest, ptrs(crashed));
+          dev = set.get();
+        }
+        auto vol = must(Volume::open(*dev));
+        REQUIRE(dump(*vol, t) == before);
+        const SuperInfo sb = vol->super();
+        (!is_multi_device(sb) ? plain : sb.devices.size() == 1 ? one : two)++;
+        Model m = before;
+        change(*vol, t, m, s0 + 9, 50);
+        must(vol->close());
+        vol.reset();
+        auto rep = must(verify_image(*dev));
+        for (const auto& p : rep.problems) REQUIRE(p.code == "S-slot");
+        REQUIRE(dump(*must(Volume::open(*dev)), t) == m);
+      });
+  std::printf("[multidev-convert] %llu crash states: %llu of one device, %llu converted, %llu with both\n",
+              (unsigned long long)states, (unsigned long long)plain, (unsigned long long)one,
+              (unsigned long long)two);
+  CHECK(plain > 0);
+  CHECK(one > 0);
+  CHECK(two > 0);
 }
