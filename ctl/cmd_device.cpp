@@ -75,6 +75,13 @@ void print_change(const std::string& path, const std::string& verb, const Json& 
                 cls.c_str(), added.c_str(), format_size(moved).c_str());
 }
 
+void print_added(const std::string& path, const std::string& added, const Json& after) {
+  const auto& last = after["devices"].back();
+  std::printf("%s: added %s as device %llu, class %s, %s\n", path.c_str(), added.c_str(),
+              (unsigned long long)last["index"].get<uint64_t>(), last["class"].get<std::string>().c_str(),
+              format_size(last["size_bytes"].get<uint64_t>()).c_str());
+}
+
 // plyctl device add|remove|replace (format.md#device-add,
 // format.md#device-remove), on a volume named by one of its devices (with
 // --device for the others) or on a mount point or mounted image, whose
@@ -98,14 +105,24 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
   if (!before) return online ? fail(path + ": " + before.error().message()) : fail_on(path, before.error());
   if ((*before)["classes"].empty()) {
     if (sub != "add") return usage_error(path + ": a volume of one device has no device to " + sub);
-    if (online)
-      return usage_error(path + ": a mounted volume of one device takes no other: unmount it, then plyctl device add "
-                                "IMAGE NEWDEVICE makes it a volume of several devices");
     // A volume of one device becomes one of several (format.md#device-convert):
-    // its device first, of class --first-class, then the add as on any.
+    // its device first, of class --first-class, then the add as on any. On
+    // a mount the daemon does both.
     const std::string first = p->opt.count("--first-class") ? p->opt["--first-class"] : "main";
     if (!valid_class_name(first)) return usage_error("--first-class " + first + ": a class name has 1 to 15 bytes of a-z 0-9 _ -");
     const std::string cls = p->opt.count("--class") ? p->opt["--class"] : first;
+    if (online) {
+      Json req{{"command", "device-add"}, {"path", full_path(added)}, {"force", force}, {"class", cls},
+               {"first_class", first}};
+      auto after = request(t->mnt, req);
+      if (!after) return device_error(path, after.error(), true);
+      if (p->opt.count("--json")) {
+        print_json(*after);
+      } else {
+        print_added(path, added, *after);
+      }
+      return 0;
+    }
     // What the add would refuse is refused before the volume changes.
     {
       SuperInfo conv = t->o.vol->super();
@@ -185,10 +202,7 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
   if (p->opt.count("--json")) {
     print_json(*after);
   } else if (sub == "add") {
-    const auto& last = (*after)["devices"].back();
-    std::printf("%s: added %s as device %llu, class %s, %s\n", path.c_str(), added.c_str(),
-                (unsigned long long)last["index"].get<uint64_t>(), last["class"].get<std::string>().c_str(),
-                format_size(last["size_bytes"].get<uint64_t>()).c_str());
+    print_added(path, added, *after);
   } else {
     print_change(path, sub == "remove" ? "removed" : "replaced", *before, index, added, *after);
   }

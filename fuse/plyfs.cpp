@@ -41,8 +41,10 @@
 #include <vector>
 
 #include "blockdev/blockdev.h"
+#include "blockdev/device_set.h"
 #include "blockdev/log_device.h"
 #include "commit/devices.h"
+#include "commit/disk_superblock.h"
 #include "fs/fs.h"
 #include "union/union.h"
 #include "union/view.h"
@@ -374,6 +376,21 @@ int main(int argc, char** argv) {
       if (!again) return refuse(status_fd, 32, again.error().user_message(cfg.image));
       *dev = std::move(*again);
     }
+  }
+
+  // A volume of one device, mounted read-write, is held as a set of that
+  // device alone: it can then take a second one while mounted
+  // (format.md#device-convert); the set grows and is cut with the device.
+  if (!cfg.ro && !(*dev)->device_set()) {
+    std::string shown = cfg.image;
+    if (!is_nbd_uri(shown))
+      if (char* rp = ::realpath(shown.c_str(), nullptr)) shown = rp, ::free(rp);
+    const uint64_t bytes = (*dev)->size_bytes();
+    std::vector<DeviceSet::Member> one;
+    one.push_back(DeviceSet::Member{std::move(*dev), 0, bytes, shown});
+    auto set = DeviceSet::make(std::move(one), disk::kReservedBytes);
+    if (!set) return refuse(status_fd, 32, set.error().user_message(cfg.image));
+    *dev = std::move(*set);
   }
 
   Daemon d;

@@ -44,7 +44,8 @@ Result<nlohmann::ordered_json> resize_online(std::optional<uint64_t> bytes) {
 }
 
 // Devices joining and leaving the mounted volume (format.md#device-add,
-// format.md#device-remove): `device-add` {"path", "class", "force"},
+// format.md#device-remove): `device-add` {"path", "class", "force",
+// "first_class"},
 // `device-remove` {"device": index}, `device-replace` {"device", "path",
 // "force"}; each answers the device list after it (the schema's Devices),
 // with "moved_bytes" for a removal. Files stay in use meanwhile: the moves
@@ -89,14 +90,22 @@ Result<nlohmann::ordered_json> device_online(const std::string& cmd, const nlohm
   const bool force = req.contains("force") && req["force"].is_boolean() && req["force"].get<bool>();
   uint64_t moved = 0;
   if (cmd == "device-add") {
+    // A volume of one device becomes one of several first, its device of
+    // class "first_class" (format.md#device-convert); the new device's
+    // class defaults to the slowest, or to that one.
+    std::string first = "main";
+    if (req.contains("first_class")) {
+      if (!req["first_class"].is_string()) return Error::invalid("\"first_class\" must be a class name");
+      first = req["first_class"].get<std::string>();
+    }
     const SuperInfo sb = g->vol->super();
-    std::string cls = sb.classes.empty() ? "" : sb.classes.back();
+    std::string cls = sb.classes.empty() ? first : sb.classes.back();
     if (req.contains("class")) {
       if (!req["class"].is_string()) return Error::invalid("\"class\" must be a class name");
       cls = req["class"].get<std::string>();
     }
     auto dev = PLY_TRY(open_new_device(path));
-    (void)PLY_TRY(g->vol->add_device(std::move(dev), shown_path(path), cls, force));
+    (void)PLY_TRY(g->vol->add_device(std::move(dev), shown_path(path), cls, force, first));
   } else if (cmd == "device-remove") {
     moved = PLY_TRY(remove_with_progress(PLY_TRY(arg_device(req))));
   } else {  // device-replace: the new device with the old one's class, then the old one out

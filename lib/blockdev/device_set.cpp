@@ -67,6 +67,34 @@ Result<void> DeviceSet::add_member(Member m) {
   return ok();
 }
 
+Result<void> DeviceSet::clip_last(uint64_t bytes) {
+  std::unique_lock lk(mu_);
+  if (members_.empty()) return Error::invalid("the set has no member");
+  Member& m = members_.back();
+  if (bytes > m.bytes || bytes < mirrored_ || bytes % lss_) return Error::invalid("cannot clip the set's last member to " + std::to_string(bytes) + " bytes");
+  m.bytes = bytes;
+  size_ = m.base + m.bytes;
+  return ok();
+}
+
+Result<uint64_t> DeviceSet::resize(uint64_t at_least) {
+  std::unique_lock lk(mu_);
+  if (members_.size() != 1 || members_[0].base != 0) return size_.load();
+  const uint64_t n = PLY_TRY(members_[0].dev->resize(at_least));
+  members_[0].bytes = n / lss_ * lss_;
+  size_ = members_[0].bytes;
+  return size_.load();
+}
+
+Result<uint64_t> DeviceSet::truncate(uint64_t bytes) {
+  std::unique_lock lk(mu_);
+  if (members_.size() != 1 || members_[0].base != 0) return size_.load();
+  const uint64_t n = PLY_TRY(members_[0].dev->truncate(bytes));
+  members_[0].bytes = n / lss_ * lss_;
+  size_ = members_[0].bytes;
+  return size_.load();
+}
+
 Result<DeviceSet::Member> DeviceSet::remove_member(size_t i) {
   std::unique_lock lk(mu_);
   if (i >= members_.size()) return Error::invalid("no such member of the set");

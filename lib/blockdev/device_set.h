@@ -51,6 +51,12 @@ class DeviceSet final : public BlockDevice {
   uint32_t logical_sector_size() const override { return lss_; }
   uint32_t physical_sector_size() const override { return pss_; }
   DeviceSet* device_set() override { return this; }
+  // A set of one member at byte 0 is that device (a volume of one device
+  // that a mount holds as a set, so that it can take a second,
+  // format.md#device-convert): it grows and is cut with it, and spans all
+  // of it. A set of more keeps its size, as BlockDevice's defaults do.
+  Result<uint64_t> resize(uint64_t at_least) override;
+  Result<uint64_t> truncate(uint64_t bytes) override;
 
   // The accessors below are for a set no other thread changes (add_member,
   // remove_member) while they run, or for the thread that changes it.
@@ -60,6 +66,10 @@ class DeviceSet final : public BlockDevice {
   // A new last member, past every other; EINVAL if it overlaps or is too
   // small for the mirrored area.
   Result<void> add_member(Member m);
+  // The last member spans `bytes` of its device from now on (at most
+  // what it spans now, at least the mirrored area): a device of one volume
+  // that grew past the volume, made the first of several.
+  Result<void> clip_last(uint64_t bytes);
   // Member i leaves: requests that reach its bytes are EIO from now on, and
   // the mirrored area's writes and flushes no longer go to it. The last
   // member cannot leave. Returns it.

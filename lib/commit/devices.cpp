@@ -335,28 +335,11 @@ Result<void> wipe_device(BlockDevice& dev) {
 
 Result<std::unique_ptr<DeviceSet>> make_multi_device(std::unique_ptr<BlockDevice> dev, const std::string& name,
                                                      const std::string& cls) {
-  if (!valid_class_name(cls)) return Error::invalid("a class name has 1 to 15 bytes of a-z 0-9 _ -");
   uint64_t bytes;
   {
     auto vol = PLY_TRY(Volume::open(*dev));
-    const SuperInfo sb = vol->super();
-    if (is_multi_device(sb)) return Error::invalid(name + " is a device of a volume of several devices already");
-    // The label first, flushed: until a slot says MULTI_DEVICE it is
-    // unused (a label beside a superblock of one device is a conversion cut
-    // short, and open_volume opens the one device). A label of this volume
-    // left by such a cut keeps its device uuid; anything else in the boot
-    // area, unused by a volume of one device (format.md#layout), is
-    // overwritten.
-    std::array<uint8_t, 16> duuid{};
-    auto l = read_device_label(*dev);
-    if (l && *l && (*l)->volume_uuid == sb.uuid) duuid = (*l)->device_uuid;
-    else duuid = PLY_TRY(random_uuid());
-    timespec ts{};
-    clock_gettime(CLOCK_REALTIME, &ts);
-    PLY_CHECK(write_device_label(*dev, sb.uuid, duuid, uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec)));
-    PLY_CHECK(dev->flush());
-    (void)PLY_TRY(vol->make_multi_device(duuid, cls));
-    bytes = sb.total_blocks * sb.block_size;
+    (void)PLY_TRY(vol->make_multi_device(cls));
+    bytes = vol->super().total_blocks * vol->block_size();
     PLY_CHECK(vol->close());
   }
   std::string shown = name;

@@ -256,8 +256,11 @@ class Volume {
   // (plan_device_add), its blocks free at once: the durable generation's
   // slots and the label written to it, then two generations with the new
   // table. Returns the second.
+  // On a volume of one device held as a DeviceSet of it alone (a
+  // mount's), make_multi_device(first_cls) comes first, once what the add
+  // would refuse has been checked.
   Result<Generation> add_device(std::unique_ptr<BlockDevice> dev, const std::string& name, const std::string& cls,
-                                bool force);
+                                bool force, const std::string& first_cls = "main");
   // remove_device: every node and extent on device `index` moved to the
   // others (as shrink() moves them, each batch its own generation), then
   // two generations with the table without it, written to the others only;
@@ -268,11 +271,13 @@ class Volume {
   Result<Generation> remove_device(size_t index,
                                    const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr);
   // make_multi_device: a volume of one device becomes a volume of one
-  // device of class `cls` (format.md#device-convert): `device_uuid` (its
-  // label's, written and flushed by the caller) at block 0, spanning
-  // total_blocks; MULTI_DEVICE set; two generations, one in each slot.
-  // Nothing else changes. EINVAL when it has MULTI_DEVICE already.
-  Result<Generation> make_multi_device(const std::array<uint8_t, 16>& device_uuid, const std::string& cls);
+  // device of class `cls` (format.md#device-convert): the device gets a
+  // label (flushed), then two generations, one in each slot, with
+  // MULTI_DEVICE and the table of that device at block 0, spanning
+  // total_blocks. Nothing else changes. The volume's device is that device,
+  // or a DeviceSet of it alone (a mount's). EINVAL: MULTI_DEVICE already,
+  // a bad class name.
+  Result<Generation> make_multi_device(const std::string& cls);
   // Bytes discarded since open, by commits (-o discard) and trim().
   uint64_t discarded_bytes() const { return discarded_bytes_.load(); }
   CacheStats cache_stats() const { return cache_->stats(); }
@@ -368,6 +373,7 @@ class Volume {
   // Two commits, the second forced: what changed goes to both superblock
   // slots (a table or size change that the older slot must not contradict).
   Result<Generation> commit_twice();
+  Result<Generation> make_multi_device_locked(const std::string& cls);  // resize_mu_ held
   // One batch of shrink(): with the gate closed, moves up to a batch of what
   // lies at or past `end`; false when nothing is left there.
   Result<bool> relocate_batch(uint64_t lo, uint64_t hi, uint64_t& moved_blocks);

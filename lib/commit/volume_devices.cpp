@@ -19,12 +19,25 @@ uint64_t usable_blocks(const SuperInfo& s) {
 }  // namespace
 
 Result<Generation> Volume::add_device(std::unique_ptr<BlockDevice> dev, const std::string& name,
-                                      const std::string& cls, bool force) {
+                                      const std::string& cls, bool force, const std::string& first_cls) {
   PLY_CHECK(writable());
   DeviceSet* set = dev_.device_set();
-  if (!is_multi_device(info_) || !set)
-    return Error::io(EOPNOTSUPP, "a volume of one device in use takes no other: unmounted, plyctl device add makes it a volume of several (format.md#device-convert)");
+  if (!set)
+    return Error::io(EOPNOTSUPP, "this volume of one device was not opened as a set and takes no other (format.md#device-convert)");
   std::lock_guard rl(resize_mu_);
+  if (!is_multi_device(info_)) {
+    // What the add would refuse is refused before the volume changes
+    // (format.md#device-convert): planned on the table it is about to get.
+    if (!valid_class_name(first_cls)) return Error::invalid("a class name has 1 to 15 bytes of a-z 0-9 _ -");
+    SuperInfo conv = super();
+    conv.incompat |= kIncompatMultiDevice;
+    conv.classes = {first_cls};
+    conv.meta_class = 0;
+    conv.devices = {DeviceInfo{}};
+    conv.devices[0].nblocks = conv.total_blocks;
+    (void)PLY_TRY(plan_device_add(conv, *dev, name, cls, force));
+    (void)PLY_TRY(make_multi_device_locked(first_cls));
+  }
   {
     std::lock_guard cl(commit_mu_);
     PLY_CHECK(writable());
@@ -131,19 +144,42 @@ Result<Generation> Volume::commit_twice() {
   return commit();
 }
 
-Result<Generation> Volume::make_multi_device(const std::array<uint8_t, 16>& device_uuid, const std::string& cls) {
+Result<Generation> Volume::make_multi_device(const std::string& cls) {
+  std::lock_guard rl(resize_mu_);
+  return make_multi_device_locked(cls);
+}
+
+Result<Generation> Volume::make_multi_device_locked(const std::string& cls) {
   PLY_CHECK(writable());
   if (!valid_class_name(cls)) return Error::invalid("a class name has 1 to 15 bytes of a-z 0-9 _ -");
-  std::lock_guard rl(resize_mu_);
+  if (is_multi_device(info_)) return Error::invalid("the volume has several devices already");
+  DeviceSet* set = dev_.device_set();
+  if (set && (set->member_count() != 1 || set->member_info(0).base != 0))
+    return Error::invalid("the device set does not match a volume of one device");
+  BlockDevice& first = set ? set->member(0) : dev_;
+  const SuperInfo sb = super();
+  // The label first, flushed: until a slot says MULTI_DEVICE it is unused
+  // (open_volume opens a label beside a superblock of one device as the
+  // volume of one device). One of this volume that a conversion cut short
+  // left keeps its device uuid; anything else in the boot area, which a
+  // volume of one device does not use (format.md#layout), is overwritten.
+  std::array<uint8_t, 16> duuid{};
+  if (auto l = read_device_label(first); l && *l && (*l)->volume_uuid == sb.uuid) duuid = (*l)->device_uuid;
+  else duuid = PLY_TRY(random_uuid());
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  PLY_CHECK(write_device_label(first, sb.uuid, duuid, uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec)));
+  PLY_CHECK(first.flush());
   {
     std::lock_guard cl(commit_mu_);
     PLY_CHECK(writable());
-    if (is_multi_device(info_)) return Error::invalid("the volume has several devices already");
-    // The one device as the first of a table (format.md#device-convert):
-    // the block space, the space manager's view of it and the reserve are
-    // those of a volume of one device already (no hole, one region).
+    // The table of the one device (format.md#device-convert): the block
+    // space, the free space and the reserve of one device at block 0 are
+    // already those of such a table. A set spans the volume's blocks of
+    // it only, so that the next device begins past them.
+    if (set) PLY_CHECK(set->clip_last(info_.total_blocks * info_.block_size));
     DeviceInfo d;
-    d.uuid = device_uuid;
+    d.uuid = duuid;
     d.first_block = 0;
     d.nblocks = info_.total_blocks;
     d.class_id = 0;

@@ -483,10 +483,10 @@ TEST_CASE("multidev-fuse: a device added offline takes data of its class", "[mul
   REQUIRE(run({fsck_bin(), "-n", fast, slow, more}, tmp / "fsck.log") == 0);
 }
 
-// A volume made with one device takes a second (format.md#device-convert):
-// refused on a mount (one line, what to do), done offline with the first
-// device's class named; files read back, new data goes to the new device
-// (the slowest class), fsck is clean; and the first device can then leave,
+// A volume made with one device takes a second (format.md#device-convert),
+// offline with the first device's class named: refusals that change
+// nothing first; files read back, new data goes to the new device (the
+// slowest class), fsck is clean; and the first device can then leave,
 // leaving a volume on the new image alone.
 TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the first can leave",
           "[multidev-fuse]") {
@@ -509,9 +509,6 @@ TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the
       files["d/a" + std::to_string(i)] = random_bytes(rng, 1 << 20);
       write_file(m / ("d/a" + std::to_string(i)), files["d/a" + std::to_string(i)]);
     }
-    auto r = ctl(tmp, {"device", "add", m.path(), more});
-    REQUIRE(r.rc == 2);
-    REQUIRE(r.err.find("unmount") != std::string::npos);
     REQUIRE(m.unmount() == 0);
   }
   // Refused before anything changes: a bad class, a device too small, itself.
@@ -567,6 +564,100 @@ TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the
   // The volume is the new image alone now.
   REQUIRE(run({fsck_bin(), "-n", more}, tmp / "fsck2.log") == 0);
   Mount m(more, tmp / "mnt");
+  m.start();
+  for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+  REQUIRE(m.unmount() == 0);
+}
+
+// The same on a mount, while a writer rewrites files and reads others
+// back: the daemon's volume of one device (held as a set of it alone)
+// takes the second; the mount goes on, new data lands on it, the mount's
+// online resize is then refused (a volume of several devices grows by a
+// device), and after the unmount the volume needs both images and fscks
+// clean. Before the add, the mount grows its image online as a volume of
+// one device does.
+TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while files are written",
+          "[multidev-fuse]") {
+  TempDir tmp;
+  const std::string one = tmp / "one.img", more = tmp / "more.img";
+  REQUIRE(mkfs_status(tmp, {"-q", "-s", "48M", one}) == 0);
+  {
+    const int fd = ::open(more.c_str(), O_CREAT | O_WRONLY, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 96 << 20) == 0);
+    ::close(fd);
+  }
+  std::map<std::string, std::string> files;
+  std::mt19937_64 rng(0x6f6e6cull);
+  std::map<std::string, std::string> written;
+  {
+    Mount m(one, tmp / "mnt");
+    m.start();
+    auto r = ctl(tmp, {"resize", m.path(), "64M"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    struct stat st{};
+    REQUIRE(::stat(one.c_str(), &st) == 0);
+    REQUIRE(st.st_size == 64 << 20);
+    for (int i = 0; i < 8; i++) {
+      const std::string name = "a" + std::to_string(i);
+      files[name] = random_bytes(rng, (1 + rng() % 3) << 20);
+      write_file(m / name, files[name]);
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<int> rounds{0}, bad{0};
+    std::mutex mu;
+    std::thread writer([&] {
+      std::mt19937_64 wr(11);
+      for (int i = 0; !stop.load() || i < 4; i++) {
+        const std::string name = "w" + std::to_string(i % 10);
+        const std::string data = random_bytes(wr, 64 << 10 | (wr() % (512 << 10)));
+        write_file(m / name, data);
+        if (read_file(m / name) != data) bad++;
+        const std::string old = "a" + std::to_string(i % 8);
+        if (read_file(m / old) != files.at(old)) bad++;
+        std::lock_guard lk(mu);
+        written[name] = data;
+        rounds++;
+      }
+    });
+    r = ctl(tmp, {"device", "add", m.path(), more, "--first-class", "fast", "--class", "slow", "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    json d = schema_checked("device add", r.out);
+    REQUIRE(d["classes"] == json::array({"fast", "slow"}));
+    REQUIRE(d["devices"].size() == 2);
+    REQUIRE(d["devices"][0]["path"].get<std::string>().ends_with("/one.img"));
+    REQUIRE(d["devices"][0]["size_bytes"] == 64 << 20);
+    REQUIRE(d["devices"][1]["path"].get<std::string>().ends_with("/more.img"));
+    REQUIRE(d["devices"][1]["class"] == "slow");
+    // Once more: a device of the volume already.
+    r = ctl(tmp, {"device", "add", m.path(), more});
+    REQUIRE(r.rc == 2);
+    REQUIRE(r.err.find("already") != std::string::npos);
+    stop = true;
+    writer.join();
+    INFO("writer rounds " << rounds.load());
+    REQUIRE(bad == 0);
+    files["big"] = random_bytes(rng, 8 << 20);
+    write_file(m / "big", files["big"]);
+    ::sync();
+    auto w = ctl(tmp, {"where", m / "big", "--json"});
+    REQUIRE(w.rc == 0);
+    const json wj = schema_checked("where", w.out);
+    REQUIRE(!wj["extents"].empty());
+    for (const auto& e : wj["extents"]) REQUIRE(e["device"] == 1);
+    r = ctl(tmp, {"resize", m.path(), "80M"});
+    REQUIRE(r.rc != 0);
+    for (const auto& [name, data] : written) files[name] = data;
+    for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+    REQUIRE(m.unmount() == 0);
+  }
+  std::string out;
+  REQUIRE(refused_mount(tmp, one, {}, out) != 0);
+  REQUIRE(out.find("missing") != std::string::npos);
+  REQUIRE(run({fsck_bin(), "-n", one, more}, tmp / "fsck.log") == 0);
+  Mount m(one, tmp / "mnt", {"device=" + more});
   m.start();
   for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
   REQUIRE(m.unmount() == 0);

@@ -473,7 +473,7 @@ TEST_CASE("multidev: a device added offline joins with its class; a power cut le
   CHECK(without > 0);
 }
 
-TEST_CASE("multidev: a volume of one device takes a second offline; a power cut leaves it of one device or of the new two",
+TEST_CASE("multidev: a volume of one device takes a second, offline or in use; a power cut leaves it of one device or of the new two",
           "[multidev]") {
   const uint64_t s0 = seed("multidev-convert");
   std::vector<std::unique_ptr<MemDevice>> base;
@@ -493,7 +493,19 @@ TEST_CASE("multidev: a volume of one device takes a second offline; a power cut 
     must(vol->close());
   }
   const uint64_t total0 = must(member_superblock(*base[0])).total_blocks;
-  const auto convert_and_add = [](BlockDevice& d0, BlockDevice& d1) -> Result<std::unique_ptr<DeviceSet>> {
+  // Offline: make_multi_device, then add_device. In use (a mount's): the
+  // volume on a set of its one device, Volume::add_device doing both.
+  const auto convert_and_add = [](BlockDevice& d0, BlockDevice& d1,
+                                  bool in_use = false) -> Result<std::unique_ptr<DeviceSet>> {
+    if (in_use) {
+      std::vector<DeviceSet::Member> m;
+      m.push_back(DeviceSet::Member{std::make_unique<BorrowedDevice>(d0), 0, d0.size_bytes(), "dev0"});
+      auto set = PLY_TRY(DeviceSet::make(std::move(m), disk::kReservedBytes));
+      auto vol = PLY_TRY(Volume::open(*set));
+      (void)PLY_TRY(vol->add_device(std::make_unique<BorrowedDevice>(d1), "dev1", "slow", false, "fast"));
+      PLY_CHECK(vol->close());
+      return set;
+    }
     auto one = PLY_TRY(make_multi_device(std::make_unique<BorrowedDevice>(d0), "dev0", "fast"));
     return add_device(std::move(one), std::make_unique<BorrowedDevice>(d1), "dev1", "slow", false);
   };
@@ -525,6 +537,20 @@ TEST_CASE("multidev: a volume of one device takes a second offline; a power cut 
       REQUIRE(!make_multi_device(std::make_unique<BorrowedDevice>(*plain), "dev0", "Fast!"));
       REQUIRE(!must(read_device_label(*plain)));
     }
+    {  // In use: the same volume, and refusals that change nothing.
+      auto c0 = devs[0]->clone(), c1 = devs[1]->clone();
+      auto tiny = std::make_unique<MemDevice>(64 << 10);
+      auto refused = convert_and_add(*c0, *tiny, true);
+      REQUIRE(!refused);
+      REQUIRE(!must(read_device_label(*c0)));
+      REQUIRE(!is_multi_device(must(member_superblock(*c0))));
+      auto done = must(convert_and_add(*c0, *c1, true));
+      REQUIRE(done->member_count() == 2);
+      auto vol = must(Volume::open(*done));
+      REQUIRE(vol->super().classes == std::vector<std::string>{"fast", "slow"});
+      REQUIRE(vol->super().devices.size() == 2);
+      REQUIRE(dump(*vol, t) == before);
+    }
     auto set = must(convert_and_add(*devs[0], *devs[1]));
     REQUIRE(set->member_count() == 2);
     auto vol = must(Volume::open(*set));
@@ -555,10 +581,11 @@ TEST_CASE("multidev: a volume of one device takes a second offline; a power cut 
   // A power cut anywhere in the conversion and the add, each device torn
   // on its own: the volume opens with its content, of one device without a
   // table, of one device with one, or of both.
-  uint64_t plain = 0, one = 0, two = 0;
-  const uint64_t states = power_cuts(
-      base, s0, 100, 6,
-      [&](const std::vector<BlockDevice*>& members) { return convert_and_add(*members[0], *members[1]).ok(); },
+  uint64_t plain = 0, one = 0, two = 0, states = 0;
+  for (const bool in_use : {false, true})
+  states += power_cuts(
+      base, s0 + in_use, 100, 6,
+      [&](const std::vector<BlockDevice*>& members) { return convert_and_add(*members[0], *members[1], in_use).ok(); },
       [&](std::vector<std::unique_ptr<MemDevice>>& crashed, size_t j, uint64_t k, uint64_t tear) {
         INFO("device " << j << " cut at call " << k << " tear " << tear);
         const SuperInfo newest = must(member_superblock(*crashed[0]));
