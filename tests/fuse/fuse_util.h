@@ -28,6 +28,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -458,6 +459,38 @@ inline void write_file(const std::string& p, const std::string& data, int flags 
     done += size_t(n);
   }
   REQUIRE(::close(fd) == 0);
+}
+
+// For threads other than the test's own, which must not use Catch2's
+// assertions (not thread-safe in v3.7: two threads asserting at once
+// corrupt its state): false, or nothing, on any error.
+inline bool put_file(const std::string& p, const std::string& data) {
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return false;
+  bool ok = true;
+  for (size_t done = 0; ok && done < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    ok = n > 0;
+    if (ok) done += size_t(n);
+  }
+  return ::close(fd) == 0 && ok;
+}
+inline std::optional<std::string> get_file(const std::string& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) return std::nullopt;
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      ::close(fd);
+      return std::nullopt;
+    }
+    if (n == 0) break;
+    out.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return out;
 }
 
 inline std::string read_file(const std::string& p) {

@@ -45,6 +45,46 @@ int refused_mount(const TempDir& tmp, const std::string& img, const std::vector<
   return rc;
 }
 
+// A thread that, until stopped (and at least four rounds), rewrites files
+// w0..w9 of the mount, reading each back and one of `files` (named
+// PREFIX0..PREFIX<n-1>, never changed meanwhile). No Catch2 in it
+// (put_file): `bad` counts what went wrong, `written` is the last content
+// of each file.
+struct Writer {
+  const Mount& m;
+  const std::map<std::string, std::string>& files;
+  std::string prefix;
+  int n;
+  uint64_t seed;
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0}, bad{0};
+  std::mutex mu;
+  std::map<std::string, std::string> written;
+  std::vector<std::thread> ts;
+  JoinOnExit join{ts, stop};  // also when a REQUIRE fails
+
+  void start() {
+    ts.emplace_back([this] {
+      std::mt19937_64 wr(seed);
+      for (int i = 0; !stop.load() || i < 4; i++) {
+        const std::string name = "w" + std::to_string(i % 10);
+        const std::string data = random_bytes(wr, 64 << 10 | (wr() % (512 << 10)));
+        if (!put_file(m / name, data) || get_file(m / name) != data) bad++;
+        const std::string old = prefix + std::to_string(i % n);
+        if (get_file(m / old) != files.at(old)) bad++;
+        std::lock_guard lk(mu);
+        written[name] = data;
+        rounds++;
+      }
+    });
+  }
+  void finish() {
+    stop = true;
+    for (auto& t : ts) t.join();
+    ts.clear();
+  }
+};
+
 json devices(const TempDir& tmp, std::vector<std::string> args) {
   auto r = ctl(tmp, std::move(args));
   REQUIRE(r.rc == 0);
@@ -589,7 +629,6 @@ TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while fi
   }
   std::map<std::string, std::string> files;
   std::mt19937_64 rng(0x6f6e6cull);
-  std::map<std::string, std::string> written;
   {
     Mount m(one, tmp / "mnt");
     m.start();
@@ -604,23 +643,8 @@ TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while fi
       files[name] = random_bytes(rng, (1 + rng() % 3) << 20);
       write_file(m / name, files[name]);
     }
-    std::atomic<bool> stop{false};
-    std::atomic<int> rounds{0}, bad{0};
-    std::mutex mu;
-    std::thread writer([&] {
-      std::mt19937_64 wr(11);
-      for (int i = 0; !stop.load() || i < 4; i++) {
-        const std::string name = "w" + std::to_string(i % 10);
-        const std::string data = random_bytes(wr, 64 << 10 | (wr() % (512 << 10)));
-        write_file(m / name, data);
-        if (read_file(m / name) != data) bad++;
-        const std::string old = "a" + std::to_string(i % 8);
-        if (read_file(m / old) != files.at(old)) bad++;
-        std::lock_guard lk(mu);
-        written[name] = data;
-        rounds++;
-      }
-    });
+    Writer writer{m, files, "a", 8, 11};
+    writer.start();
     r = ctl(tmp, {"device", "add", m.path(), more, "--first-class", "fast", "--class", "slow", "--json"});
     INFO(r.err);
     REQUIRE(r.rc == 0);
@@ -635,10 +659,9 @@ TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while fi
     r = ctl(tmp, {"device", "add", m.path(), more});
     REQUIRE(r.rc == 2);
     REQUIRE(r.err.find("already") != std::string::npos);
-    stop = true;
-    writer.join();
-    INFO("writer rounds " << rounds.load());
-    REQUIRE(bad == 0);
+    writer.finish();
+    INFO("writer rounds " << writer.rounds.load());
+    REQUIRE(writer.bad == 0);
     files["big"] = random_bytes(rng, 8 << 20);
     write_file(m / "big", files["big"]);
     ::sync();
@@ -649,7 +672,7 @@ TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while fi
     for (const auto& e : wj["extents"]) REQUIRE(e["device"] == 1);
     r = ctl(tmp, {"resize", m.path(), "80M"});
     REQUIRE(r.rc != 0);
-    for (const auto& [name, data] : written) files[name] = data;
+    for (const auto& [name, data] : writer.written) files[name] = data;
     for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
     REQUIRE(m.unmount() == 0);
   }
@@ -693,24 +716,8 @@ TEST_CASE("multidev-fuse: devices added, removed and replaced under a mount whil
       write_file(m / name, files[name]);
     }
     // The writer: rewrites its own files and reads the others back.
-    std::atomic<bool> stop{false};
-    std::atomic<int> rounds{0}, bad{0};
-    std::mutex mu;
-    std::map<std::string, std::string> written;
-    std::thread writer([&] {
-      std::mt19937_64 wr(7);
-      for (int i = 0; !stop.load() || i < 4; i++) {
-        const std::string name = "w" + std::to_string(i % 10);
-        const std::string data = random_bytes(wr, 64 << 10 | (wr() % (512 << 10)));
-        write_file(m / name, data);
-        if (read_file(m / name) != data) bad++;
-        const std::string old = "a" + std::to_string(i % 12);
-        if (read_file(m / old) != files.at(old)) bad++;
-        std::lock_guard lk(mu);
-        written[name] = data;
-        rounds++;
-      }
-    });
+    Writer writer{m, files, "a", 12, 7};
+    writer.start();
     auto r = ctl(tmp, {"device", "add", m.path(), more, "--class", "slow", "--json"});
     INFO(r.err);
     REQUIRE(r.rc == 0);
@@ -743,12 +750,11 @@ TEST_CASE("multidev-fuse: devices added, removed and replaced under a mount whil
     r = ctl(tmp, {"device", "add", m.path(), more});
     REQUIRE(r.rc == 2);
     REQUIRE(r.err.find("already") != std::string::npos);
-    stop = true;
-    writer.join();
-    INFO("writer rounds " << rounds.load());
-    REQUIRE(bad.load() == 0);
-    REQUIRE(rounds.load() >= 4);
-    for (const auto& [name, data] : written) files[name] = data;
+    writer.finish();
+    INFO("writer rounds " << writer.rounds.load());
+    REQUIRE(writer.bad.load() == 0);
+    REQUIRE(writer.rounds.load() >= 4);
+    for (const auto& [name, data] : writer.written) files[name] = data;
     for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
     REQUIRE(m.unmount() == 0);
   }
