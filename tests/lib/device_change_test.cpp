@@ -24,8 +24,6 @@ using namespace plyfs::test;
 
 namespace {
 
-using Files = std::map<std::string, std::vector<std::byte>>;
-
 std::vector<std::byte> pattern(uint64_t seed, uint64_t n) {
   std::vector<std::byte> v(n);
   std::mt19937_64 r(seed);
@@ -51,18 +49,6 @@ Files write_files(Volume& vol, TreeId tree, uint64_t seed, int n, uint64_t max_b
   (void)must(fs->copy_range(src.ino, 0, dst.ino, 0, out[prefix + "0"].size()));
   out[prefix + "copy"] = out[prefix + "0"];
   return out;
-}
-
-void check_files(Volume& vol, TreeId tree, const Files& files) {
-  auto fs = must(Filesystem::open(vol, tree, true));
-  for (const auto& [name, data] : files) {
-    INFO(name);
-    auto a = must(fs->lookup(fs->root(), name));
-    REQUIRE(a.size == data.size());
-    std::vector<std::byte> got(data.size());
-    REQUIRE(must(fs->read(a.ino, 0, got)) == data.size());
-    REQUIRE(got == data);
-  }
 }
 
 // Blocks of extents on each device of the volume's table now.

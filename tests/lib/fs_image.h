@@ -2,6 +2,10 @@
 // the library tests of branches, holds and quotas start from.
 #pragma once
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "fs/fs.h"
 #include "test_util.h"
 
@@ -33,5 +37,21 @@ struct FsImage {
     open();
   }
 };
+
+// Files in a branch's root directory by name, with their content.
+using Files = std::map<std::string, std::vector<std::byte>>;
+
+// Each of `files` is in the root of `tree`, with exactly that content.
+inline void check_files(Volume& vol, TreeId tree, const Files& files) {
+  auto fs = must(Filesystem::open(vol, tree, true));
+  for (const auto& [name, data] : files) {
+    INFO(name);
+    auto a = must(fs->lookup(fs->root(), name));
+    REQUIRE(a.size == data.size());
+    std::vector<std::byte> got(data.size());
+    REQUIRE(must(fs->read(a.ino, 0, got)) == data.size());
+    REQUIRE(got == data);
+  }
+}
 
 }  // namespace plyfs::test
