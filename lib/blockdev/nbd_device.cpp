@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 namespace plyfs {
 
@@ -49,14 +50,29 @@ struct Pending {
   std::condition_variable cv;  // its thread, woken when done or made the poller
 };
 
+// A command's callbacks (N1: the connection's mutex is held). Its end is
+// counted by `.free`, which libnbd calls exactly once for every command
+// handed to it: also when the submit fails, before or after the command
+// was queued (libnbd 1.14 may return -1 for a command it queued and later
+// retires, completion callback and all). The completion callback, which
+// may or may not run then, only keeps the error.
 int on_done(void* user, int* error) {
-  auto* p = static_cast<Pending*>(user);  // N1: the connection's mutex is held
+  auto* p = static_cast<Pending*>(user);
   if (*error != 0 && p->err == 0) p->err = *error;
-  p->left--;
   return 1;  // retire the command: nobody asks for it by cookie
 }
+void on_free(void* user) { static_cast<Pending*>(user)->left--; }
 
 }  // namespace
+
+struct NbdDevice::AsyncWrite {
+  NbdDevice* dev;
+  Conn* conn;
+  uint64_t offset, len;
+  std::unique_ptr<std::byte[]> data;  // a copy: the caller's buffer is theirs again at once
+  int pieces;                         // requests unanswered, plus one while they are submitted
+  int err;
+};
 
 struct NbdDevice::Conn {
   nbd_handle* h = nullptr;
@@ -65,10 +81,52 @@ struct NbdDevice::Conn {
   std::vector<Pending*> waiters;  // the calls waiting on this connection
   bool polling = false;   // N2
   unsigned poll_dir = 0;  // what the poller waits for
+  // Write-back: the pieces of writes in flight, which the drainer thread
+  // waits for (taking its turn at polling, N2) whenever there are any.
+  Pending async;
+  std::condition_variable drain_cv;  // writes were submitted, or stop
+  bool stop = false;
+  std::thread drainer;
 
   ~Conn() {
     if (h) nbd_close(h);  // no request is in flight: the device is being destroyed
     if (wake_fd >= 0) ::close(wake_fd);
+  }
+
+  // A piece of a write answered, and its end (N1: mu held; on_done's
+  // comment says why the end is counted by `.free`).
+  static int on_write(void* user, int* error) {
+    auto* w = static_cast<AsyncWrite*>(user);
+    if (*error != 0 && w->err == 0) w->err = *error;
+    return 1;
+  }
+  static void on_write_free(void* user) {
+    auto* w = static_cast<AsyncWrite*>(user);
+    w->conn->async.left--;
+    if (--w->pieces == 0) w->dev->write_done(w);
+  }
+
+  void drain_loop(NbdDevice& dev) {
+    std::unique_lock lk(mu);
+    while (!stop) {
+      if (async.left == 0) {
+        drain_cv.wait(lk);
+        continue;
+      }
+      wait(async, lk);
+      if (async.left > 0) {
+        // The connection died with writes unanswered, which N3 says libnbd
+        // never leaves: nothing will answer them; the device fails rather
+        // than wait forever.
+        {
+          std::lock_guard wl(dev.wmu_);
+          dev.abandoned_ = true;
+          if (!dev.failed_) dev.failed_ = EIO, dev.failed_msg_ = "the NBD server went away with writes unanswered";
+        }
+        dev.wcv_.notify_all();
+        drain_cv.wait(lk, [&] { return stop; });
+      }
+    }
   }
 
   // After a submit, with mu held: a poller waiting only to read must also
@@ -196,10 +254,61 @@ Result<std::unique_ptr<NbdDevice>> NbdDevice::open(const std::string& uri, bool 
       d->conns_.push_back(std::move(*c));
     }
   }
+  if (!read_only)
+    for (auto& c : d->conns_) c->drainer = std::thread([c = c.get(), dev = d.get()] { c->drain_loop(*dev); });
   return d;
 }
 
-NbdDevice::~NbdDevice() = default;
+NbdDevice::~NbdDevice() {
+  // What is in flight is answered first (a write the caller was told had
+  // gone, D2 lets it be lost, but a server that answers should get it).
+  {
+    std::unique_lock wl(wmu_);
+    wcv_.wait(wl, [&] { return inflight_bytes_ == 0 || abandoned_; });
+  }
+  for (auto& c : conns_) {
+    {
+      std::lock_guard lk(c->mu);
+      c->stop = true;
+      const uint64_t one = 1;
+      if (::write(c->wake_fd, &one, sizeof one) < 0) {}  // a poller's poll() returns
+    }
+    c->drain_cv.notify_all();
+    if (c->drainer.joinable()) c->drainer.join();
+  }
+}
+
+bool NbdDevice::overlaps_locked(uint64_t offset, uint64_t len) const {
+  // Disjoint (N4): only the last write beginning before the end can reach in.
+  auto it = inflight_.lower_bound(offset + len);
+  if (it == inflight_.begin()) return false;
+  --it;
+  return it->first + it->second > offset;
+}
+
+void NbdDevice::wait_unshadowed(uint64_t offset, uint64_t len) {
+  std::unique_lock wl(wmu_);
+  wcv_.wait(wl, [&] { return abandoned_ || !overlaps_locked(offset, len); });
+}
+
+Error NbdDevice::failed_error() const {
+  return Error::io(failed_, failed_msg_ + " (no write or flush of " + uri_ + " succeeds after it: remount)");
+}
+
+void NbdDevice::write_done(AsyncWrite* w) {
+  {
+    std::lock_guard wl(wmu_);  // N5: after the connection's mutex
+    inflight_.erase(w->offset);
+    inflight_bytes_ -= w->len;
+    if (w->err != 0 && failed_ == 0) {
+      failed_ = gone_to_eio(w->err);
+      failed_msg_ = "a write at byte " + std::to_string(w->offset) + " of " + uri_ + " failed: " +
+                    (w->err == ENOTCONN ? std::string("the NBD server went away") : std::strerror(w->err));
+    }
+  }
+  wcv_.notify_all();
+  delete w;
+}
 
 NbdDevice::Conn& NbdDevice::pick() {
   return *conns_[next_.fetch_add(1, std::memory_order_relaxed) % conns_.size()];
@@ -217,15 +326,15 @@ Result<void> NbdDevice::submit(Op op, uint64_t offset, std::byte* buf, uint64_t 
   std::string submit_msg;
   do {
     const uint64_t n = std::min(piece, len - done);
-    const nbd_completion_callback cb = {.callback = on_done, .user_data = &p, .free = nullptr};
+    const nbd_completion_callback cb = {.callback = on_done, .user_data = &p, .free = on_free};
+    p.left++;  // on_free's, whatever happens
     int64_t cookie = -1;
     switch (op) {
       case Op::kRead: cookie = nbd_aio_pread(c.h, buf + done, n, offset + done, cb, 0); break;
-      case Op::kWrite: cookie = nbd_aio_pwrite(c.h, buf + done, n, offset + done, cb, 0); break;
       case Op::kTrim: cookie = nbd_aio_trim(c.h, n, offset + done, cb, 0); break;
       case Op::kFlush: cookie = nbd_aio_flush(c.h, cb, 0); break;
     }
-    if (cookie < 0) {  // not submitted: its callback will not run
+    if (cookie < 0) {  // not submitted, or queued on a connection that died: on_free counts it
       const char* msg = nbd_get_error();
       submit_msg = msg ? msg : "libnbd error";
       submit_errno = gone_to_eio(nbd_get_errno());
@@ -235,12 +344,11 @@ Result<void> NbdDevice::submit(Op op, uint64_t offset, std::byte* buf, uint64_t 
       }
       break;
     }
-    p.left++;
     done += n;
   } while (done < len);
   c.kick();
   c.wait(p, lk);  // also for the pieces submitted before a failed one (N3)
-  const char* what = op == Op::kRead ? "read" : op == Op::kWrite ? "write" : op == Op::kTrim ? "trim" : "flush";
+  const char* what = op == Op::kRead ? "read" : op == Op::kTrim ? "trim" : "flush";
   const std::string where = op == Op::kFlush ? "" : " at byte " + std::to_string(offset);
   if (submit_errno)
     return Error::io(submit_errno, std::string(what) + where + " of " + uri_ + " failed: " + submit_msg);
@@ -255,6 +363,7 @@ Result<void> NbdDevice::submit(Op op, uint64_t offset, std::byte* buf, uint64_t 
 Result<void> NbdDevice::read(uint64_t offset, std::span<std::byte> out) {
   PLY_CHECK(check_range(*this, offset, out.size()));
   if (out.empty()) return ok();
+  wait_unshadowed(offset, out.size());  // N4: it sees the write before it
   return submit(Op::kRead, offset, out.data(), out.size());
 }
 
@@ -262,65 +371,68 @@ Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
   if (read_only_) return Error::io(EROFS, uri_ + " is open read-only");
   PLY_CHECK(check_range(*this, offset, in.size()));
   if (in.empty()) return ok();
-  // libnbd only reads the buffer of a write.
-  return submit(Op::kWrite, offset, const_cast<std::byte*>(in.data()), in.size());
+  const uint64_t len = in.size();
+  {
+    std::unique_lock wl(wmu_);
+    wcv_.wait(wl, [&] {
+      return failed_ != 0 ||
+             (!overlaps_locked(offset, len) && (inflight_bytes_ == 0 || inflight_bytes_ + len <= kWriteBackBytes));
+    });
+    if (failed_) return failed_error();
+    inflight_[offset] = len;
+    inflight_bytes_ += len;
+  }
+  Conn& c = pick();
+  auto* w = new AsyncWrite{this, &c, offset, len, std::make_unique_for_overwrite<std::byte[]>(len), 1, 0};
+  std::memcpy(w->data.get(), in.data(), len);
+  int submit_errno = 0;
+  std::string submit_msg;
+  std::unique_lock lk(c.mu);
+  for (uint64_t done = 0; done < len;) {
+    const uint64_t n = std::min(max_request_, len - done);
+    const nbd_completion_callback cb = {.callback = Conn::on_write, .user_data = w, .free = Conn::on_write_free};
+    w->pieces++;  // on_write_free's, whatever happens
+    c.async.left++;
+    if (nbd_aio_pwrite(c.h, w->data.get() + done, n, offset + done, cb, 0) < 0) {  // on_write_free counts it
+      const char* msg = nbd_get_error();
+      submit_msg = msg ? msg : "libnbd error";
+      submit_errno = gone_to_eio(nbd_get_errno());
+      if (nbd_aio_is_dead(c.h) || nbd_aio_is_closed(c.h)) {
+        submit_errno = EIO;
+        submit_msg = "the NBD server went away (" + submit_msg + ")";
+      }
+      if (w->err == 0) w->err = submit_errno;
+      break;
+    }
+    done += n;
+  }
+  c.kick();
+  c.drain_cv.notify_one();
+  const uint64_t at = offset;
+  if (--w->pieces == 0) write_done(w);  // all answered already, or none submitted
+  lk.unlock();
+  if (submit_errno)
+    return Error::io(submit_errno, "write at byte " + std::to_string(at) + " of " + uri_ + " failed: " + submit_msg);
+  return ok();
 }
 
 Result<void> NbdDevice::write_batch(std::span<const WriteReq> reqs) {
-  if (read_only_) return Error::io(EROFS, uri_ + " is open read-only");
-  for (const auto& r : reqs) PLY_CHECK(check_range(*this, r.offset, r.data.size()));
-  if (reqs.size() <= 1) return reqs.empty() ? ok() : write(reqs[0].offset, reqs[0].data);
-  // The requests go round-robin to the connections, each connection's all
-  // submitted before any is waited for: a commit's runs are in flight
-  // together (queue depth: the runs over the connections), and a flush
-  // after covers them all (multi-conn).
-  const size_t n = conns_.size();
-  std::vector<Pending> pend(n);
-  int submit_errno = 0;
-  std::string submit_msg;
-  uint64_t failed_at = 0;
-  for (size_t ci = 0; ci < n; ci++) {
-    Conn& c = *conns_[ci];
-    std::unique_lock lk(c.mu);
-    for (size_t i = ci; i < reqs.size() && !submit_errno; i += n) {
-      auto* buf = const_cast<std::byte*>(reqs[i].data.data());  // libnbd only reads a write's buffer
-      for (uint64_t done = 0; done < reqs[i].data.size();) {
-        const uint64_t len = std::min<uint64_t>(max_request_, reqs[i].data.size() - done);
-        const nbd_completion_callback cb = {.callback = on_done, .user_data = &pend[ci], .free = nullptr};
-        if (nbd_aio_pwrite(c.h, buf + done, len, reqs[i].offset + done, cb, 0) < 0) {
-          const char* msg = nbd_get_error();
-          submit_msg = msg ? msg : "libnbd error";
-          submit_errno = gone_to_eio(nbd_get_errno());
-          if (nbd_aio_is_dead(c.h) || nbd_aio_is_closed(c.h)) {
-            submit_errno = EIO;
-            submit_msg = "the NBD server went away (" + submit_msg + ")";
-          }
-          failed_at = reqs[i].offset + done;
-          break;
-        }
-        pend[ci].left++;
-        done += len;
-      }
-    }
-    c.kick();
-  }
-  int err = 0;
-  for (size_t ci = 0; ci < n; ci++) {  // also for what went out before a failed submit (N3)
-    Conn& c = *conns_[ci];
-    std::unique_lock lk(c.mu);
-    c.wait(pend[ci], lk);
-    if (pend[ci].err && !err) err = pend[ci].err;
-  }
-  if (submit_errno)
-    return Error::io(submit_errno, "write at byte " + std::to_string(failed_at) + " of " + uri_ + " failed: " + submit_msg);
-  if (err)
-    return Error::io(gone_to_eio(err), "a write of " + uri_ + " failed: " +
-                                           (err == ENOTCONN ? "the NBD server went away" : std::strerror(err)));
+  // Every write is in flight once write() returns: the batch goes out
+  // whole, spread over the connections (a commit's runs together).
+  for (const auto& r : reqs) PLY_CHECK(write(r.offset, r.data));
   return ok();
 }
 
 Result<void> NbdDevice::flush() {
   if (read_only_) return ok();
+  // D3: the writes in flight first (the NBD flush covers only writes the
+  // server has answered); one the server failed fails this flush and every
+  // later one (D4).
+  {
+    std::unique_lock wl(wmu_);
+    wcv_.wait(wl, [&] { return inflight_bytes_ == 0 || failed_ != 0; });
+    if (failed_) return failed_error();
+  }
   // Multi-conn: a flush on any one connection covers the writes completed
   // on every connection; without it there is only the one connection.
   return submit(Op::kFlush, 0, nullptr, 0);
@@ -330,6 +442,7 @@ Result<void> NbdDevice::discard(uint64_t offset, uint64_t len) {
   if (read_only_) return Error::io(EROFS, uri_ + " is open read-only");
   PLY_CHECK(check_range(*this, offset, len));
   if (len == 0 || !can_trim_) return ok();  // advisory (D7)
+  wait_unshadowed(offset, len);             // N4
   return submit(Op::kTrim, offset, nullptr, len);
 }
 

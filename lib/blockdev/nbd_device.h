@@ -14,6 +14,15 @@
 // connections; one flush covers the writes completed on all of them, which
 // is what multi-conn promises (NBD protocol, "Multi-conn").
 //
+// Writes are write-back, as a disk's volatile cache is (D2): write()
+// copies the data and returns once the request is on its way; the server's
+// answer comes later, and a background thread per connection polls for it
+// while writes are in flight. flush() first waits for every write in
+// flight, then sends NBD_CMD_FLUSH, so that it covers them (D3). A write
+// the server failed fails the next flush and every later write (sticky:
+// D4 forbids claiming it durable after a retry); reads go on. Up to
+// kWriteBackBytes are in flight; past that, write() waits.
+//
 // Invariants:
 //   N1 Every libnbd call that can run a connection's state machine (aio
 //      submit, notify, close) is made with that connection's mutex held, so
@@ -23,9 +32,16 @@
 //      that changes the direction the poller waits for wakes it (eventfd).
 //   N3 A request's waiter lives until its callback has run: libnbd retires
 //      every command, with ENOTCONN when the connection dies.
+//   N4 Writes in flight never overlap: a write, read or trim of bytes that
+//      one in flight covers waits for it (NBD orders no two requests in
+//      flight, and a read must see the write before it).
+//   N5 Lock order: a connection's mutex, then wmu_; never the other way.
 #pragma once
 
+#include <condition_variable>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -58,13 +74,29 @@ class NbdDevice final : public BlockDevice {
   size_t connections() const { return conns_.size(); }
   bool can_trim() const { return can_trim_; }
 
-  struct Conn;  // one connection and its poller (nbd_device.cpp)
+  static constexpr uint64_t kWriteBackBytes = 64ull << 20;
+
+  struct Conn;        // one connection and its poller (nbd_device.cpp)
+  struct AsyncWrite;  // a write in flight
 
  private:
   NbdDevice() = default;
-  enum class Op { kRead, kWrite, kTrim, kFlush };
+  enum class Op { kRead, kTrim, kFlush };
   Result<void> submit(Op op, uint64_t offset, std::byte* buf, uint64_t len);
   Conn& pick();
+  // N4: waits until nothing in flight overlaps [offset, offset + len).
+  void wait_unshadowed(uint64_t offset, uint64_t len);
+  bool overlaps_locked(uint64_t offset, uint64_t len) const;
+  Error failed_error() const;
+  void write_done(AsyncWrite* w);  // its last piece answered (N1: its connection's mutex held)
+
+  std::mutex wmu_;  // guards what follows (N5)
+  std::condition_variable wcv_;            // a write in flight was answered
+  std::map<uint64_t, uint64_t> inflight_;  // offset -> length of each write in flight (N4: disjoint)
+  uint64_t inflight_bytes_ = 0;
+  int failed_ = 0;  // the first error a write in flight got: sticky for writes and flushes
+  std::string failed_msg_;
+  bool abandoned_ = false;  // a dead connection left writes unanswered (never, by N3)
 
   std::string uri_;
   std::vector<std::unique_ptr<Conn>> conns_;
