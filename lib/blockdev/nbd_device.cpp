@@ -68,7 +68,7 @@ void on_free(void* user) { static_cast<Pending*>(user)->left--; }
 struct NbdDevice::AsyncWrite {
   NbdDevice* dev;
   Conn* conn;
-  uint64_t offset, len;
+  uint64_t seq, offset, len;
   std::unique_ptr<std::byte[]> data;  // a copy: the caller's buffer is theirs again at once
   int pieces;                         // requests unanswered, plus one while they are submitted
   int err;
@@ -299,6 +299,7 @@ void NbdDevice::write_done(AsyncWrite* w) {
   {
     std::lock_guard wl(wmu_);  // N5: after the connection's mutex
     inflight_.erase(w->offset);
+    inflight_seqs_.erase(w->seq);
     inflight_bytes_ -= w->len;
     if (w->err != 0 && failed_ == 0) {
       failed_ = gone_to_eio(w->err);
@@ -372,6 +373,7 @@ Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
   PLY_CHECK(check_range(*this, offset, in.size()));
   if (in.empty()) return ok();
   const uint64_t len = in.size();
+  uint64_t seq;
   {
     std::unique_lock wl(wmu_);
     wcv_.wait(wl, [&] {
@@ -381,9 +383,11 @@ Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
     if (failed_) return failed_error();
     inflight_[offset] = len;
     inflight_bytes_ += len;
+    seq = next_seq_++;
+    inflight_seqs_.insert(seq);
   }
   Conn& c = pick();
-  auto* w = new AsyncWrite{this, &c, offset, len, std::make_unique_for_overwrite<std::byte[]>(len), 1, 0};
+  auto* w = new AsyncWrite{this, &c, seq, offset, len, std::make_unique_for_overwrite<std::byte[]>(len), 1, 0};
   std::memcpy(w->data.get(), in.data(), len);
   int submit_errno = 0;
   std::string submit_msg;
@@ -425,12 +429,13 @@ Result<void> NbdDevice::write_batch(std::span<const WriteReq> reqs) {
 
 Result<void> NbdDevice::flush() {
   if (read_only_) return ok();
-  // D3: the writes in flight first (the NBD flush covers only writes the
-  // server has answered); one the server failed fails this flush and every
-  // later one (D4).
+  // D3: the writes begun before it first (the NBD flush covers only
+  // writes the server has answered; later ones it need not wait for); one
+  // the server failed fails this flush and every later one (D4).
   {
     std::unique_lock wl(wmu_);
-    wcv_.wait(wl, [&] { return inflight_bytes_ == 0 || failed_ != 0; });
+    const uint64_t upto = next_seq_ - 1;  // the writes begun before this flush
+    wcv_.wait(wl, [&] { return failed_ != 0 || inflight_seqs_.empty() || *inflight_seqs_.begin() > upto; });
     if (failed_) return failed_error();
   }
   // Multi-conn: a flush on any one connection covers the writes completed

@@ -17,8 +17,8 @@
 // Writes are write-back, as a disk's volatile cache is (D2): write()
 // copies the data and returns once the request is on its way; the server's
 // answer comes later, and a background thread per connection polls for it
-// while writes are in flight. flush() first waits for every write in
-// flight, then sends NBD_CMD_FLUSH, so that it covers them (D3). A write
+// while writes are in flight. flush() first waits for every write begun
+// before it, then sends NBD_CMD_FLUSH, so that it covers them (D3). A write
 // the server failed fails the next flush and every later write (sticky:
 // D4 forbids claiming it durable after a retry); reads go on. Up to
 // kWriteBackBytes are in flight; past that, write() waits.
@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,11 @@ class NbdDevice final : public BlockDevice {
   std::condition_variable wcv_;            // a write in flight was answered
   std::map<uint64_t, uint64_t> inflight_;  // offset -> length of each write in flight (N4: disjoint)
   uint64_t inflight_bytes_ = 0;
+  // Each write's number, in the order write() took them, and those in
+  // flight: a flush waits only for the writes begun before it (D3), so
+  // that writers that never pause cannot hold a commit back.
+  uint64_t next_seq_ = 1;
+  std::set<uint64_t> inflight_seqs_;
   int failed_ = 0;  // the first error a write in flight got: sticky for writes and flushes
   std::string failed_msg_;
   bool abandoned_ = false;  // a dead connection left writes unanswered (never, by N3)

@@ -356,6 +356,37 @@ TEST_CASE("nbd device: the server's errors come back as they are", "[nbd]") {
   REQUIRE(dev->read(4096, buf));
 }
 
+TEST_CASE("nbd device: write-back: a flush waits for the writes begun before it, not for later ones", "[nbd]") {
+  Dir d;
+  // Writes take 50 ms at the server; a writer issues one every millisecond
+  // for 3 s, so that some are always in flight. A flush waits for those
+  // begun before it (about 50 ms), not for a moment with none in flight,
+  // which comes only when the writer stops.
+  NbdServer srv(d.path, {"--filter=delay", "memory", "64M", "wdelay=50ms"});
+  auto dev = must(NbdDevice::open(srv.uri(), false));
+  std::atomic<bool> stop{false};
+  std::atomic<int> failed{0};
+  std::thread writer([&] {
+    auto buf = pattern(4096, 9);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    for (uint64_t i = 0; !stop && std::chrono::steady_clock::now() < end; i++) {
+      if (!dev->write((i % 8192) * 4096, buf)) failed++;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto f = dev->flush();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stop = true;
+  writer.join();
+  INFO("a flush among writes took " << secs << " s");
+  REQUIRE(f);
+  REQUIRE(failed == 0);
+  REQUIRE(secs < 1.0);
+  must(dev->flush());
+}
+
 TEST_CASE("nbd device: write-back: a read sees the write before it, overlapping writes land in order", "[nbd]") {
   Dir d;
   // Writes take 50 ms at the server, reads none: a read issued right after
