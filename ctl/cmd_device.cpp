@@ -104,14 +104,17 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
   Result<Json> before = online ? request(t->mnt, Json{{"command", "devices"}}) : model::devices(*t->o.vol);
   if (!before) return online ? fail(path + ": " + before.error().message()) : fail_on(path, before.error());
   if ((*before)["classes"].empty()) {
-    if (sub != "add") return usage_error(path + ": a volume of one device has no device to " + sub);
+    if (sub == "remove") return usage_error(path + ": the only device of a volume cannot be removed");
+    if (sub == "replace" && p->pos[1] != "0" && full_path(p->pos[1]) != full_path(path) && !find_device(*before, p->pos[1]))
+      return usage_error(path + ": " + p->pos[1] + " is not a device of the volume (its one device is 0)");
     // A volume of one device becomes one of several (format.md#device-convert):
-    // its device first, of class --first-class, then the add as on any. On
-    // a mount the daemon does both.
+    // its device first, of class --first-class, then the add (or the
+    // replace: an add, then the removal of device 0) as on any. On a
+    // mount the daemon does both.
     const std::string first = p->opt.count("--first-class") ? p->opt["--first-class"] : "main";
     if (!valid_class_name(first)) return usage_error("--first-class " + first + ": a class name has 1 to 15 bytes of a-z 0-9 _ -");
     const std::string cls = p->opt.count("--class") ? p->opt["--class"] : first;
-    if (online) {
+    if (online && sub == "add") {
       Json req{{"command", "device-add"}, {"path", full_path(added)}, {"force", force}, {"class", cls},
                {"first_class", first}};
       auto after = request(t->mnt, req);
@@ -124,7 +127,7 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
       return 0;
     }
     // What the add would refuse is refused before the volume changes.
-    {
+    if (!online) {
       SuperInfo conv = t->o.vol->super();
       conv.incompat |= kIncompatMultiDevice;
       conv.classes = {first};
@@ -136,22 +139,24 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
       if (!nd) return fail_on(added, nd.error());
       if (auto r = plan_device_add(conv, **nd, added, cls, force); !r) return device_error(added, r.error(), false);
     }
-    if (auto c = t->o.vol->close(); !c) return fail_on(path, c.error());
-    t->o.vol.reset();
-    auto set = make_multi_device(std::move(t->o.dev), path, first);
-    if (!set) return fail_on(path, set.error());
-    set->reset();  // its lock goes: the volume opens again as one of several devices
-    auto o = open_volume(path, true);
-    if (!o) return fail_on(path, o.error());
-    t->o = std::move(*o);
-    before = model::devices(*t->o.vol);
-    if (!before) return fail_on(path, before.error());
+    if (!online) {
+      if (auto c = t->o.vol->close(); !c) return fail_on(path, c.error());
+      t->o.vol.reset();
+      auto set = make_multi_device(std::move(t->o.dev), path, first);
+      if (!set) return fail_on(path, set.error());
+      set->reset();  // its lock goes: the volume opens again as one of several devices
+      auto o = open_volume(path, true);
+      if (!o) return fail_on(path, o.error());
+      t->o = std::move(*o);
+      before = model::devices(*t->o.vol);
+      if (!before) return fail_on(path, before.error());
+    }
   } else if (p->opt.count("--first-class")) {
     return usage_error("--first-class: " + path + " has several devices already (it names the first device's class "
                        "when a volume of one device takes a second)");
   }
   size_t index = 0;
-  if (sub != "add") {
+  if (sub != "add" && !(*before)["classes"].empty()) {  // a volume of one device: 0, checked above
     auto i = find_device(*before, p->pos[1]);
     if (!i) return usage_error(path + ": " + i.error().message());
     index = *i;
@@ -163,7 +168,9 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
         return usage_error(added + " is a device of the volume already (device " +
                            std::to_string(d["index"].get<size_t>()) + ")");
   const std::string cls = p->opt.count("--class") ? p->opt["--class"]
-                          : sub == "replace"      ? (*before)["devices"][index]["class"].get<std::string>()
+                          : sub == "replace"      ? (*before)["devices"][index]["class"].is_string()
+                                                        ? (*before)["devices"][index]["class"].get<std::string>()
+                                                        : std::string("main")
                                                   : (*before)["classes"].back().get<std::string>();
   Result<Json> after = Error::invalid("");
   if (online) {

@@ -109,11 +109,16 @@ Result<nlohmann::ordered_json> device_online(const std::string& cmd, const nlohm
   } else if (cmd == "device-remove") {
     moved = PLY_TRY(remove_with_progress(PLY_TRY(arg_device(req))));
   } else {  // device-replace: the new device with the old one's class, then the old one out
+    // A volume of one device becomes one of several first, its device and
+    // the new one of class main (format.md#device-convert).
     const size_t index = PLY_TRY(arg_device(req));
     const SuperInfo sb = g->vol->super();
-    if (index >= sb.devices.size()) return Error::invalid("the volume has no device " + std::to_string(index));
+    const bool one = sb.devices.empty();
+    if (one ? index != 0 : index >= sb.devices.size())
+      return Error::invalid("the volume has no device " + std::to_string(index));
+    const std::string cls = one ? "main" : sb.classes[sb.devices[index].class_id];
     auto dev = PLY_TRY(open_new_device(path));
-    (void)PLY_TRY(g->vol->add_device(std::move(dev), shown_path(path), sb.classes[sb.devices[index].class_id], force));
+    (void)PLY_TRY(g->vol->add_device(std::move(dev), shown_path(path), cls, force, cls));
     moved = PLY_TRY(remove_with_progress(index));
   }
   (void)PLY_TRY(g->vol->commit());

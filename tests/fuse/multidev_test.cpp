@@ -686,6 +686,80 @@ TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while fi
   REQUIRE(m.unmount() == 0);
 }
 
+// A volume of one device moves to another image by `device replace`,
+// mounted and then offline (format.md#device-convert): each time the
+// volume becomes one of several, takes the new image (class main) and lets
+// the old one go (wiped); every byte reads back from the new image alone.
+// `device remove` of its only device is refused.
+TEST_CASE("multidev-fuse: a volume of one device moves to another image by device replace", "[multidev-fuse]") {
+  TempDir tmp;
+  const std::string one = tmp / "one.img", two = tmp / "two.img", three = tmp / "three.img";
+  REQUIRE(mkfs_status(tmp, {"-q", "-s", "48M", one}) == 0);
+  for (const std::string& p : {two, three}) {
+    const int fd = ::open(p.c_str(), O_CREAT | O_WRONLY, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 64 << 20) == 0);
+    ::close(fd);
+  }
+  std::map<std::string, std::string> files;
+  std::mt19937_64 rng(0x72706cull);
+  auto r = ctl(tmp, {"device", "remove", one, "0"});
+  REQUIRE(r.rc == 2);
+  r = ctl(tmp, {"device", "replace", one, "1", two});
+  REQUIRE(r.rc == 2);
+  {
+    Mount m(one, tmp / "mnt");
+    m.start();
+    for (int i = 0; i < 6; i++) {
+      files["f" + std::to_string(i)] = random_bytes(rng, (1 + rng() % 4) << 20);
+      write_file(m / ("f" + std::to_string(i)), files["f" + std::to_string(i)]);
+    }
+    r = ctl(tmp, {"device", "replace", m.path(), "0", two, "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json d = schema_checked("device replace", r.out);
+    REQUIRE(d["devices"].size() == 1);
+    REQUIRE(d["devices"][0]["path"].get<std::string>().ends_with("/two.img"));
+    REQUIRE(d["devices"][0]["class"] == "main");
+    REQUIRE(d["moved_bytes"].get<uint64_t>() >= (6ull << 20));
+    for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+    REQUIRE(m.unmount() == 0);
+  }
+  r = ctl(tmp, {"device", "list", one});
+  REQUIRE(r.rc != 0);  // wiped
+  REQUIRE(run({fsck_bin(), "-n", two}, tmp / "fsck.log") == 0);
+  {
+    Mount m(two, tmp / "mnt");
+    m.start();
+    for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+    REQUIRE(m.unmount() == 0);
+  }
+  // Offline, another volume of one device, its device named by its path.
+  const std::string four = tmp / "four.img";
+  REQUIRE(mkfs_status(tmp, {"-q", "-s", "48M", four}) == 0);
+  std::map<std::string, std::string> more;
+  {
+    Mount m(four, tmp / "mnt");
+    m.start();
+    for (int i = 0; i < 4; i++) {
+      more["g" + std::to_string(i)] = random_bytes(rng, (1 + rng() % 4) << 20);
+      write_file(m / ("g" + std::to_string(i)), more["g" + std::to_string(i)]);
+    }
+    REQUIRE(m.unmount() == 0);
+  }
+  r = ctl(tmp, {"device", "replace", four, four, three});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  REQUIRE(r.out.find("replaced") != std::string::npos);
+  r = ctl(tmp, {"device", "list", four});
+  REQUIRE(r.rc != 0);  // wiped
+  REQUIRE(run({fsck_bin(), "-n", three}, tmp / "fsck2.log") == 0);
+  Mount m(three, tmp / "mnt");
+  m.start();
+  for (const auto& [name, data] : more) REQUIRE(read_file(m / name) == data);
+  REQUIRE(m.unmount() == 0);
+}
+
 // plyctl device add|remove|replace on a mounted volume (format.md#device-add,
 // format.md#device-remove) while a writer keeps writing and reading: a third
 // image joins, the slow image leaves (its blocks moved, the image wiped),
