@@ -51,6 +51,9 @@ int refused_mount(const TempDir& tmp, const std::string& img, const std::vector<
 // (put_file): `bad` counts what went wrong, `written` is the last content
 // of each file.
 struct Writer {
+  Writer(const Mount& mount, const std::map<std::string, std::string>& old, std::string name_prefix, int count,
+         uint64_t s)
+      : m(mount), files(old), prefix(std::move(name_prefix)), n(count), seed(s) {}
   const Mount& m;
   const std::map<std::string, std::string>& files;
   std::string prefix;
@@ -643,7 +646,7 @@ TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while fi
       files[name] = random_bytes(rng, (1 + rng() % 3) << 20);
       write_file(m / name, files[name]);
     }
-    Writer writer{m, files, "a", 8, 11};
+    Writer writer(m, files, "a", 8, 11);
     writer.start();
     r = ctl(tmp, {"device", "add", m.path(), more, "--first-class", "fast", "--class", "slow", "--json"});
     INFO(r.err);
@@ -790,7 +793,7 @@ TEST_CASE("multidev-fuse: devices added, removed and replaced under a mount whil
       write_file(m / name, files[name]);
     }
     // The writer: rewrites its own files and reads the others back.
-    Writer writer{m, files, "a", 12, 7};
+    Writer writer(m, files, "a", 12, 7);
     writer.start();
     auto r = ctl(tmp, {"device", "add", m.path(), more, "--class", "slow", "--json"});
     INFO(r.err);
