@@ -1101,6 +1101,8 @@ Result<void> Volume::Txn::inc_extent(BlockNo start) {
   return mutated(s_.v->space_->inc_ref(start), nullptr);
 }
 
+Result<uint32_t> Volume::Txn::extent_refs(BlockNo start) { return s_.v->space_->refcount(start); }
+
 Result<void> Volume::Txn::dec_extent(BlockNo start) {
   PLY_CHECK(s_.v->writable());
   s_.v->released_.fetch_add(1, std::memory_order_relaxed);

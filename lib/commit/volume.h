@@ -505,6 +505,10 @@ class Volume::Txn {
   void place(const Placement& p) { s_.place = p; }
   Result<void> inc_extent(BlockNo start);
   Result<void> dec_extent(BlockNo start);
+  // The references an extent has now (format.md#space-item): a leaf that
+  // trees share counts once, so an extent two different leaves map has at
+  // least 2 (send: only such an extent can be found in a parent).
+  Result<uint32_t> extent_refs(BlockNo start);
 
   uint64_t take_inode_number();
   // The next number handed out is at least `n` (fsck: a tree holds a number

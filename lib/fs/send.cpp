@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 #include <optional>
 #include <vector>
 
@@ -406,6 +407,10 @@ Stored stored_of(const Ext& e) { return {e.stored_first(), e.stored_count(), e.c
 
 // ---------------------------------------------------------------- send
 
+// A parent's Extent item and how many blocks into its mapping an item
+// starts (a SHARED record's parent_key and delta).
+using ParentRef = std::optional<std::pair<Key, uint64_t>>;
+
 struct Change {
   Key key;
   std::optional<std::vector<std::byte>> old_v, new_v;
@@ -579,6 +584,20 @@ class Sender {
         st_.shared++;
         return w_.record(Rec::Shared, {raw(h), raw(sr), std::span<const std::byte>(*c.new_v)});
       }
+      // Anywhere else in the parent (a reflink of data it holds: cp,
+      // copy_file_range, a clone of a range)?
+      auto q = PLY_TRY(parent_elsewhere(parent->tree, e));
+      if (q) {
+        disk::SharedRec sr{};
+        sr.value_len.set(uint32_t(c.new_v->size()));
+        sr.source = 2;
+        sr.parent_hi.set(q->first.hi);
+        sr.parent_lo.set(q->first.lo);
+        sr.delta.set(q->second);
+        st_.shared++;
+        st_.shared_elsewhere++;
+        return w_.record(Rec::Shared, {raw(h), raw(sr), std::span<const std::byte>(*c.new_v)});
+      }
     }
     // The data itself, checked against the item's checksums first: a
     // stream never carries a block the sender could not vouch for.
@@ -624,6 +643,42 @@ class Sender {
     return out;
   }
 
+  // An Extent item of the parent, of any file at any position, that maps
+  // all the blocks `e` maps (format.md#send-stream, "Sharing"): its key and
+  // how far into its mapping `e` starts. Only an extent referenced more
+  // than once can be both the parent's and a changed item's (the changed
+  // item's leaf is not the parent's), so the parent's extent items are
+  // indexed, by one scan, only when such an extent first comes.
+  Result<ParentRef> parent_elsewhere(TreeId parent, const Ext& e) {
+    auto t = PLY_TRY(v_.begin());
+    if (PLY_TRY(t.extent_refs(BlockNo{e.disk_start})) < 2) return ParentRef();
+    if (!parent_index_) {
+      parent_index_.emplace();
+      PLY_CHECK(t.scan(parent, Key::min(), Key::max(), [&](Key pk, std::span<const std::byte> pv) {
+        if (!extent_key(pk)) return true;
+        auto p = decode_extent(pk, pv);
+        if (p && !p->prealloc()) parent_index_->emplace(p->disk_start, pk);
+        return true;
+      }));
+    }
+    auto [lo, hi] = parent_index_->equal_range(e.disk_start);
+    for (auto it = lo; it != hi; ++it) {
+      auto pv = PLY_TRY(t.get(parent, it->second));
+      if (!pv) continue;
+      auto p = decode_extent(it->second, *pv);
+      if (!p || p->prealloc() || p->compression != e.compression || p->disk_start != e.disk_start) continue;
+      if (e.compressed()) {
+        if (p->disk_nblocks == e.disk_nblocks && p->frame_bytes == e.frame_bytes && p->csums == e.csums)
+          return ParentRef(std::make_pair(it->second, uint64_t{0}));
+      } else if (p->offset <= e.offset && e.offset + e.nblocks <= p->offset + p->nblocks) {
+        const uint64_t delta = e.offset - p->offset;
+        if (std::equal(e.csums.begin(), e.csums.end(), p->csums.begin() + std::ptrdiff_t(delta)))
+          return ParentRef(std::make_pair(it->second, delta));
+      }
+    }
+    return ParentRef();
+  }
+
   Volume& v_;
   TreeId tree_;
   const SendOptions& o_;
@@ -631,6 +686,8 @@ class Sender {
   uint32_t bs_;
   std::optional<BranchMeta> lower_;
   std::map<uint64_t, Stored> sent_;  // stored ranges sent, by first block
+  // The parent's extent items by disk_start, once needed (parent_elsewhere).
+  std::optional<std::unordered_multimap<uint64_t, Key>> parent_index_;
   SendStats st_;
   std::chrono::steady_clock::time_point last_{};
 };
@@ -1004,7 +1061,7 @@ class Receiver {
     auto h = PLY_TRY(head(p, t, old));
     const Key k{h.key_hi.get(), h.key_lo.get()};
     auto sr = PLY_TRY(take<disk::SharedRec>(p, "shared"));
-    if (!extent_key(k) || sr.value_len.get() != p.size() || sr.source > 1)
+    if (!extent_key(k) || sr.value_len.get() != p.size() || sr.source > 2)
       return bad_stream("a malformed SHARED record");
     auto e = decode_extent(k, p);
     if (!e) return bad_stream("an extent item that does not decode: " + e.error().message());
@@ -1030,10 +1087,12 @@ class Receiver {
       x.disk_nblocks = g.count;
       if (!s.compressed) x.offset = at;
     } else {
-      // What the parent here maps at the same place (S3).
+      // What the parent here maps: at the same place (source 1), or any
+      // Extent item of it (source 2, a reflink of the parent's data) (S3).
       if (!parent_.v) return bad_stream("a SHARED record refers to a parent in a full stream");
       const Key pk{sr.parent_hi.get(), sr.parent_lo.get()};
-      if (pk.hi != k.hi || !extent_key(pk)) return bad_stream("a SHARED record names another file's extent");
+      if (!extent_key(pk)) return bad_stream("a SHARED record names an item that is not an extent");
+      if (sr.source == 1 && pk.hi != k.hi) return bad_stream("a SHARED record names another file's extent");
       auto pv = PLY_TRY(t.get(parent_, pk));
       if (!pv) return Error::io(ESTALE, "the stream refers to an extent its parent here does not hold");
       Ext pe = PLY_TRY(decode_extent(pk, *pv));

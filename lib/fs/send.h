@@ -30,8 +30,10 @@
 //      reference it (reflinks, split extents); an incremental stream refers
 //      to data the parent already holds instead of sending it again when
 //      the changed item maps a part of what the parent's item at the same
-//      file position mapped (a partial overwrite), and the receiver shares
-//      the parent's blocks there. Unchanged items are shared by the clone.
+//      file position mapped (a partial overwrite), or of what any other
+//      extent item of the parent maps (a reflink of the parent's data), and
+//      the receiver shares the parent's blocks there. Unchanged items are
+//      shared by the clone.
 //   S4 identity: a received branch is read-only, gets a new uuid, and
 //      records the sender's uuid as its received_uuid; an incremental
 //      stream names its parent by uuid, found on the receiver as a branch
@@ -54,6 +56,7 @@ struct SendStats {
   uint64_t deleted = 0;       // items removed (incremental)
   uint64_t extents = 0;       // extent items whose data the stream carries
   uint64_t shared = 0;        // extent items sent as a reference (S3)
+  uint64_t shared_elsewhere = 0;  // of which to another file or position of the parent (SHARED source 2)
   uint64_t data_bytes = 0;    // extent data carried, as stored (compressed stays so)
   uint64_t prealloc_bytes = 0;  // preallocated ranges (no data: the receiver allocates them)
   uint64_t stream_bytes = 0;  // bytes written to the file descriptor

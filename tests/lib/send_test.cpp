@@ -140,7 +140,6 @@ struct Mutator {
   std::mt19937_64& r;
   std::vector<uint64_t> files, dirs;
   int names = 0;
-  uint64_t* reflinked = nullptr;  // bytes copied by reflink (S3 does not find them in a parent)
 
   std::string fresh() { return "n" + std::to_string(names++); }
   uint64_t dir() { return dirs[r() % dirs.size()]; }
@@ -223,7 +222,6 @@ struct Mutator {
         Attr a = must(fs.getattr(f));
         Attr b = must(fs.mknod(dir(), fresh(), S_IFREG | 0600, 0, 0, 0));
         (void)must(fs.copy_range(f, 0, b.ino, 0, a.size));
-        if (reflinked) *reflinked += a.size + bs;
         break;
       }
       case 7: {  // a hard link
@@ -309,12 +307,11 @@ TEST_CASE("send: random histories of snapshots, sent whole and then incrementall
     std::optional<TreeId> prev_src;
     std::string prev_name;
     bool later_full = false;  // a full stream after the first: a copy, shared with nothing
-    uint64_t reflinked = 0;
     for (int round = 0; round < rounds; round++) {
       INFO("round " << round);
       {
         auto fs = must(Filesystem::open(*src.vol, src.main));
-        Mutator mu{*fs, r, {}, {}, round * 1000, &reflinked};
+        Mutator mu{*fs, r, {}, {}, round * 1000};
         const int steps = 20 + int(r() % 60);
         for (int i = 0; i < steps; i++) mu.step();
       }
@@ -349,12 +346,13 @@ TEST_CASE("send: random histories of snapshots, sent whole and then incrementall
       prev_name = name;
     }
     // Everything survives a remount and is clean; the receiver holds about
-    // what the sender does (its dead parts of split extents aside).
+    // what the sender does (its dead parts of split extents aside), the
+    // reflinked copies of the parent's data included (S3).
     dst.reopen();
     require_fs_clean(*dst.dev);
     require_fs_clean(*src.dev);
     INFO("sender " << data_blocks(*src.vol) << " receiver " << data_blocks(*dst.vol));
-    if (!later_full) REQUIRE(data_blocks(*dst.vol) <= data_blocks(*src.vol) * 5 / 4 + reflinked / 4096 + 64);
+    if (!later_full) REQUIRE(data_blocks(*dst.vol) <= data_blocks(*src.vol) * 5 / 4 + 64);
     if (compress) {
       // Compressed extents travelled compressed.
       size_t z = 0;
@@ -514,6 +512,103 @@ void require_nothing_left(FsImage& im, size_t branches, uint64_t used) {
 }
 
 }  // namespace
+
+TEST_CASE("send: data the parent holds, reflinked to another file or place, travels as a reference", "[send]") {
+  // cp and copy_file_range reflink what they copy (Filesystem::copy_range):
+  // a copy of an old file must not arrive as a second copy of its data.
+  FsImage src(128ull << 20), dst(128ull << 20);
+  std::mt19937_64 r(17);
+  uint64_t a, z;
+  {
+    auto fs = must(Filesystem::open(*src.vol, src.main));
+    a = must(fs->mknod(fs->root(), "a", S_IFREG | 0644, 0, 0, 0)).ino;
+    must(fs->write(a, 0, noise(4 << 20, r)));
+    z = must(fs->mknod(fs->root(), "z", S_IFREG | 0644, 0, 0, 0)).ino;
+    must(fs->set_fsflags(z, FS_COMPR_FL));
+    must(fs->write(z, 0, text(1 << 20, r)));
+  }
+  const TreeId s1 = must(snapshot(*src.vol, src.main, "s1")).frozen.tree;
+  {
+    auto fs = must(Filesystem::open(*src.vol, src.main));
+    const uint64_t d = must(fs->mkdir(fs->root(), "d", 0755, 0, 0)).ino;
+    const uint64_t b = must(fs->mknod(d, "b", S_IFREG | 0644, 0, 0, 0)).ino;
+    REQUIRE(must(fs->copy_range(a, 0, b, 0, 4 << 20)) == 4u << 20);            // another file, whole
+    const uint64_t c = must(fs->mknod(fs->root(), "c", S_IFREG | 0644, 0, 0, 0)).ino;
+    REQUIRE(must(fs->copy_range(a, 1 << 20, c, 3 << 20, 1 << 20)) == 1u << 20);  // a part, elsewhere
+    REQUIRE(must(fs->copy_range(a, 0, a, 8 << 20, 64 << 10)) == 64u << 10);      // the same file, elsewhere
+    const uint64_t y = must(fs->mknod(d, "y", S_IFREG | 0644, 0, 0, 0)).ino;
+    REQUIRE(must(fs->copy_range(z, 0, y, 0, 1 << 20)) == 1u << 20);             // compressed frames
+    must(fs->write(c, 0, noise(8192, r)));                                        // and new data
+  }
+  const TreeId s2 = must(snapshot(*src.vol, src.main, "s2")).frozen.tree;
+  MemFile full, inc;
+  (void)must(send_branch(*src.vol, s1, full.fd, SendOptions{}));
+  SendOptions so;
+  so.parent = s1;
+  const SendStats ss = must(send_branch(*src.vol, s2, inc.fd, so));
+  INFO("shared " << ss.shared << ", elsewhere " << ss.shared_elsewhere << ", data " << ss.data_bytes);
+  REQUIRE(ss.data_bytes <= 3 * 4096);     // the 8 KiB written, not the 6 MiB copied
+  REQUIRE(ss.shared_elsewhere >= 4);      // b, c, a's new tail, y
+  full.rewind();
+  (void)must(receive_branch(*dst.vol, full.fd, ReceiveOptions{}));
+  must(dst.vol->commit());
+  const uint64_t before = data_blocks(*dst.vol);
+  const uint64_t used = dst.vol->space_stats().used_blocks;
+  const size_t nb = must(Filesystem::branches(*dst.vol)).size();
+  const auto stream = inc.bytes();
+
+  SECTION("received: equal, and sharing the parent's blocks") {
+    inc.rewind();
+    Received got = must(receive_branch(*dst.vol, inc.fd, ReceiveOptions{}));
+    REQUIRE(got.stats.shared == ss.shared);
+    require_equal(*src.vol, s2, *dst.vol, got.branch.tree);
+    must(dst.vol->commit());
+    REQUIRE(data_blocks(*dst.vol) - before <= 3);
+    dst.reopen();
+    require_fs_clean(*dst.dev);
+  }
+  // Forged references to the parent are refused with nothing left (S1, S2).
+  SECTION("forged") {
+    Parsed ps(stream);
+    size_t at = 0;
+    for (size_t i = 0; i < ps.recs.size() && !at; i++)
+      if (ps.recs[i].first == 5 && ps.recs[i].second[36] == std::byte(2)) {
+        Key k, pk;
+        std::memcpy(&k.hi, ps.recs[i].second.data(), 8);
+        std::memcpy(&pk.hi, ps.recs[i].second.data() + 40, 8);
+        if (k.hi != pk.hi) at = i;
+      }
+    REQUIRE(at);
+    auto& pl = ps.recs[at].second;
+    int want = EBADMSG;
+    SECTION("source 1 (the same file) naming another file's extent") { pl[36] = std::byte(1); }
+    SECTION("another extent of the parent, holding other data") {
+      const Key other = fsitems::ikey(z, disk::ItemType::Extent, 0);
+      std::memcpy(pl.data() + 40, &other.hi, 8);
+      std::memcpy(pl.data() + 48, &other.lo, 8);
+      want = ESTALE;
+    }
+    SECTION("a key the parent does not hold") {
+      const Key none = fsitems::ikey(a, disk::ItemType::Extent, 123457);
+      std::memcpy(pl.data() + 40, &none.hi, 8);
+      std::memcpy(pl.data() + 48, &none.lo, 8);
+      want = ESTALE;
+    }
+    SECTION("a delta past the parent's extent") {
+      const uint64_t far = 1 << 20;
+      std::memcpy(pl.data() + 56, &far, 8);
+    }
+    SECTION("an unknown source") { pl[36] = std::byte(3); }
+    MemFile f;
+    f.set(ps.build());
+    auto res = receive_branch(*dst.vol, f.fd, ReceiveOptions{});
+    REQUIRE(!res);
+    INFO(res.error().message());
+    CHECK(res.error().code == want);
+    REQUIRE(!dst.vol->failure());
+    require_nothing_left(dst, nb, used);
+  }
+}
 
 TEST_CASE("send: truncated, corrupt, reordered and forged streams are refused with nothing left", "[send]") {
   Pair p;
