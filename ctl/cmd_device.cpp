@@ -33,19 +33,10 @@ void print_devices(const Json& r) {
   }
 }
 
-// The absolute path of a device given on the command line (a daemon leaves
-// its working directory), or the URI as given.
-std::string full_path(const std::string& p) {
-  if (is_nbd_uri(p)) return p;
-  std::string out = p;
-  if (char* rp = ::realpath(p.c_str(), nullptr)) out = rp, std::free(rp);
-  return out;
-}
-
 // DEVICE as `device list` shows it: its index, its path, or its uuid.
 Result<size_t> find_device(const Json& list, const std::string& spec) {
   const auto& devs = list["devices"];
-  const std::string full = full_path(spec);
+  const std::string full = device_display_name(spec);
   for (const auto& d : devs) {
     const size_t i = d["index"].get<size_t>();
     if (spec == std::to_string(i) || (d["uuid"].is_string() && d["uuid"].get<std::string>() == spec) ||
@@ -105,7 +96,7 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
   if (!before) return online ? fail(path + ": " + before.error().message()) : fail_on(path, before.error());
   if ((*before)["classes"].empty()) {
     if (sub == "remove") return usage_error(path + ": the only device of a volume cannot be removed");
-    if (sub == "replace" && p->pos[1] != "0" && full_path(p->pos[1]) != full_path(path) && !find_device(*before, p->pos[1]))
+    if (sub == "replace" && p->pos[1] != "0" && device_display_name(p->pos[1]) != device_display_name(path) && !find_device(*before, p->pos[1]))
       return usage_error(path + ": " + p->pos[1] + " is not a device of the volume (its one device is 0)");
     // A volume of one device becomes one of several (format.md#device-convert):
     // its device first, of class --first-class, then the add (or the
@@ -115,7 +106,7 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
     if (!valid_class_name(first)) return usage_error("--first-class " + first + ": a class name has 1 to 15 bytes of a-z 0-9 _ -");
     const std::string cls = p->opt.count("--class") ? p->opt["--class"] : first;
     if (online && sub == "add") {
-      Json req{{"command", "device-add"}, {"path", full_path(added)}, {"force", force}, {"class", cls},
+      Json req{{"command", "device-add"}, {"path", device_display_name(added)}, {"force", force}, {"class", cls},
                {"first_class", first}};
       auto after = request(t->mnt, req);
       if (!after) return device_error(path, after.error(), true);
@@ -126,7 +117,9 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
       }
       return 0;
     }
-    // What the add would refuse is refused before the volume changes.
+    // Offline: what the add would refuse is refused before the volume
+    // changes; then the conversion, and the volume opened again as one of
+    // several devices. (A replace on a mount is the daemon's, below.)
     if (!online) {
       SuperInfo conv = t->o.vol->super();
       conv.incompat |= kIncompatMultiDevice;
@@ -134,12 +127,11 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
       conv.meta_class = 0;
       conv.devices = {DeviceInfo{}};
       conv.devices[0].nblocks = conv.total_blocks;
-      if (full_path(added) == full_path(path)) return usage_error(added + " is the volume's device already");
+      if (device_display_name(added) == device_display_name(path)) return usage_error(added + " is the volume's device already");
       auto nd = open_device(added, FileOpenOptions{true, false});
       if (!nd) return fail_on(added, nd.error());
       if (auto r = plan_device_add(conv, **nd, added, cls, force); !r) return device_error(added, r.error(), false);
-    }
-    if (!online) {
+      nd->reset();
       if (auto c = t->o.vol->close(); !c) return fail_on(path, c.error());
       t->o.vol.reset();
       auto set = make_multi_device(std::move(t->o.dev), path, first);
@@ -164,7 +156,7 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
   // Named twice: a device open as a member already (and locked).
   if (!added.empty())
     for (const auto& d : (*before)["devices"])
-      if (d["path"].is_string() && d["path"].get<std::string>() == full_path(added))
+      if (d["path"].is_string() && d["path"].get<std::string>() == device_display_name(added))
         return usage_error(added + " is a device of the volume already (device " +
                            std::to_string(d["index"].get<size_t>()) + ")");
   const std::string cls = p->opt.count("--class") ? p->opt["--class"]
@@ -175,7 +167,7 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
   Result<Json> after = Error::invalid("");
   if (online) {
     Json req{{"command", "device-" + sub}};
-    if (!added.empty()) req["path"] = full_path(added), req["force"] = force;
+    if (!added.empty()) req["path"] = device_display_name(added), req["force"] = force;
     if (sub == "add") req["class"] = cls;
     else req["device"] = index;
     Progress work("moving blocks off the device", 0, Progress::Unit::Bytes);
@@ -188,7 +180,7 @@ int device_change(const std::string& sub, const std::vector<std::string>& args) 
     if (!added.empty()) {
       auto dev = open_device(added, FileOpenOptions{false, true});
       if (!dev) return fail_on(added, dev.error());
-      if (auto r = vol.add_device(std::move(*dev), full_path(added), cls, force); !r)
+      if (auto r = vol.add_device(std::move(*dev), device_display_name(added), cls, force); !r)
         return device_error(added, r.error(), false);
     }
     if (sub != "add") {

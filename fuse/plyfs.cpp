@@ -382,9 +382,7 @@ int main(int argc, char** argv) {
   // device alone: it can then take a second one while mounted
   // (format.md#device-convert); the set grows and is cut with the device.
   if (!cfg.ro && !(*dev)->device_set()) {
-    std::string shown = cfg.image;
-    if (!is_nbd_uri(shown))
-      if (char* rp = ::realpath(shown.c_str(), nullptr)) shown = rp, ::free(rp);
+    const std::string shown = device_display_name(cfg.image);
     const uint64_t bytes = (*dev)->size_bytes();
     std::vector<DeviceSet::Member> one;
     one.push_back(DeviceSet::Member{std::move(*dev), 0, bytes, shown});

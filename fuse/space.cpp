@@ -58,13 +58,6 @@ Result<std::unique_ptr<BlockDevice>> open_new_device(const std::string& path) {
   return dev;
 }
 
-std::string shown_path(const std::string& path) {
-  if (is_nbd_uri(path)) return path;
-  std::string full = path;
-  if (char* rp = ::realpath(path.c_str(), nullptr)) full = rp, ::free(rp);
-  return full;
-}
-
 Result<size_t> arg_device(const nlohmann::ordered_json& req) {
   if (!req.contains("device") || !req["device"].is_number_unsigned())
     return Error::invalid("\"device\" must be a device's index");
@@ -105,7 +98,7 @@ Result<nlohmann::ordered_json> device_online(const std::string& cmd, const nlohm
       cls = req["class"].get<std::string>();
     }
     auto dev = PLY_TRY(open_new_device(path));
-    (void)PLY_TRY(g->vol->add_device(std::move(dev), shown_path(path), cls, force, first));
+    (void)PLY_TRY(g->vol->add_device(std::move(dev), device_display_name(path), cls, force, first));
   } else if (cmd == "device-remove") {
     moved = PLY_TRY(remove_with_progress(PLY_TRY(arg_device(req))));
   } else {  // device-replace: the new device with the old one's class, then the old one out
@@ -118,7 +111,7 @@ Result<nlohmann::ordered_json> device_online(const std::string& cmd, const nlohm
       return Error::invalid("the volume has no device " + std::to_string(index));
     const std::string cls = one ? "main" : sb.classes[sb.devices[index].class_id];
     auto dev = PLY_TRY(open_new_device(path));
-    (void)PLY_TRY(g->vol->add_device(std::move(dev), shown_path(path), cls, force, cls));
+    (void)PLY_TRY(g->vol->add_device(std::move(dev), device_display_name(path), cls, force, cls));
     moved = PLY_TRY(remove_with_progress(index));
   }
   (void)PLY_TRY(g->vol->commit());

@@ -133,6 +133,10 @@ class FileDevice final : public BlockDevice {
 // opts.lock, a URI that a plyfs mount here was given is EBUSY, as a locked
 // image file is. EOPNOTSUPP for a URI when this build has no NBD support.
 bool is_nbd_uri(std::string_view path_or_uri);
+// How a device is named in listings and device tables: a URI as given, a
+// path made absolute (realpath; as given when that fails), since a daemon
+// leaves the working directory it was started in.
+std::string device_display_name(const std::string& path_or_uri);
 Result<std::unique_ptr<BlockDevice>> open_device(const std::string& path_or_uri,
                                                  FileOpenOptions opts = {});
 

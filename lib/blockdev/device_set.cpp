@@ -77,22 +77,25 @@ Result<void> DeviceSet::clip_last(uint64_t bytes) {
   return ok();
 }
 
-Result<uint64_t> DeviceSet::resize(uint64_t at_least) {
+// A set of one member at byte 0 (a volume of one device held as a set,
+// format.md#device-convert) grows and shrinks with that device; any other
+// keeps its size (a volume of several devices grows by adding one).
+template <class F>
+Result<uint64_t> DeviceSet::resize_lone(F&& change) {
   std::unique_lock lk(mu_);
   if (members_.size() != 1 || members_[0].base != 0) return size_.load();
-  const uint64_t n = PLY_TRY(members_[0].dev->resize(at_least));
+  const uint64_t n = PLY_TRY(change(*members_[0].dev));
   members_[0].bytes = n / lss_ * lss_;
   size_ = members_[0].bytes;
   return size_.load();
 }
 
+Result<uint64_t> DeviceSet::resize(uint64_t at_least) {
+  return resize_lone([&](BlockDevice& d) { return d.resize(at_least); });
+}
+
 Result<uint64_t> DeviceSet::truncate(uint64_t bytes) {
-  std::unique_lock lk(mu_);
-  if (members_.size() != 1 || members_[0].base != 0) return size_.load();
-  const uint64_t n = PLY_TRY(members_[0].dev->truncate(bytes));
-  members_[0].bytes = n / lss_ * lss_;
-  size_ = members_[0].bytes;
-  return size_.load();
+  return resize_lone([&](BlockDevice& d) { return d.truncate(bytes); });
 }
 
 Result<DeviceSet::Member> DeviceSet::remove_member(size_t i) {

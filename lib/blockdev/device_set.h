@@ -85,6 +85,9 @@ class DeviceSet final : public BlockDevice {
   // the range is not inside one member.
   Result<std::pair<size_t, uint64_t>> locate(uint64_t offset, uint64_t len) const;
   Result<void> write_locked(uint64_t offset, std::span<const std::byte> in);
+  // resize() and truncate(): `change` applied to a lone member at byte 0.
+  template <class F>
+  Result<uint64_t> resize_lone(F&& change);
 
   mutable std::shared_mutex mu_;  // members_, size_, lss_, pss_ change under it exclusively
   std::vector<Member> members_;

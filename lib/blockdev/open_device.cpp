@@ -2,6 +2,7 @@
 
 #include "util/text.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -16,6 +17,13 @@ namespace plyfs {
 bool is_nbd_uri(std::string_view s) {
   return s.starts_with("nbd://") || s.starts_with("nbds://") || s.starts_with("nbd+unix://") ||
          s.starts_with("nbds+unix://");
+}
+
+std::string device_display_name(const std::string& p) {
+  if (is_nbd_uri(p)) return p;
+  std::string out = p;
+  if (char* rp = ::realpath(p.c_str(), nullptr)) out = rp, ::free(rp);
+  return out;
 }
 
 namespace {

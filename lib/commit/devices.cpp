@@ -216,9 +216,7 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
                                   " bytes, but the volume spans " + std::to_string(d.nblocks * t.block_size) +
                                   " of it");
       // The absolute path for listings: a daemon leaves its working directory.
-      std::string name = it->path;
-      if (!is_nbd_uri(name))
-        if (char* rp = realpath(name.c_str(), nullptr)) name = rp, free(rp);
+      std::string name = device_display_name(it->path);
       std::unique_ptr<BlockDevice> dev;
       if (borrow) dev = std::make_unique<BorrowedDevice>(*it->dev);
       else dev = std::move(it->dev);
@@ -342,9 +340,7 @@ Result<std::unique_ptr<DeviceSet>> make_multi_device(std::unique_ptr<BlockDevice
     bytes = vol->super().total_blocks * vol->block_size();
     PLY_CHECK(vol->close());
   }
-  std::string shown = name;
-  if (!is_nbd_uri(shown))
-    if (char* rp = realpath(shown.c_str(), nullptr)) shown = rp, free(rp);
+  const std::string shown = device_display_name(name);
   std::vector<DeviceSet::Member> m;
   m.push_back(DeviceSet::Member{std::move(dev), 0, bytes, shown});
   return DeviceSet::make(std::move(m), disk::kReservedBytes);
@@ -356,10 +352,7 @@ Result<std::unique_ptr<DeviceSet>> add_device(std::unique_ptr<DeviceSet> set, st
   // as on a mounted one (Volume::add_device).
   {
     auto vol = PLY_TRY(Volume::open(*set));
-    std::string shown = name;
-    if (!is_nbd_uri(shown))
-      if (char* rp = realpath(shown.c_str(), nullptr)) shown = rp, free(rp);
-    (void)PLY_TRY(vol->add_device(std::move(dev), shown, cls, force));
+    (void)PLY_TRY(vol->add_device(std::move(dev), device_display_name(name), cls, force));
     PLY_CHECK(vol->close());
   }
   return set;
