@@ -9,7 +9,8 @@
 // atime, mtime and ctime to the nanosecond, rdev, content, user xattrs and
 // hard-link groups. The --json objects are checked against the schema; a
 // truncated stream and a missing parent are refused in one line with
-// nothing received; fsck is clean on every image.
+// nothing received; fsck is clean on every image. A file copied with cp
+// between snapshots travels as a reference to the parent's data.
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/time.h>
@@ -283,4 +284,47 @@ TEST_CASE("send: streams from a mount received offline and online, equal to thei
   REQUIRE(mb.unmount() == 0);
   REQUIRE(mc.unmount() == 0);
   for (const auto& img : {a, b, c, d, e}) require_fsck_clean(img, tmp / "fsck.log");
+}
+
+TEST_CASE("send: a file copied with cp between snapshots travels as a reference, not as data", "[send-fuse]") {
+  // GNU cp copies with copy_file_range, which FUSE hands to the daemon and
+  // plyfs answers with a reflink: the incremental stream refers to the
+  // parent's data (SHARED source 2, format.md#send-stream), and the
+  // receiver's copy shares its blocks as the sender's does.
+  TempDir tmp;
+  std::mt19937_64 r(5);
+  const std::string a = tmp / "a.img", b = tmp / "b.img";
+  mkfs(a, "256M", tmp / "mkfs.log");
+  mkfs(b, "256M", tmp / "mkfs.log");
+  const std::string s1 = tmp / "s1.stream", s2 = tmp / "s2.stream";
+  Mount ma(a, tmp / "ma");
+  ma.start();
+  populate(ma.path(), r);
+  write_file(ma.path() + "/big", noise(8 << 20, r));
+  REQUIRE(ctl(tmp, {"snapshot", ma.path(), "--name", "s1"}).rc == 0);
+  const uint64_t before_cp = free_blocks(ma.path());
+  const std::string cmd = "cp '" + ma.path() + "/big' '" + ma.path() + "/d/copy' && cp '" + ma.path() +
+                          "/big' '" + ma.path() + "/copy2'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  write_file(ma.path() + "/new", noise(40000, r));
+  REQUIRE(ctl(tmp, {"snapshot", ma.path(), "--name", "s2"}).rc == 0);
+  // The copies share the original's blocks on the sender.
+  CHECK(before_cp - free_blocks(ma.path()) < 1024);
+  json j1 = checked(tmp, "send", {"send", ma.path(), "s1", "-o", s1});
+  json j2 = checked(tmp, "send", {"send", ma.path(), "s2", "--parent", "s1", "-o", s2});
+  CHECK(j1["data_bytes"].get<uint64_t>() >= 8u << 20);
+  CHECK(j2["data_bytes"].get<uint64_t>() < 64u << 10);  // the 40 KB file, not 16 MiB of copies
+  CHECK(j2["shared"].get<uint64_t>() >= 2);
+
+  Mount mb(b, tmp / "mb");
+  mb.start();
+  (void)checked(tmp, "receive", {"receive", mb.path(), "-f", s1});
+  const uint64_t before = free_blocks(mb.path());
+  (void)checked(tmp, "receive", {"receive", mb.path(), "-f", s2});
+  CHECK(before - free_blocks(mb.path()) < 1024);  // 4 MiB: the new file and metadata, not 16 MiB
+  const std::string L = "/.plyfs/layers/";
+  require_same(ma.path() + L + "s2/data", mb.path() + L + "s2/data");
+  REQUIRE(ma.unmount() == 0);
+  REQUIRE(mb.unmount() == 0);
+  for (const auto& img : {a, b}) require_fsck_clean(img, tmp / "fsck.log");
 }
