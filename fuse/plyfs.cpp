@@ -382,11 +382,7 @@ int main(int argc, char** argv) {
   // device alone: it can then take a second one while mounted
   // (format.md#device-convert); the set grows and is cut with the device.
   if (!cfg.ro && !(*dev)->device_set()) {
-    const std::string shown = device_display_name(cfg.image);
-    const uint64_t bytes = (*dev)->size_bytes();
-    std::vector<DeviceSet::Member> one;
-    one.push_back(DeviceSet::Member{std::move(*dev), 0, bytes, shown});
-    auto set = DeviceSet::make(std::move(one), disk::kReservedBytes);
+    auto set = one_device_set(std::move(*dev), cfg.image);
     if (!set) return refuse(status_fd, 32, set.error().user_message(cfg.image));
     *dev = std::move(*set);
   }

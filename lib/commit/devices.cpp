@@ -340,9 +340,14 @@ Result<std::unique_ptr<DeviceSet>> make_multi_device(std::unique_ptr<BlockDevice
     bytes = vol->super().total_blocks * vol->block_size();
     PLY_CHECK(vol->close());
   }
-  const std::string shown = device_display_name(name);
+  return one_device_set(std::move(dev), name, bytes);
+}
+
+Result<std::unique_ptr<DeviceSet>> one_device_set(std::unique_ptr<BlockDevice> dev, const std::string& name,
+                                                  uint64_t bytes) {
+  if (bytes == 0) bytes = dev->size_bytes();
   std::vector<DeviceSet::Member> m;
-  m.push_back(DeviceSet::Member{std::move(dev), 0, bytes, shown});
+  m.push_back(DeviceSet::Member{std::move(dev), 0, bytes, device_display_name(name)});
   return DeviceSet::make(std::move(m), disk::kReservedBytes);
 }
 

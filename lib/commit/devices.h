@@ -73,6 +73,12 @@ Result<void> join_device(BlockDevice& from, BlockDevice& dev, const SuperInfo& n
 Result<void> wipe_device(BlockDevice& dev);
 
 class DeviceSet;
+// A volume of one device held as a set of that device alone, its first
+// `bytes` (0: all of it), named `name` as device_display_name() shows it:
+// how a read-write mount holds such a volume so that it can take a second
+// device (format.md#device-convert), and what make_multi_device returns.
+Result<std::unique_ptr<DeviceSet>> one_device_set(std::unique_ptr<BlockDevice> dev, const std::string& name,
+                                                  uint64_t bytes = 0);
 // plyctl device add on a volume of one device, offline
 // (format.md#device-convert): `dev` (the volume's device, not open
 // otherwise) gets a label, then two generations with MULTI_DEVICE and a

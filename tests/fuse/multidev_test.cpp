@@ -45,6 +45,21 @@ int refused_mount(const TempDir& tmp, const std::string& img, const std::vector<
   return rc;
 }
 
+// The volume on `devices` and nothing else: fsck -n clean with them, and a
+// mount of the first with the others as -o device= reads back every file.
+void require_volume_holds(const TempDir& tmp, const std::vector<std::string>& devices,
+                          const std::map<std::string, std::string>& files) {
+  std::vector<std::string> fsck{fsck_bin(), "-n"};
+  fsck.insert(fsck.end(), devices.begin(), devices.end());
+  REQUIRE(run(fsck, tmp / "fsck-holds.log") == 0);
+  std::vector<std::string> opts;
+  for (size_t i = 1; i < devices.size(); i++) opts.push_back("device=" + devices[i]);
+  Mount m(devices[0], tmp / "mnt-holds", opts);
+  m.start();
+  for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+  REQUIRE(m.unmount() == 0);
+}
+
 // A thread that, until stopped (and at least four rounds), rewrites files
 // w0..w9 of the mount, reading each back and one of `files` (named
 // PREFIX0..PREFIX<n-1>, never changed meanwhile). No Catch2 in it
@@ -605,11 +620,7 @@ TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the
     REQUIRE(m.unmount() == 0);
   }
   // The volume is the new image alone now.
-  REQUIRE(run({fsck_bin(), "-n", more}, tmp / "fsck2.log") == 0);
-  Mount m(more, tmp / "mnt");
-  m.start();
-  for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
-  REQUIRE(m.unmount() == 0);
+  require_volume_holds(tmp, {more}, files);
 }
 
 // The same on a mount, while a writer rewrites files and reads others
@@ -682,11 +693,7 @@ TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while fi
   std::string out;
   REQUIRE(refused_mount(tmp, one, {}, out) != 0);
   REQUIRE(out.find("missing") != std::string::npos);
-  REQUIRE(run({fsck_bin(), "-n", one, more}, tmp / "fsck.log") == 0);
-  Mount m(one, tmp / "mnt", {"device=" + more});
-  m.start();
-  for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
-  REQUIRE(m.unmount() == 0);
+  require_volume_holds(tmp, {one, more}, files);
 }
 
 // A volume of one device moves to another image by `device replace`,
@@ -730,13 +737,7 @@ TEST_CASE("multidev-fuse: a volume of one device moves to another image by devic
   }
   r = ctl(tmp, {"device", "list", one});
   REQUIRE(r.rc != 0);  // wiped
-  REQUIRE(run({fsck_bin(), "-n", two}, tmp / "fsck.log") == 0);
-  {
-    Mount m(two, tmp / "mnt");
-    m.start();
-    for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
-    REQUIRE(m.unmount() == 0);
-  }
+  require_volume_holds(tmp, {two}, files);
   // Offline, another volume of one device, its device named by its path.
   const std::string four = tmp / "four.img";
   REQUIRE(mkfs_status(tmp, {"-q", "-s", "48M", four}) == 0);
@@ -756,11 +757,7 @@ TEST_CASE("multidev-fuse: a volume of one device moves to another image by devic
   REQUIRE(r.out.find("replaced") != std::string::npos);
   r = ctl(tmp, {"device", "list", four});
   REQUIRE(r.rc != 0);  // wiped
-  REQUIRE(run({fsck_bin(), "-n", three}, tmp / "fsck2.log") == 0);
-  Mount m(three, tmp / "mnt");
-  m.start();
-  for (const auto& [name, data] : more) REQUIRE(read_file(m / name) == data);
-  REQUIRE(m.unmount() == 0);
+  require_volume_holds(tmp, {three}, more);
 }
 
 // plyctl device add|remove|replace on a mounted volume (format.md#device-add,
@@ -860,9 +857,5 @@ TEST_CASE("multidev-fuse: devices added, removed and replaced under a mount whil
   REQUIRE(r.rc == 0);
   json d = schema_checked("device remove", r.out);
   REQUIRE(d["devices"].size() == 2);
-  REQUIRE(run({fsck_bin(), "-n", fast2, slow}, tmp / "fsck.log") == 0);
-  Mount m(slow, tmp / "mnt", {"device=" + fast2});
-  m.start();
-  for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
-  REQUIRE(m.unmount() == 0);
+  require_volume_holds(tmp, {slow, fast2}, files);
 }
