@@ -54,6 +54,10 @@ class BlockDevice {
   // device answers that device's. Null: one device. Recovery and fsck read
   // each member's superblocks through it, mkfs writes each member's label.
   virtual DeviceSet* device_set() { return nullptr; }
+  // What listings call this device (device_display_name: an absolute path,
+  // or a URI); empty for one that has no name (memory, test doubles).
+  // Wrappers answer for the device they forward to.
+  virtual std::string display_name() const { return {}; }
   virtual Result<void> read(uint64_t offset, std::span<std::byte> out) = 0;
   virtual Result<void> write(uint64_t offset, std::span<const std::byte> in) = 0;
   virtual Result<void> flush() = 0;  // durability barrier (D3)
@@ -117,6 +121,7 @@ class FileDevice final : public BlockDevice {
 
   bool is_block_device() const { return is_bdev_; }
   const std::string& path() const { return path_; }
+  std::string display_name() const override;  // device_display_name(path())
 
  private:
   FileDevice() = default;

@@ -20,6 +20,7 @@ class BorrowedDevice final : public BlockDevice {
   uint32_t logical_sector_size() const override { return d_.logical_sector_size(); }
   uint32_t physical_sector_size() const override { return d_.physical_sector_size(); }
   DeviceSet* device_set() override { return d_.device_set(); }
+  std::string display_name() const override { return d_.display_name(); }
 
  private:
   BlockDevice& d_;

@@ -106,6 +106,8 @@ Result<uint64_t> FileDevice::truncate(uint64_t bytes) {
   return size_.load();
 }
 
+std::string FileDevice::display_name() const { return device_display_name(path_); }
+
 FileDevice::~FileDevice() {
   if (fd_ >= 0) ::close(fd_);
 }

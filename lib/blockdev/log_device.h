@@ -83,6 +83,7 @@ class LogDevice final : public BlockDevice {
   uint32_t logical_sector_size() const override { return inner_->logical_sector_size(); }
   uint32_t physical_sector_size() const override { return inner_->physical_sector_size(); }
   DeviceSet* device_set() override { return inner_->device_set(); }
+  std::string display_name() const override { return inner_->display_name(); }
 
  private:
   LogDevice(std::unique_ptr<BlockDevice> inner, int fd) : inner_(std::move(inner)), fd_(fd) {}

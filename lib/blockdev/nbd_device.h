@@ -72,6 +72,7 @@ class NbdDevice final : public BlockDevice {
   Result<uint64_t> resize(uint64_t at_least) override;
 
   const std::string& uri() const { return uri_; }
+  std::string display_name() const override { return uri_; }
   size_t connections() const { return conns_.size(); }
   bool can_trim() const { return can_trim_; }
 

@@ -249,6 +249,7 @@ class Meter final : public BlockDevice {
   uint32_t logical_sector_size() const override { return in_.logical_sector_size(); }
   uint32_t physical_sector_size() const override { return in_.physical_sector_size(); }
   DeviceSet* device_set() override { return in_.device_set(); }
+  std::string display_name() const override { return in_.display_name(); }
 
  private:
   uint64_t done() const { return (read_.load() - start_) / bs_; }

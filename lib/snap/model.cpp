@@ -175,7 +175,12 @@ Result<Json> devices(Volume& v) {
     const bool multi = !sb.devices.empty();
     d["uuid"] = multi ? uuid_text(sb.devices[i].uuid) : Json(nullptr);
     d["class"] = multi ? Json(sb.classes[sb.devices[i].class_id]) : Json(nullptr);
-    d["path"] = set && i < set->member_count() ? Json(set->member_info(i).name) : Json(nullptr);
+    // A volume of one device held as itself (offline) is named as the
+    // daemon's one-member set names it (format.md#device-convert).
+    const std::string lone = set ? std::string() : v.device().display_name();
+    d["path"] = set && i < set->member_count() ? Json(set->member_info(i).name)
+                : !lone.empty()                  ? Json(lone)
+                                                 : Json(nullptr);
     const uint64_t blocks = multi ? sb.devices[i].nblocks : sb.total_blocks;
     d["size_bytes"] = blocks * bs;
     d["used_bytes"] = use[i].used_blocks * bs;

@@ -585,12 +585,23 @@ TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the
   REQUIRE(r.rc != 0);
   r = ctl(tmp, {"device", "list", one, "--json"});
   REQUIRE(r.rc == 0);
-  REQUIRE(schema_checked("device list", r.out)["classes"].empty());
+  json d = schema_checked("device list", r.out);
+  REQUIRE(d["classes"].empty());
+  // The one device named by its absolute path, as a mount lists it.
+  REQUIRE(d["devices"][0]["path"] == one);
+  {
+    Mount m(one, tmp / "mnt");
+    m.start();
+    r = ctl(tmp, {"device", "list", m.path(), "--json"});
+    REQUIRE(r.rc == 0);
+    REQUIRE(schema_checked("device list", r.out) == d);
+    REQUIRE(m.unmount() == 0);
+  }
   // The add.
   r = ctl(tmp, {"device", "add", one, more, "--first-class", "fast", "--class", "slow", "--json"});
   INFO(r.err);
   REQUIRE(r.rc == 0);
-  json d = schema_checked("device list", r.out);
+  d = schema_checked("device list", r.out);
   REQUIRE(d["classes"] == json::array({"fast", "slow"}));
   REQUIRE(d["devices"].size() == 2);
   REQUIRE(d["devices"][0]["class"] == "fast");
