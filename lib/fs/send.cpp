@@ -563,41 +563,15 @@ class Sender {
     if (auto it = sent_.upper_bound(s.first); it != sent_.begin()) {
       --it;
       if (it->second.compressed == s.compressed && s.first + s.count <= it->first + it->second.count &&
-          (!s.compressed || it->first == s.first)) {
-        disk::SharedRec sr{};
-        sr.value_len.set(uint32_t(c.new_v->size()));
-        sr.source = 0;
-        st_.shared++;
-        return w_.record(Rec::Shared, {raw(h), raw(sr), std::span<const std::byte>(*c.new_v)});
-      }
+          (!s.compressed || it->first == s.first))
+        return shared(h, *c.new_v, 0, std::nullopt);
     }
-    // A part of what the parent's item at this file position maps?
     if (parent) {
-      auto p = PLY_TRY(parent_item(parent->tree, c.key, e));
-      if (p) {
-        disk::SharedRec sr{};
-        sr.value_len.set(uint32_t(c.new_v->size()));
-        sr.source = 1;
-        sr.parent_hi.set(p->first.hi);
-        sr.parent_lo.set(p->first.lo);
-        sr.delta.set(p->second);
-        st_.shared++;
-        return w_.record(Rec::Shared, {raw(h), raw(sr), std::span<const std::byte>(*c.new_v)});
-      }
+      // A part of what the parent's item at this file position maps?
+      if (auto p = PLY_TRY(parent_item(parent->tree, c.key, e))) return shared(h, *c.new_v, 1, p);
       // Anywhere else in the parent (a reflink of data it holds: cp,
       // copy_file_range, a clone of a range)?
-      auto q = PLY_TRY(parent_elsewhere(parent->tree, e));
-      if (q) {
-        disk::SharedRec sr{};
-        sr.value_len.set(uint32_t(c.new_v->size()));
-        sr.source = 2;
-        sr.parent_hi.set(q->first.hi);
-        sr.parent_lo.set(q->first.lo);
-        sr.delta.set(q->second);
-        st_.shared++;
-        st_.shared_elsewhere++;
-        return w_.record(Rec::Shared, {raw(h), raw(sr), std::span<const std::byte>(*c.new_v)});
-      }
+      if (auto q = PLY_TRY(parent_elsewhere(parent->tree, e))) return shared(h, *c.new_v, 2, q);
     }
     // The data itself, checked against the item's checksums first: a
     // stream never carries a block the sender could not vouch for.
@@ -616,10 +590,27 @@ class Sender {
                                    std::span<const std::byte>(data)});
   }
 
+  // A SHARED record (format.md#send-stream): from this stream (source 0),
+  // or from the parent's item `ref` (1: at the same place, 2: anywhere).
+  Result<void> shared(const disk::ItemHead& h, const std::vector<std::byte>& value, uint8_t source,
+                      const ParentRef& ref) {
+    disk::SharedRec sr{};
+    sr.value_len.set(uint32_t(value.size()));
+    sr.source = source;
+    if (ref) {
+      sr.parent_hi.set(ref->first.hi);
+      sr.parent_lo.set(ref->first.lo);
+      sr.delta.set(ref->second);
+    }
+    st_.shared++;
+    st_.shared_elsewhere += source == 2;
+    return w_.record(Rec::Shared, {raw(h), raw(sr), std::span<const std::byte>(value)});
+  }
+
   // The parent's Extent item that maps, at the same file block, the blocks
   // `e` maps (a partial overwrite split it): its key and how far into its
   // mapping `e` starts.
-  Result<std::optional<std::pair<Key, uint64_t>>> parent_item(TreeId parent, Key k, const Ext& e) {
+  Result<ParentRef> parent_item(TreeId parent, Key k, const Ext& e) {
     const uint64_t b = off_of(k);
     const uint64_t from = b >= disk::kMaxExtentBlocks - 1 ? b - (disk::kMaxExtentBlocks - 1) : 0;
     std::optional<std::pair<Key, uint64_t>> out;
