@@ -121,11 +121,12 @@ class FileDevice final : public BlockDevice {
 
   bool is_block_device() const { return is_bdev_; }
   const std::string& path() const { return path_; }
-  std::string display_name() const override;  // device_display_name(path())
+  std::string display_name() const override;  // device_display_name(path()) when opened
 
  private:
   FileDevice() = default;
   std::string path_;
+  std::string display_;  // device_display_name(path_) when it was opened
   int fd_ = -1;
   bool is_bdev_ = false;
   bool read_only_ = false;

@@ -28,6 +28,8 @@ Result<std::unique_ptr<FileDevice>> FileDevice::open(const std::string& path,
                                                      FileOpenOptions opts) {
   std::unique_ptr<FileDevice> d(new FileDevice());
   d->path_ = path;
+  // Absolute now: a daemon leaves its working directory after opening.
+  d->display_ = device_display_name(path);
   d->read_only_ = opts.read_only;
 
   struct stat st {};
@@ -106,7 +108,7 @@ Result<uint64_t> FileDevice::truncate(uint64_t bytes) {
   return size_.load();
 }
 
-std::string FileDevice::display_name() const { return device_display_name(path_); }
+std::string FileDevice::display_name() const { return display_; }
 
 FileDevice::~FileDevice() {
   if (fd_ >= 0) ::close(fd_);

@@ -597,6 +597,22 @@ TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the
     REQUIRE(schema_checked("device list", r.out) == d);
     REQUIRE(m.unmount() == 0);
   }
+  {
+    // Mounted read-only by a relative path (the daemon leaves its working
+    // directory): still the absolute path; an add is refused, EROFS.
+    const std::string ro = tmp / "ro";
+    REQUIRE(::mkdir(ro.c_str(), 0755) == 0);
+    const std::string cmd = "cd '" + tmp.path() + "' && '" + plyfs_bin() + "' one.img ro -o ro";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    r = ctl(tmp, {"device", "list", ro, "--json"});
+    auto added = ctl(tmp, {"device", "add", ro, more});
+    const int umounted = std::system(("umount '" + ro + "'").c_str());
+    REQUIRE(r.rc == 0);
+    REQUIRE(umounted == 0);
+    REQUIRE(schema_checked("device list", r.out) == d);
+    REQUIRE(added.rc == 1);
+    REQUIRE(added.err.find("read-only") != std::string::npos);
+  }
   // The add.
   r = ctl(tmp, {"device", "add", one, more, "--first-class", "fast", "--class", "slow", "--json"});
   INFO(r.err);
