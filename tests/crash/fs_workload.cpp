@@ -454,7 +454,16 @@ std::map<std::string, RecvStream> build_streams() {
     SETUP(f.write(four, 4096 + 5, pattern(200, 47)));  // splits four's extent: shared from r1
     auto c = f.mknod(root, "rcopy", S_IFREG | 0644, 0, 0, 0);
     SETUP(c);
-    SETUP(f.copy_range(four, 0, c->ino, 0, 4 * 4096));  // a reflink: shared in the stream
+    // A reflink: block 1 shared in the stream, the rest from r1's four
+    // (SHARED sources 0 and 2).
+    SETUP(f.copy_range(four, 0, c->ino, 0, 4 * 4096));
+    // A compressed file r1 holds, copied whole: its frames shared from r1
+    // (source 2), none sent.
+    auto zl = f.lookup(root, "rz");
+    SETUP(zl);
+    auto zc = f.mknod(root, "rzcopy", S_IFREG | 0644, 0, 0, 0);
+    SETUP(zc);
+    SETUP(f.copy_range(zl->ino, 0, zc->ino, 0, 10 * 4096 + 7));
     SETUP(f.unlink(root, "a"));
     SETUP(f.release_all());
   }
@@ -468,7 +477,14 @@ std::map<std::string, RecvStream> build_streams() {
     so.parent = parent;
     const int fd = memfd_create("stream", 0);
     if (fd < 0) std::abort();
-    SETUP(send_branch(v, b.tree, fd, so));
+    auto sent = send_branch(v, b.tree, fd, so);
+    SETUP(sent);
+    // The incremental one refers to data r1 holds elsewhere (rcopy, rzcopy).
+    if (parent && sent->shared_elsewhere < 2) {
+      std::fprintf(stderr, "crash_tests: the incremental stream shares %llu items from elsewhere in r1\n",
+                   (unsigned long long)sent->shared_elsewhere);
+      std::abort();
+    }
     const off_t n = lseek(fd, 0, SEEK_END);
     s.bytes.resize(size_t(n));
     if (pread(fd, s.bytes.data(), s.bytes.size(), 0) != ssize_t(n)) std::abort();
