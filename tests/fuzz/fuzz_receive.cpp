@@ -599,7 +599,10 @@ std::vector<RecvSeed> recv_corpus() {
     RECV_CHECK(fs->write(four, 4096 + 10, fill(100, 8)));  // splits four's extent: SHARED from s1
     RECV_CHECK(fs->write(z, 2 * 4096, fill(64, 9)));       // inside z's frame
     const uint64_t copy = RECV_SETUP(fs->mknod(root, "copy", S_IFREG | 0644, 0, 0, 0)).ino;
-    (void)RECV_SETUP(fs->copy_range(four, 0, copy, 0, 4 * 4096));  // reflinks: SHARED in the stream
+    (void)RECV_SETUP(fs->copy_range(four, 0, copy, 0, 4 * 4096));  // reflinks: SHARED in the stream and from s1
+    const uint64_t holes = RECV_SETUP(fs->lookup(root, "holes")).ino;
+    const uint64_t copy2 = RECV_SETUP(fs->mknod(root, "copy2", S_IFREG | 0644, 0, 0, 0)).ino;
+    (void)RECV_SETUP(fs->copy_range(holes, 0, copy2, 4096, 4096));  // s1's data elsewhere: SHARED source 2
     RECV_CHECK(fs->unlink(root, "small"));
     RECV_CHECK(fs->setxattr(four, "user.new", fill(30, 10), 0));
     (void)RECV_SETUP(fs->mkdir(root, "e", 0700, 0, 0));
@@ -634,7 +637,7 @@ std::vector<RecvSeed> recv_corpus() {
        send(s1.frozen.tree, std::nullopt, 0)},
       {"full.hex", from + "a full stream of s2 (holes, preallocation, hard links, xattrs, a compressed file)",
        send(s2.frozen.tree, std::nullopt, 0)},
-      {"incremental.hex", from + "s2 against s1: partial overwrites shared from s1, reflinks shared in the stream",
+      {"incremental.hex", from + "s2 against s1: partial overwrites shared from s1, reflinks shared in the stream and from s1's other files",
        send(s2.frozen.tree, s1.frozen.tree, 0)},
       {"incremental-zstd.hex", from + "s2 against s1, the stream zstd-compressed", send(s2.frozen.tree, s1.frozen.tree, 3)},
       {"full-zstd.hex", from + "a full stream of s2, zstd-compressed", send(s2.frozen.tree, std::nullopt, 1)},
