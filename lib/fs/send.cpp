@@ -10,8 +10,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
-#include <unordered_map>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "commit/devices.h"

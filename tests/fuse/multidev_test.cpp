@@ -34,6 +34,14 @@ int mkfs_status(const TempDir& tmp, std::vector<std::string> args, std::string* 
   return rc;
 }
 
+// An empty (sparse) file of `bytes` at `path`: a device to add.
+void blank_image(const std::string& path, off_t bytes) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, bytes) == 0);
+  ::close(fd);
+}
+
 // plyfs IMAGE MNT -f with `opts`, expected to refuse: its status and output.
 int refused_mount(const TempDir& tmp, const std::string& img, const std::vector<std::string>& opts,
                   std::string& out) {
@@ -496,12 +504,7 @@ TEST_CASE("multidev-fuse: a device added offline takes data of its class", "[mul
     }
     REQUIRE(m.unmount() == 0);
   }
-  {
-    const int fd = ::open(more.c_str(), O_CREAT | O_WRONLY, 0644);
-    REQUIRE(fd >= 0);
-    REQUIRE(::ftruncate(fd, 96 << 20) == 0);
-    ::close(fd);
-  }
+  blank_image(more, 96 << 20);
   auto r = ctl(tmp, {"--device", slow, "device", "add", fast, more, "--class", "slow", "--json"});
   INFO(r.err);
   REQUIRE(r.rc == 0);
@@ -551,12 +554,7 @@ TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the
   TempDir tmp;
   const std::string one = tmp / "one.img", more = tmp / "more.img";
   REQUIRE(mkfs_status(tmp, {"-q", "-s", "64M", one}) == 0);
-  {
-    const int fd = ::open(more.c_str(), O_CREAT | O_WRONLY, 0644);
-    REQUIRE(fd >= 0);
-    REQUIRE(::ftruncate(fd, 128 << 20) == 0);
-    ::close(fd);
-  }
+  blank_image(more, 128 << 20);
   std::map<std::string, std::string> files;
   std::mt19937_64 rng(0x636f6e76ull);
   {
@@ -573,11 +571,7 @@ TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the
   auto r = ctl(tmp, {"device", "add", one, more, "--first-class", "Fast"});
   REQUIRE(r.rc == 2);
   const std::string tiny = tmp / "tiny.img";
-  {
-    const int fd = ::open(tiny.c_str(), O_CREAT | O_WRONLY, 0644);
-    REQUIRE(::ftruncate(fd, 64 << 10) == 0);
-    ::close(fd);
-  }
+  blank_image(tiny, 64 << 10);
   r = ctl(tmp, {"device", "add", one, tiny});
   REQUIRE(r.rc != 0);
   REQUIRE(r.err.find("too small") != std::string::npos);
@@ -662,12 +656,7 @@ TEST_CASE("multidev-fuse: a mounted volume of one device takes a second while fi
   TempDir tmp;
   const std::string one = tmp / "one.img", more = tmp / "more.img";
   REQUIRE(mkfs_status(tmp, {"-q", "-s", "48M", one}) == 0);
-  {
-    const int fd = ::open(more.c_str(), O_CREAT | O_WRONLY, 0644);
-    REQUIRE(fd >= 0);
-    REQUIRE(::ftruncate(fd, 96 << 20) == 0);
-    ::close(fd);
-  }
+  blank_image(more, 96 << 20);
   std::map<std::string, std::string> files;
   std::mt19937_64 rng(0x6f6e6cull);
   {
@@ -732,12 +721,7 @@ TEST_CASE("multidev-fuse: a volume of one device moves to another image by devic
   TempDir tmp;
   const std::string one = tmp / "one.img", two = tmp / "two.img", three = tmp / "three.img";
   REQUIRE(mkfs_status(tmp, {"-q", "-s", "48M", one}) == 0);
-  for (const std::string& p : {two, three}) {
-    const int fd = ::open(p.c_str(), O_CREAT | O_WRONLY, 0644);
-    REQUIRE(fd >= 0);
-    REQUIRE(::ftruncate(fd, 64 << 20) == 0);
-    ::close(fd);
-  }
+  for (const std::string& p : {two, three}) blank_image(p, 64 << 20);
   std::map<std::string, std::string> files;
   std::mt19937_64 rng(0x72706cull);
   auto r = ctl(tmp, {"device", "remove", one, "0"});
@@ -800,12 +784,7 @@ TEST_CASE("multidev-fuse: devices added, removed and replaced under a mount whil
   const std::string fast = tmp / "fast.img", slow = tmp / "slow.img", more = tmp / "more.img",
                     fast2 = tmp / "fast2.img";
   REQUIRE(mkfs_status(tmp, {"-q", "-s", "48M", "-C", "fast=" + fast, "-C", "slow=" + slow}) == 0);
-  for (const std::string& p : {more, fast2}) {
-    const int fd = ::open(p.c_str(), O_CREAT | O_WRONLY, 0644);
-    REQUIRE(fd >= 0);
-    REQUIRE(::ftruncate(fd, p == more ? 96 << 20 : 24 << 20) == 0);
-    ::close(fd);
-  }
+  for (const std::string& p : {more, fast2}) blank_image(p, p == more ? 96 << 20 : 24 << 20);
   std::map<std::string, std::string> files;
   std::mt19937_64 rng(0x72656dull);
   {
