@@ -40,6 +40,8 @@ const struct fuse_opt kOpts[] = {
     {"uring", offsetof(Config, uring), 1},
     {"nouring", offsetof(Config, uring), 0},
     {"commit_stats", offsetof(Config, commit_stats), 1},
+    {"odirect", offsetof(Config, odirect), 1},
+    {"noodirect", offsetof(Config, odirect), 0},
     {"discard", offsetof(Config, discard), 1},
     {"nodiscard", offsetof(Config, discard), 0},
     {"max_threads=%s", offsetof(Config, max_threads_s), 0},
@@ -247,6 +249,10 @@ void usage() {
       "  -o uring           take requests through FUSE over io_uring, one queue per\n"
       "                     CPU, when the kernel offers it (Linux 6.14+, with\n"
       "                     fuse.enable_uring=1); default: /dev/fuse only\n"
+      "  -o odirect         open the image and every device with O_DIRECT: no host\n"
+      "                     page cache under the daemon; writes are queued and\n"
+      "                     written by the daemon's own threads, flushed at every\n"
+      "                     commit (default: noodirect, the host's page cache)\n"
       "  -o discard         give freed blocks back: once the generation that freed\n"
       "                     them is durable, punch them out of an image file or\n"
       "                     discard them on a block device (default: nodiscard;\n"

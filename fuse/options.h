@@ -49,6 +49,7 @@ struct Config {
   int nowriteback = 0;  // -o nowriteback: the kernel's cache writes through
   int uring = 0;        // -o uring: FUSE over io_uring when the kernel offers it
   int commit_stats = 0; // -o commit_stats: what the commits cost, said at unmount
+  int odirect = 0;      // -o odirect: the devices opened with O_DIRECT (format.md#device-direct)
   int discard = 0;      // -o discard: freed blocks discarded once durable (format.md#discard)
   int compress_bare = 0, compress_force_bare = 0;  // -o compress, -o compress-force: zstd
   // libfuse's options that decide who may use the mount (kept for libfuse).

@@ -206,6 +206,7 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
 // session go; the session loop's result.
 int serve(Daemon& d, const Config& cfg, fuse_session* se) {
   d.writeback = !cfg.nowriteback;
+  d.odirect = cfg.odirect;
   d.snap_interval = cfg.snapshot_interval;
   d.snap_keep = cfg.snapshot_keep;
   d.timeout = cfg.timeout;
@@ -352,6 +353,7 @@ int main(int argc, char** argv) {
   // the terminal still attached.
   FileOpenOptions fo;
   fo.read_only = cfg.ro;
+  fo.direct = cfg.odirect;
   auto dev = open_volume(cfg.image, cfg.devices, fo);
   if (!dev) {
     if (dev.error().code == EBUSY)

@@ -100,9 +100,37 @@ struct FileOpenOptions {
   // a shared one for read-only opens, and O_EXCL on a block device opened
   // read-write (which also fails while the kernel has it mounted).
   bool lock = true;
+  // O_DIRECT (format.md#device-direct): no host page cache between plyfs
+  // and the device, so its bytes are not cached twice (the kernel's FUSE
+  // page cache holds the files) and reach the device without the page
+  // cache's copy and writeback. Writes are then write-back in the device
+  // (FileDevice below). Ignored for NBD URIs (no host page cache there);
+  // a file whose filesystem refuses O_DIRECT is opened buffered.
+  bool direct = false;
 };
 
 // A regular image file or a block device, through pread/pwrite/fdatasync.
+//
+// Opened with `direct` (and where the host allows O_DIRECT), writes are
+// write-back, as a disk's volatile cache is (D2), since the page cache that
+// made a buffered pwrite cheap is gone (file_writeback.cpp):
+//   F1 write() copies the bytes into an aligned buffer and queues them for
+//      a few writer threads; it returns before they reach the device. At
+//      most kWriteBackBytes are queued; past that, write() waits. The
+//      threads start with the first write, so a program may open the
+//      device and then fork (plyfs does) as long as it writes after.
+//   F2 flush() waits for every write begun before it, then fdatasync: it
+//      covers exactly those (D3). A write the host failed fails the next
+//      flush and every later write and flush (D4: never retried into a claim
+//      of durability); reads go on.
+//   F3 Queued writes never overlap: a write, read or discard of bytes that
+//      a queued write covers waits for it, so a read sees the write before
+//      it and two writes of one sector land in their order.
+//   F4 A request that O_DIRECT cannot take (not aligned to the host's
+//      direct-I/O offset or memory alignment) goes through a second,
+//      buffered descriptor of the same file; Linux keeps the two coherent.
+//   F5 resize, truncate and the destructor first wait for every queued
+//      write.
 class FileDevice final : public BlockDevice {
  public:
   static Result<std::unique_ptr<FileDevice>> open(const std::string& path,
@@ -120,11 +148,26 @@ class FileDevice final : public BlockDevice {
   Result<uint64_t> truncate(uint64_t bytes) override;
 
   bool is_block_device() const { return is_bdev_; }
+  // Opened with O_DIRECT (FileOpenOptions::direct, where the host allows it).
+  bool is_direct() const { return wb_ != nullptr; }
   const std::string& path() const { return path_; }
   std::string display_name() const override;  // device_display_name(path()) when opened
 
+  static constexpr uint64_t kWriteBackBytes = 64ull << 20;
+  static constexpr int kWriterThreads = 4;
+  struct WriteBack;  // the queue and writer threads of F1-F5 (file_writeback.cpp)
+
  private:
-  FileDevice() = default;
+  FileDevice();
+  Result<void> open_direct();  // O_DIRECT beside fd_, writers started (F1, F4)
+  Result<void> pread_all(int fd, uint64_t offset, std::span<std::byte> out) const;
+  Result<void> pwrite_all(int fd, uint64_t offset, std::span<const std::byte> in) const;
+  bool direct_ok(uint64_t offset, const void* buf, size_t len) const;  // F4
+  Result<void> direct_read(uint64_t offset, std::span<std::byte> out);
+  Result<void> queue_write(uint64_t offset, std::span<const std::byte> in);  // F1
+  Result<void> wait_written();  // F2: the writes begun before this call; the sticky error
+  void wait_unshadowed(uint64_t offset, uint64_t len);  // F3
+  void wait_all();  // F5
   std::string path_;
   std::string display_;  // device_display_name(path_) when it was opened
   int fd_ = -1;
@@ -132,6 +175,10 @@ class FileDevice final : public BlockDevice {
   bool read_only_ = false;
   std::atomic<uint64_t> size_{0};  // grows with resize(), read by every I/O's range check
   uint32_t lss_ = 512, pss_ = 512;
+  int dfd_ = -1;                    // the O_DIRECT descriptor, when direct
+  uint32_t dio_offset_align_ = 0;   // what O_DIRECT needs of offsets and lengths (F4)
+  uint32_t dio_mem_align_ = 0;      // ... and of buffers
+  std::unique_ptr<WriteBack> wb_;   // direct only
 };
 
 // An image wherever the tools take one: an NBD URI (nbd://, nbds://,

@@ -76,10 +76,12 @@ Result<std::unique_ptr<FileDevice>> FileDevice::open(const std::string& path,
     // An image file's usable size is whole sectors.
     d->size_ = static_cast<uint64_t>(st.st_size) / d->lss_ * d->lss_;
   }
+  if (opts.direct) PLY_CHECK(d->open_direct());
   return d;
 }
 
 Result<uint64_t> FileDevice::resize(uint64_t at_least) {
+  if (wb_) wait_all();  // F5
   if (is_bdev_) {
     uint64_t bytes = 0;
     if (::ioctl(fd_, BLKGETSIZE64, &bytes) != 0) return Error::sys(errno, "BLKGETSIZE64 failed on " + path_);
@@ -101,6 +103,7 @@ Result<uint64_t> FileDevice::resize(uint64_t at_least) {
 
 Result<uint64_t> FileDevice::truncate(uint64_t bytes) {
   if (is_bdev_ || bytes >= size_.load()) return size_.load();
+  if (wb_) wait_all();  // F5
   if (read_only_) return Error::io(EROFS, path_ + " is open read-only");
   if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0)
     return Error::sys(errno, "cannot cut " + path_ + " to " + std::to_string(bytes) + " bytes");
@@ -110,16 +113,10 @@ Result<uint64_t> FileDevice::truncate(uint64_t bytes) {
 
 std::string FileDevice::display_name() const { return display_; }
 
-FileDevice::~FileDevice() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-Result<void> FileDevice::read(uint64_t offset, std::span<std::byte> out) {
-  PLY_CHECK(check_range(*this, offset, out.size()));
+Result<void> FileDevice::pread_all(int fd, uint64_t offset, std::span<std::byte> out) const {
   size_t done = 0;
   while (done < out.size()) {
-    ssize_t n = ::pread(fd_, out.data() + done, out.size() - done,
-                        static_cast<off_t>(offset + done));
+    ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Error::sys(errno, "read of " + path_ + " at byte " + std::to_string(offset + done) +
@@ -131,15 +128,12 @@ Result<void> FileDevice::read(uint64_t offset, std::span<std::byte> out) {
   return ok();
 }
 
-Result<void> FileDevice::write(uint64_t offset, std::span<const std::byte> in) {
-  if (read_only_) return Error::io(EROFS, path_ + " is open read-only");
-  PLY_CHECK(check_range(*this, offset, in.size()));
+// pwrite may write less than asked (a full host filesystem, a signal): loop,
+// and report the error that ends the loop, never a short success.
+Result<void> FileDevice::pwrite_all(int fd, uint64_t offset, std::span<const std::byte> in) const {
   size_t done = 0;
-  // pwrite may write less than asked (a full host filesystem, a signal): loop,
-  // and report the error that ends the loop, never a short success.
   while (done < in.size()) {
-    ssize_t n = ::pwrite(fd_, in.data() + done, in.size() - done,
-                         static_cast<off_t>(offset + done));
+    ssize_t n = ::pwrite(fd, in.data() + done, in.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Error::sys(errno, "write of " + path_ + " at byte " + std::to_string(offset + done) +
@@ -151,8 +145,22 @@ Result<void> FileDevice::write(uint64_t offset, std::span<const std::byte> in) {
   return ok();
 }
 
+Result<void> FileDevice::read(uint64_t offset, std::span<std::byte> out) {
+  PLY_CHECK(check_range(*this, offset, out.size()));
+  if (!wb_) return pread_all(fd_, offset, out);
+  return direct_read(offset, out);
+}
+
+Result<void> FileDevice::write(uint64_t offset, std::span<const std::byte> in) {
+  if (read_only_) return Error::io(EROFS, path_ + " is open read-only");
+  PLY_CHECK(check_range(*this, offset, in.size()));
+  if (!wb_) return pwrite_all(fd_, offset, in);
+  return queue_write(offset, in);
+}
+
 Result<void> FileDevice::flush() {
   if (read_only_) return ok();
+  if (wb_) PLY_CHECK(wait_written());  // F2
   if (::fdatasync(fd_) != 0) return Error::sys(errno, "flush (fdatasync) of " + path_ + " failed");
   return ok();
 }
@@ -161,6 +169,7 @@ Result<void> FileDevice::discard(uint64_t offset, uint64_t len) {
   if (read_only_) return Error::io(EROFS, path_ + " is open read-only");
   PLY_CHECK(check_range(*this, offset, len));
   if (len == 0) return ok();
+  if (wb_) wait_unshadowed(offset, len);  // F3
   int r;
   if (is_bdev_) {
     uint64_t range[2] = {offset, len};
