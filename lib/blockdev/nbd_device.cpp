@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -69,7 +70,7 @@ struct NbdDevice::AsyncWrite {
   NbdDevice* dev;
   Conn* conn;
   uint64_t seq, offset, len;
-  std::unique_ptr<std::byte[]> data;  // a copy: the caller's buffer is theirs again at once
+  std::vector<std::byte> data;  // a copy: the caller's buffer is theirs again at once
   int pieces;                         // requests unanswered, plus one while they are submitted
   int err;
 };
@@ -262,6 +263,7 @@ Result<std::unique_ptr<NbdDevice>> NbdDevice::open(const std::string& uri, bool 
 NbdDevice::~NbdDevice() {
   // What is in flight is answered first (a write the caller was told had
   // gone, D2 lets it be lost, but a server that answers should get it).
+  send_staged();
   {
     std::unique_lock wl(wmu_);
     wcv_.wait(wl, [&] { return inflight_bytes_ == 0 || abandoned_; });
@@ -288,7 +290,17 @@ bool NbdDevice::overlaps_locked(uint64_t offset, uint64_t len) const {
 
 void NbdDevice::wait_unshadowed(uint64_t offset, uint64_t len) {
   std::unique_lock wl(wmu_);
-  wcv_.wait(wl, [&] { return abandoned_ || !overlaps_locked(offset, len); });
+  for (;;) {
+    if (staged_ && staged_->offset < offset + len && offset < staged_->offset + staged_->len) {
+      auto s = take_staged_locked();  // N6: bytes someone waits for go out now
+      wl.unlock();
+      (void)send(std::move(*s));  // an error is failed_'s
+      wl.lock();
+      continue;
+    }
+    if (abandoned_ || !overlaps_locked(offset, len)) return;
+    wcv_.wait(wl);
+  }
 }
 
 Error NbdDevice::failed_error() const {
@@ -373,22 +385,75 @@ Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
   PLY_CHECK(check_range(*this, offset, in.size()));
   if (in.empty()) return ok();
   const uint64_t len = in.size();
-  uint64_t seq;
-  {
-    std::unique_lock wl(wmu_);
-    wcv_.wait(wl, [&] {
-      return failed_ != 0 ||
-             (!overlaps_locked(offset, len) && (inflight_bytes_ == 0 || inflight_bytes_ + len <= kWriteBackBytes));
-    });
+  std::optional<Staged> out;  // a staged run this write ends, sent once wmu_ is let go
+  auto send_out = [&] {
+    if (out) send(std::move(*out));
+    out.reset();
+  };
+  std::unique_lock wl(wmu_);
+  for (;;) {
     if (failed_) return failed_error();
-    inflight_[offset] = len;
-    inflight_bytes_ += len;
-    seq = next_seq_++;
-    inflight_seqs_.insert(seq);
+    // N6: the bytes right after the staged run join it.
+    if (staged_ && offset == staged_->offset + staged_->len && staged_->len + len <= kStageBytes &&
+        !overlaps_locked(offset, len) && inflight_bytes_ + len <= kWriteBackBytes) {
+      staged_->data.insert(staged_->data.end(), in.begin(), in.end());
+      staged_->len += len;
+      inflight_[staged_->offset] = staged_->len;
+      inflight_bytes_ += len;
+      if (staged_->len + kStageMin > kStageBytes) out = take_staged_locked();  // full
+      wl.unlock();
+      send_out();
+      return ok();
+    }
+    // Anything else sends the staged run first: the order of two writes of
+    // one sector is kept (N4), and a run is only ever one of bytes in a row.
+    if (staged_) {
+      out = take_staged_locked();
+      wl.unlock();
+      send_out();
+      wl.lock();
+      continue;
+    }
+    if (overlaps_locked(offset, len) || (inflight_bytes_ != 0 && inflight_bytes_ + len > kWriteBackBytes)) {
+      wcv_.wait(wl);
+      continue;
+    }
+    break;
   }
+  Staged w{next_seq_++, offset, len, {}};
+  inflight_[offset] = len;
+  inflight_bytes_ += len;
+  inflight_seqs_.insert(w.seq);
+  if (len < kStageBytes) {  // N6: staged, to be sent with what follows it
+    w.data.assign(in.begin(), in.end());
+    staged_ = std::move(w);
+    return ok();
+  }
+  wl.unlock();
+  w.data.assign(in.begin(), in.end());
+  return send(std::move(w));
+}
+
+std::optional<NbdDevice::Staged> NbdDevice::take_staged_locked() {
+  std::optional<Staged> s = std::move(staged_);
+  staged_.reset();
+  return s;
+}
+
+void NbdDevice::send_staged() {
+  std::optional<Staged> s;
+  {
+    std::lock_guard wl(wmu_);
+    s = take_staged_locked();
+  }
+  if (s) (void)send(std::move(*s));  // an error is failed_'s, for the next flush (D4)
+}
+
+// The write is registered in flight (inflight_, inflight_seqs_) already.
+Result<void> NbdDevice::send(Staged s) {
   Conn& c = pick();
-  auto* w = new AsyncWrite{this, &c, seq, offset, len, std::make_unique_for_overwrite<std::byte[]>(len), 1, 0};
-  std::memcpy(w->data.get(), in.data(), len);
+  const uint64_t offset = s.offset, len = s.len;
+  auto* w = new AsyncWrite{this, &c, s.seq, offset, len, std::move(s.data), 1, 0};
   int submit_errno = 0;
   std::string submit_msg;
   std::unique_lock lk(c.mu);
@@ -397,7 +462,7 @@ Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
     const nbd_completion_callback cb = {.callback = Conn::on_write, .user_data = w, .free = Conn::on_write_free};
     w->pieces++;  // on_write_free's, whatever happens
     c.async.left++;
-    if (nbd_aio_pwrite(c.h, w->data.get() + done, n, offset + done, cb, 0) < 0) {  // on_write_free counts it
+    if (nbd_aio_pwrite(c.h, w->data.data() + done, n, offset + done, cb, 0) < 0) {  // on_write_free counts it
       const char* msg = nbd_get_error();
       submit_msg = msg ? msg : "libnbd error";
       submit_errno = gone_to_eio(nbd_get_errno());
@@ -412,11 +477,10 @@ Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
   }
   c.kick();
   c.drain_cv.notify_one();
-  const uint64_t at = offset;
   if (--w->pieces == 0) write_done(w);  // all answered already, or none submitted
   lk.unlock();
   if (submit_errno)
-    return Error::io(submit_errno, "write at byte " + std::to_string(at) + " of " + uri_ + " failed: " + submit_msg);
+    return Error::io(submit_errno, "write at byte " + std::to_string(offset) + " of " + uri_ + " failed: " + submit_msg);
   return ok();
 }
 
@@ -435,7 +499,17 @@ Result<void> NbdDevice::flush() {
   {
     std::unique_lock wl(wmu_);
     const uint64_t upto = next_seq_ - 1;  // the writes begun before this flush
-    wcv_.wait(wl, [&] { return failed_ != 0 || inflight_seqs_.empty() || *inflight_seqs_.begin() > upto; });
+    for (;;) {
+      if (staged_ && staged_->seq <= upto) {  // N6: it goes out now
+        auto st = take_staged_locked();
+        wl.unlock();
+        (void)send(std::move(*st));  // an error is failed_'s, below
+        wl.lock();
+        continue;
+      }
+      if (failed_ != 0 || inflight_seqs_.empty() || *inflight_seqs_.begin() > upto) break;
+      wcv_.wait(wl);
+    }
     if (failed_) return failed_error();
   }
   // Multi-conn: a flush on any one connection covers the writes completed

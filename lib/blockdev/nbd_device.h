@@ -36,12 +36,21 @@
 //      one in flight covers waits for it (NBD orders no two requests in
 //      flight, and a read must see the write before it).
 //   N5 Lock order: a connection's mutex, then wmu_; never the other way.
+//   N6 A write smaller than kStageBytes is staged, not sent: the next
+//      write of the bytes right after it joins it, so that writes the
+//      allocator laid out in a row (the copy-on-write data of random small
+//      writes, a commit's nodes) cost one request instead of one each. The
+//      staged run is in flight for N4 and for flush() (its first write's
+//      number), and goes out when a write that does not join it comes,
+//      when it is full, when a read, trim or flush needs its bytes, and at
+//      close. D2 allows a write to sit in a volatile cache until a flush.
 #pragma once
 
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -77,6 +86,8 @@ class NbdDevice final : public BlockDevice {
   bool can_trim() const { return can_trim_; }
 
   static constexpr uint64_t kWriteBackBytes = 64ull << 20;
+  static constexpr uint64_t kStageBytes = 1ull << 20;  // N6: a run of at most this much
+  static constexpr uint64_t kStageMin = 4096;          // sent once it has no room for this
 
   struct Conn;        // one connection and its poller (nbd_device.cpp)
   struct AsyncWrite;  // a write in flight
@@ -91,6 +102,15 @@ class NbdDevice final : public BlockDevice {
   bool overlaps_locked(uint64_t offset, uint64_t len) const;
   Error failed_error() const;
   void write_done(AsyncWrite* w);  // its last piece answered (N1: its connection's mutex held)
+  // A write registered in flight, its bytes in `data` (N6: a staged run's
+  // buffer may be larger than len).
+  struct Staged {
+    uint64_t seq, offset, len;
+    std::vector<std::byte> data;  // len bytes (a run grows as writes join it)
+  };
+  Result<void> send(Staged w);   // submits it (no lock held; N5)
+  std::optional<Staged> take_staged_locked();
+  void send_staged();            // the staged run, if any, goes out
 
   std::mutex wmu_;  // guards what follows (N5)
   std::condition_variable wcv_;            // a write in flight was answered
@@ -104,6 +124,7 @@ class NbdDevice final : public BlockDevice {
   int failed_ = 0;  // the first error a write in flight got: sticky for writes and flushes
   std::string failed_msg_;
   bool abandoned_ = false;  // a dead connection left writes unanswered (never, by N3)
+  std::optional<Staged> staged_;  // N6
 
   std::string uri_;
   std::vector<std::unique_ptr<Conn>> conns_;
