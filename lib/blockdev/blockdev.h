@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -131,6 +132,21 @@ struct FileOpenOptions {
 //      buffered descriptor of the same file; Linux keeps the two coherent.
 //   F5 resize, truncate and the destructor first wait for every queued
 //      write.
+//   F6 A write smaller than kStageBytes is staged, not yet queued: the next
+//      write of the bytes right after it joins it, so that what the
+//      allocator laid out in a row (copy-on-write data, a commit's nodes)
+//      reaches the device as one O_DIRECT request. The run is queued when a
+//      write that does not join it comes, when it is full, and when a
+//      read, discard or flush needs it (as NbdDevice's, nbd_device.h N6).
+//
+// Opened buffered (the default), writes are the host's page cache's until
+// the host writes them back, which it would only do at the next flush
+// (fdatasync) or after half a minute:
+//   F7 Every kKickBytes written, a thread of the device's starts writeback
+//      of the image's dirty pages (sync_file_range SYNC_FILE_RANGE_WRITE,
+//      which waits for nothing), so that the device writes while the
+//      workload runs and a commit's flush, or the unmount's, finds little
+//      left. Durability is still only the flush's (D2, D3).
 class FileDevice final : public BlockDevice {
  public:
   static Result<std::unique_ptr<FileDevice>> open(const std::string& path,
@@ -150,12 +166,19 @@ class FileDevice final : public BlockDevice {
   bool is_block_device() const { return is_bdev_; }
   // Opened with O_DIRECT (FileOpenOptions::direct, where the host allows it).
   bool is_direct() const { return wb_ != nullptr; }
+  // The writes the writer threads have made of the device so far (F6: a
+  // staged run is one).
+  uint64_t direct_writes() const;
   const std::string& path() const { return path_; }
   std::string display_name() const override;  // device_display_name(path()) when opened
 
   static constexpr uint64_t kWriteBackBytes = 64ull << 20;
   static constexpr int kWriterThreads = 4;
-  struct WriteBack;  // the queue and writer threads of F1-F5 (file_writeback.cpp)
+  static constexpr uint64_t kStageBytes = 1ull << 20;  // F6: a run of at most this much
+  static constexpr uint64_t kStageMin = 4096;          // queued once it has no room for this
+  static constexpr uint64_t kKickBytes = 8ull << 20;   // F7
+  struct WriteBack;  // the queue and writer threads of F1-F6 (file_writeback.cpp)
+  struct Kicker;     // F7's thread (file_writeback.cpp)
 
  private:
   FileDevice();
@@ -179,6 +202,10 @@ class FileDevice final : public BlockDevice {
   uint32_t dio_offset_align_ = 0;   // what O_DIRECT needs of offsets and lengths (F4)
   uint32_t dio_mem_align_ = 0;      // ... and of buffers
   std::unique_ptr<WriteBack> wb_;   // direct only
+  std::unique_ptr<Kicker> kick_;    // buffered, made by the first kick (F7)
+  std::once_flag kick_once_;
+  std::atomic<uint64_t> unkicked_{0};  // bytes written since the last kick
+  void kick();
 };
 
 // An image wherever the tools take one: an NBD URI (nbd://, nbds://,

@@ -154,8 +154,10 @@ Result<void> FileDevice::read(uint64_t offset, std::span<std::byte> out) {
 Result<void> FileDevice::write(uint64_t offset, std::span<const std::byte> in) {
   if (read_only_) return Error::io(EROFS, path_ + " is open read-only");
   PLY_CHECK(check_range(*this, offset, in.size()));
-  if (!wb_) return pwrite_all(fd_, offset, in);
-  return queue_write(offset, in);
+  if (wb_) return queue_write(offset, in);
+  PLY_CHECK(pwrite_all(fd_, offset, in));
+  if (unkicked_.fetch_add(in.size(), std::memory_order_relaxed) + in.size() >= kKickBytes) kick();  // F7
+  return ok();
 }
 
 Result<void> FileDevice::flush() {

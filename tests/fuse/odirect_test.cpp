@@ -116,13 +116,24 @@ TEST_CASE("odirect: the image stays out of the host's page cache, and every byte
 TEST_CASE("odirect: a host filesystem that fills up turns the mount read-only, the last commit intact",
           "[odirect]") {
   TempDir tmp;
-  // A sparse 1 GiB image on a host filesystem of 48 MiB.
-  const std::string host = tmp / "host";
+  DiskDir disk;
+  // A sparse 1 GiB image on a host filesystem of 64 MiB: an ext4 on a loop
+  // device (tmpfs would not be opened O_DIRECT: its page cache is the file).
+  const std::string host = tmp / "host", fs_img = disk / "host.ext4";
   REQUIRE(::mkdir(host.c_str(), 0755) == 0);
-  REQUIRE(run({"/usr/bin/mount", "-t", "tmpfs", "-o", "size=48m", "plyfs-test", host}, tmp / "mount.log") == 0);
+  {
+    int fd = ::open(fs_img.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 64 << 20) == 0);
+    ::close(fd);
+  }
+  REQUIRE(run({"/usr/sbin/mkfs.ext4", "-q", "-F", fs_img}, tmp / "mkfs.ext4.log") == 0);
+  REQUIRE(run({"/usr/bin/mount", "-o", "loop", fs_img, host}, tmp / "mount.log") == 0);
   struct Unmount {
     std::string d;
-    ~Unmount() { ::umount2(d.c_str(), MNT_DETACH); }
+    ~Unmount() {
+      if (::umount2(d.c_str(), 0) != 0) ::umount2(d.c_str(), MNT_DETACH);
+    }
   } um{host};
   const std::string img = host + "/image";
   mkfs(img, "1G", tmp / "mkfs.log");
