@@ -387,7 +387,7 @@ Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
   const uint64_t len = in.size();
   std::optional<Staged> out;  // a staged run this write ends, sent once wmu_ is let go
   auto send_out = [&] {
-    if (out) send(std::move(*out));
+    if (out) (void)send(std::move(*out));  // an error is failed_'s, for the next flush (D4)
     out.reset();
   };
   std::unique_lock wl(wmu_);
