@@ -101,11 +101,12 @@ inline int run(const std::vector<std::string>& argv, const std::string& log,
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-// A fresh directory (mkdtemp) removed with everything in it at the end.
+// A fresh directory (mkdtemp) removed with everything in it at the end:
+// on tmpfs (/dev/shm) unless `base` names another place.
 class TempDir {
  public:
-  TempDir() {
-    const char* base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+  explicit TempDir(const char* base = nullptr) {
+    if (!base) base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     std::string t = std::string(base) + "/plyfs-fuse-XXXXXX";
     std::vector<char> buf(t.begin(), t.end());
     buf.push_back('\0');

@@ -4,55 +4,24 @@
 // durable when the commit says so, and a full host filesystem turns the
 // mount read-only with the last commit intact.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <map>
 #include <random>
 
+#include "../page_cache.h"
 #include "fuse_util.h"
 
 using namespace plyfs::fusetest;
+using plyfs::test::resident_pages;
 using plyfs::test::seed;
 
 namespace {
 
-// A directory on the real disk: /var/tmp, which has O_DIRECT (TempDir is on
-// tmpfs, whose page cache is the file itself).
-struct DiskDir {
-  std::string path;
-  DiskDir() {
-    char t[] = "/var/tmp/plyfs-odirect-XXXXXX";
-    REQUIRE(mkdtemp(t));
-    path = t;
-  }
-  ~DiskDir() {
-    std::string cmd = "rm -rf --one-file-system '" + path + "'";
-    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "cannot remove %s\n", path.c_str());
-  }
-  std::string operator/(const std::string& s) const { return path + "/" + s; }
-};
-
-// Bytes of `path` in the host's page cache (mincore), after the image file
-// has been written out: pages a write left dirty count too.
-uint64_t resident_bytes(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  REQUIRE(fd >= 0);
-  struct stat st {};
-  REQUIRE(fstat(fd, &st) == 0);
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t len = static_cast<size_t>(st.st_size);
-  void* m = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
-  REQUIRE(m != MAP_FAILED);
-  std::vector<unsigned char> vec((len + page - 1) / page);
-  REQUIRE(mincore(m, len, vec.data()) == 0);
-  munmap(m, len);
-  close(fd);
-  uint64_t in = 0;
-  for (unsigned char c : vec) in += c & 1;
-  return in * page;
-}
+// On the real disk: /var/tmp has O_DIRECT; TempDir's default, tmpfs, is
+// opened buffered (its page cache is the file itself).
+constexpr const char* kDisk = "/var/tmp";
 
 // Drops the image's pages from the host's page cache (mkfs wrote it buffered).
 void drop_cached(const std::string& path) {
@@ -85,7 +54,7 @@ void require_files(const Mount& m, const std::map<std::string, std::string>& fil
 }  // namespace
 
 TEST_CASE("odirect: the image stays out of the host's page cache, and every byte comes back", "[odirect]") {
-  DiskDir dir;
+  TempDir dir(kDisk);
   const std::string img = dir / "image";
   mkfs(img, "1G", dir / "mkfs.log");
   std::mt19937_64 rng(seed("odirect"));
@@ -97,7 +66,7 @@ TEST_CASE("odirect: the image stays out of the host's page cache, and every byte
     m.start();
     files.merge(write_files(m, rng, 40, 2 << 20, direct ? "direct" : "buffered"));  // about 40 MiB
     REQUIRE(run({plyctl_bin(), "sync", m.path()}, dir / "sync.log") == 0);
-    (direct ? cached_direct : cached_buffered) = resident_bytes(img);
+    (direct ? cached_direct : cached_buffered) = resident_pages(img) * uint64_t(sysconf(_SC_PAGESIZE));
     require_files(m, files);
     INFO("plyfs log:\n" << m.log());
     REQUIRE(m.unmount() == 0);
@@ -116,7 +85,7 @@ TEST_CASE("odirect: the image stays out of the host's page cache, and every byte
 TEST_CASE("odirect: a host filesystem that fills up turns the mount read-only, the last commit intact",
           "[odirect]") {
   TempDir tmp;
-  DiskDir disk;
+  TempDir disk(kDisk);
   // A sparse 1 GiB image on a host filesystem of 64 MiB: an ext4 on a loop
   // device (tmpfs would not be opened O_DIRECT: its page cache is the file).
   const std::string host = tmp / "host", fs_img = disk / "host.ext4";

@@ -4,8 +4,6 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "../page_cache.h"
 #include "test_util.h"
 
 using namespace plyfs;
@@ -122,25 +121,6 @@ struct DiskFile {
   ~DiskFile() { unlink(path.c_str()); }
 };
 
-// Pages of `path` in the host's page cache (mincore).
-size_t resident_pages(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  REQUIRE(fd >= 0);
-  struct stat st {};
-  REQUIRE(fstat(fd, &st) == 0);
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t n = (static_cast<size_t>(st.st_size) + page - 1) / page;
-  void* m = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
-  REQUIRE(m != MAP_FAILED);
-  std::vector<unsigned char> vec(n);
-  REQUIRE(mincore(m, static_cast<size_t>(st.st_size), vec.data()) == 0);
-  munmap(m, static_cast<size_t>(st.st_size));
-  close(fd);
-  size_t in = 0;
-  for (unsigned char c : vec) in += c & 1;
-  return in;
-}
-
 // What a descriptor of its own reads of the file, past every cache of the
 // device under test.
 std::vector<std::byte> read_whole(const std::string& path, uint64_t bytes) {
@@ -150,22 +130,6 @@ std::vector<std::byte> read_whole(const std::string& path, uint64_t bytes) {
   REQUIRE(pread(fd, out.data(), bytes, 0) == static_cast<ssize_t>(bytes));
   close(fd);
   return out;
-}
-
-// The host's page-cache state of a file (cachestat(2), Linux 6.5+): pages
-// dirty, -1 where the kernel has no cachestat.
-long dirty_pages(const std::string& path) {
-  struct Range {
-    uint64_t off, len;
-  } range{0, 0};  // len 0: to the end
-  struct Stat {
-    uint64_t cache, dirty, writeback, evicted, recently_evicted;
-  } st{};
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  REQUIRE(fd >= 0);
-  const long r = ::syscall(451 /* __NR_cachestat */, fd, &range, &st, 0);
-  close(fd);
-  return r == 0 ? static_cast<long>(st.dirty) : -1;
 }
 
 }  // namespace
