@@ -37,7 +37,12 @@ constexpr uint64_t kMigrateBatchBlocks = 16384;
 class Filesystem::Placer {
  public:
   explicit Placer(Filesystem& fs) : fs_(fs) {}
-  ~Placer() {
+  ~Placer() { shutdown(); }
+
+  // Stops the worker: a migration it is running ends first (it may call
+  // back into placer(), so the Filesystem calls this while placer_ still
+  // points here, ~Filesystem).
+  void shutdown() {
     {
       std::lock_guard lk(mu_);
       stop_ = true;
@@ -169,7 +174,13 @@ class Filesystem::Placer {
 
 void Filesystem::PlacerGone::operator()(Placer* p) const { delete p; }
 
-Filesystem::~Filesystem() { placer_.reset(); }
+Filesystem::~Filesystem() {
+  // The worker first, with placer_ still set: unique_ptr::reset clears the
+  // pointer before it deletes, and a migration running meanwhile reaches
+  // placer() (place_for) and would find it null.
+  if (placer_) placer_->shutdown();
+  placer_.reset();
+}
 
 Filesystem::Placer& Filesystem::placer() {
   std::call_once(placer_once_, [&] { placer_.reset(new Placer(*this)); });
