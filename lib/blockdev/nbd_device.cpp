@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <condition_variable>
 #include <cstring>
 #include <optional>
@@ -19,7 +18,7 @@ namespace {
 
 // A few connections are enough to keep nbdkit's worker threads busy; each
 // also carries many requests at once (N2).
-constexpr size_t kMultiConns = NbdDevice::kMaxConns;
+constexpr size_t kMultiConns = 4;
 // libnbd refuses requests over 64 MiB; servers often stop at 32 MiB.
 constexpr uint64_t kMaxRequest = 32u << 20;
 // NBD_CMD_TRIM's length is 32 bits.
@@ -328,16 +327,16 @@ NbdDevice::Conn& NbdDevice::pick() {
   return *conns_[next_.fetch_add(1, std::memory_order_relaxed) % conns_.size()];
 }
 
-namespace {
-
-enum class Op { kRead, kTrim, kFlush };
-
-// Issues a request on connection `c` in pieces of at most `piece` bytes
-// (`p` counts them) and returns the first submit error (0: all submitted),
-// its message in `msg`. The caller holds c's mutex (N1).
-int submit_on(NbdDevice::Conn& c, Pending& p, Op op, uint64_t offset, std::byte* buf, uint64_t len,
-              uint64_t piece, std::string& msg) {
+// Issues the whole request on one connection, in pieces the server takes,
+// all in flight at once, and waits for them.
+Result<void> NbdDevice::submit(Op op, uint64_t offset, std::byte* buf, uint64_t len) {
+  Conn& c = pick();
+  Pending p;
+  std::unique_lock lk(c.mu);
+  const uint64_t piece = op == Op::kTrim ? kMaxTrim : max_request_;
   uint64_t done = 0;
+  int submit_errno = 0;
+  std::string submit_msg;
   do {
     const uint64_t n = std::min(piece, len - done);
     const nbd_completion_callback cb = {.callback = on_done, .user_data = &p, .free = on_free};
@@ -349,72 +348,27 @@ int submit_on(NbdDevice::Conn& c, Pending& p, Op op, uint64_t offset, std::byte*
       case Op::kFlush: cookie = nbd_aio_flush(c.h, cb, 0); break;
     }
     if (cookie < 0) {  // not submitted, or queued on a connection that died: on_free counts it
-      const char* m = nbd_get_error();
-      msg = m ? m : "libnbd error";
+      const char* msg = nbd_get_error();
+      submit_msg = msg ? msg : "libnbd error";
+      submit_errno = gone_to_eio(nbd_get_errno());
       if (nbd_aio_is_dead(c.h) || nbd_aio_is_closed(c.h)) {  // EINVAL from libnbd: not the caller's
-        msg = "the NBD server went away (" + msg + ")";
-        return EIO;
+        submit_errno = EIO;
+        submit_msg = "the NBD server went away (" + submit_msg + ")";
       }
-      return gone_to_eio(nbd_get_errno());
+      break;
     }
     done += n;
   } while (done < len);
   c.kick();
-  return 0;
-}
-
-}  // namespace
-
-// Issues the whole request and waits for it. A read of at least
-// 2 × kSplitRead goes out in up to one part per connection, all in flight
-// at once (N7), so that the server's threads copy it side by side; any
-// other request goes on one connection, in pieces the server takes.
-Result<void> NbdDevice::submit(int op_code, uint64_t offset, std::byte* buf, uint64_t len) {
-  const Op op = Op(op_code);
-  const uint64_t piece = op == Op::kTrim ? kMaxTrim : max_request_;
-  size_t parts = 1;
-  if (op == Op::kRead && conns_.size() > 1 && len >= 2 * kSplitRead)
-    parts = std::min<size_t>(conns_.size(), len / kSplitRead);
-  struct Part {
-    Conn* c = nullptr;
-    Pending p;
-    int submit_errno = 0;
-    std::string msg;
-  };
-  std::array<Part, kMaxConns> ps;
-  const uint64_t share = (len / parts + lss_ - 1) / lss_ * lss_;
-  const uint64_t first = next_.fetch_add(parts, std::memory_order_relaxed);
-  for (size_t i = 0; i < parts; i++) {
-    const uint64_t at = std::min<uint64_t>(len, i * share);
-    const uint64_t n = i + 1 == parts ? len - at : std::min<uint64_t>(share, len - at);
-    if (n == 0 && op != Op::kFlush) continue;
-    Part& pt = ps[i];
-    pt.c = conns_[(first + i) % conns_.size()].get();
-    std::lock_guard lk(pt.c->mu);
-    pt.submit_errno = submit_on(*pt.c, pt.p, op, offset + at, buf ? buf + at : nullptr, n, piece, pt.msg);
-  }
-  // Every part is waited for, also those submitted before a failed one
-  // (N3: their buffers are the caller's).
-  int submit_errno = 0, err = 0;
-  std::string submit_msg;
-  for (size_t i = 0; i < parts; i++) {
-    Part& pt = ps[i];
-    if (!pt.c) continue;
-    {
-      std::unique_lock lk(pt.c->mu);
-      pt.c->wait(pt.p, lk);
-    }
-    if (pt.submit_errno && !submit_errno) submit_errno = pt.submit_errno, submit_msg = pt.msg;
-    if (pt.p.err && !err) err = pt.p.err;
-  }
+  c.wait(p, lk);  // also for the pieces submitted before a failed one (N3)
   const char* what = op == Op::kRead ? "read" : op == Op::kTrim ? "trim" : "flush";
   const std::string where = op == Op::kFlush ? "" : " at byte " + std::to_string(offset);
   if (submit_errno)
     return Error::io(submit_errno, std::string(what) + where + " of " + uri_ + " failed: " + submit_msg);
-  if (err) {
-    const int e = gone_to_eio(err);
+  if (p.err) {
+    const int e = gone_to_eio(p.err);
     return Error::io(e, std::string(what) + where + " of " + uri_ + " failed: " +
-                            (err == ENOTCONN ? "the NBD server went away" : std::strerror(err)));
+                            (p.err == ENOTCONN ? "the NBD server went away" : std::strerror(p.err)));
   }
   return ok();
 }
@@ -423,7 +377,7 @@ Result<void> NbdDevice::read(uint64_t offset, std::span<std::byte> out) {
   PLY_CHECK(check_range(*this, offset, out.size()));
   if (out.empty()) return ok();
   wait_unshadowed(offset, out.size());  // N4: it sees the write before it
-  return submit(int(Op::kRead), offset, out.data(), out.size());
+  return submit(Op::kRead, offset, out.data(), out.size());
 }
 
 Result<void> NbdDevice::write(uint64_t offset, std::span<const std::byte> in) {
@@ -560,7 +514,7 @@ Result<void> NbdDevice::flush() {
   }
   // Multi-conn: a flush on any one connection covers the writes completed
   // on every connection; without it there is only the one connection.
-  return submit(int(Op::kFlush), 0, nullptr, 0);
+  return submit(Op::kFlush, 0, nullptr, 0);
 }
 
 Result<void> NbdDevice::discard(uint64_t offset, uint64_t len) {
@@ -568,7 +522,7 @@ Result<void> NbdDevice::discard(uint64_t offset, uint64_t len) {
   PLY_CHECK(check_range(*this, offset, len));
   if (len == 0 || !can_trim_) return ok();  // advisory (D7)
   wait_unshadowed(offset, len);             // N4
-  return submit(int(Op::kTrim), offset, nullptr, len);
+  return submit(Op::kTrim, offset, nullptr, len);
 }
 
 Result<uint64_t> NbdDevice::resize(uint64_t at_least) {

@@ -44,13 +44,6 @@
 //      number), and goes out when a write that does not join it comes,
 //      when it is full, when a read, trim or flush needs its bytes, and at
 //      close. D2 allows a write to sit in a volatile cache until a flush.
-//   N7 A read of at least 2 × kSplitRead goes out in parts, one to each of
-//      up to kMaxConns connections, all in flight at once: the server
-//      copies them on as many of its threads, and one large read (a FUSE
-//      read of 1 MiB, an export's) is not one thread's memcpy and one
-//      socket's bandwidth. Parts are of whole sectors; the read returns
-//      when every part has, its first error if any. Nothing orders the
-//      parts, which N4 does not need: no write in flight overlaps a read.
 #pragma once
 
 #include <condition_variable>
@@ -95,16 +88,14 @@ class NbdDevice final : public BlockDevice {
   static constexpr uint64_t kWriteBackBytes = 64ull << 20;
   static constexpr uint64_t kStageBytes = 1ull << 20;  // N6: a run of at most this much
   static constexpr uint64_t kStageMin = 4096;          // sent once it has no room for this
-  static constexpr size_t kMaxConns = 4;               // connections to a multi-conn server
-  static constexpr uint64_t kSplitRead = 128u << 10;   // N7: the least part of a split read
 
   struct Conn;        // one connection and its poller (nbd_device.cpp)
   struct AsyncWrite;  // a write in flight
 
  private:
   NbdDevice() = default;
-  // op: a read, trim or flush (nbd_device.cpp's Op).
-  Result<void> submit(int op, uint64_t offset, std::byte* buf, uint64_t len);
+  enum class Op { kRead, kTrim, kFlush };
+  Result<void> submit(Op op, uint64_t offset, std::byte* buf, uint64_t len);
   Conn& pick();
   // N4: waits until nothing in flight overlaps [offset, offset + len).
   void wait_unshadowed(uint64_t offset, uint64_t len);

@@ -12,7 +12,6 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -489,12 +488,12 @@ class Witness final : public BlockDevice {
 
 // One request of nbdkit's log filter: its start or its return.
 struct Ev {
-  char kind;  // 'W' write, 'F' flush, 'T' trim, 'Z' zero, 'R' read (parse_log(.., true))
+  char kind;  // 'W' write, 'F' flush, 'T' trim, 'Z' zero
   bool ret;
   uint64_t conn, id, offset = 0, count = 0;
 };
 
-std::vector<Ev> parse_log(const std::string& text, bool reads = false) {
+std::vector<Ev> parse_log(const std::string& text) {
   std::vector<Ev> out;
   std::istringstream in(text);
   std::string line;
@@ -517,7 +516,6 @@ std::vector<Ev> parse_log(const std::string& text, bool reads = false) {
     else if (rest.rfind("Flush ", 0) == 0) kind = 'F';
     else if (rest.rfind("Trim ", 0) == 0) kind = 'T';
     else if (rest.rfind("Zero ", 0) == 0) kind = 'Z';
-    else if (reads && rest.rfind("Read ", 0) == 0) kind = 'R';
     if (!kind) continue;
     if (ret && line.find("return=0") == std::string::npos) FAIL("a request failed at the server: " << line);
     Ev e{kind, ret, field(line, "connection"), field(line, "id")};
@@ -750,52 +748,4 @@ TEST_CASE("nbd device: write-back: writes of bytes in a row go out as one reques
   // 2 + 64 + 1 (the read's) + 2 (the overlap) + 1 (the close); one at a
   // time it would be 512 + 64 + 1 + 2 + 2 = 581.
   REQUIRE(writes == 70);
-}
-
-TEST_CASE("nbd device: a large read goes out in parts on the connections, all in flight (N7)", "[nbd]") {
-  const uint64_t s = seed("nbd split reads");
-  Dir d;
-  const std::string log = d.path + "/requests.log";
-  NbdServer srv(d.path, {"--filter=log", "memory", "64M", "logfile=" + log});
-  auto dev = must(NbdDevice::open(srv.uri(), false));
-  REQUIRE(dev->connections() == NbdDevice::kMaxConns);  // nbdkit memory allows multi-conn
-  std::vector<std::byte> model = pattern(32 << 20, s);
-  must(dev->write(0, model));
-  must(dev->flush());
-  // The reads of one call: how many requests, on how many connections.
-  auto reads_of = [&](uint64_t off, uint64_t len) {
-    const size_t before = parse_log(slurp(log), true).size();
-    std::vector<std::byte> back(len);
-    must(dev->read(off, back));
-    REQUIRE(std::equal(back.begin(), back.end(), model.begin() + off));
-    const auto ev = parse_log(slurp(log), true);
-    std::set<uint64_t> conns;
-    uint64_t n = 0, bytes = 0, lo = UINT64_MAX, hi = 0;
-    for (size_t i = before; i < ev.size(); i++)
-      if (ev[i].kind == 'R' && !ev[i].ret) {
-        n++, bytes += ev[i].count, conns.insert(ev[i].conn);
-        lo = std::min(lo, ev[i].offset), hi = std::max(hi, ev[i].offset + ev[i].count);
-        REQUIRE(ev[i].offset % 512 == 0);
-        REQUIRE(ev[i].count % 512 == 0);
-      }
-    REQUIRE(bytes == len);  // the parts tile the read: no byte twice, none left out
-    REQUIRE(lo == off);
-    REQUIRE(hi == off + len);
-    return std::make_pair(n, conns.size());
-  };
-  // nbdkit's log filter writes a request's line before it answers it, and
-  // the read returns only once every part is answered: the log is whole.
-  REQUIRE(reads_of(1 << 20, 1 << 20) == std::make_pair(uint64_t(4), size_t(4)));  // 4 x 256 KiB
-  REQUIRE(reads_of(4096, 200 << 10) == std::make_pair(uint64_t(1), size_t(1)));   // under 2 parts' least
-  REQUIRE(reads_of(512, 300 << 10).first == 2);                                   // 300 / 128: 2 parts
-  REQUIRE(reads_of(3 << 20, 17 << 20) == std::make_pair(uint64_t(4), size_t(4)));
-  // Random reads of whole sectors: every byte as written.
-  std::mt19937_64 rng(s);
-  for (int i = 0; i < 200; i++) {
-    const uint64_t len = 512 * (1 + rng() % 8192), off = 512 * (rng() % ((model.size() - len) / 512 + 1));
-    std::vector<std::byte> back(len);
-    must(dev->read(off, back));
-    INFO("read of " << len << " at " << off);
-    REQUIRE(std::equal(back.begin(), back.end(), model.begin() + off));
-  }
 }
