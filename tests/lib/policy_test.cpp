@@ -71,6 +71,15 @@ std::string random_path(std::mt19937_64& rng) {
   return std::string(kDirs[rng() % 7]) + "/" + kNames[rng() % 10];
 }
 
+// Closes the volume and checks the whole set of devices: fsck-clean.
+void close_and_check(MultiFsImage& im) {
+  must(im.vol->close());
+  im.vol.reset();
+  VerifyOptions vo;
+  vo.kinds = fs_kinds();
+  require_clean(*im.set, vo);
+}
+
 }  // namespace
 
 TEST_CASE("policy: rule text reads back to the same rule", "[policy]") {
@@ -272,11 +281,7 @@ TEST_CASE("policy: random files land where their rules say and move when they cr
   fs = must(Filesystem::open(*im.vol, im.main));
   check();
   fs.reset();
-  must(im.vol->close());
-  im.vol.reset();
-  VerifyOptions vo;
-  vo.kinds = fs_kinds();
-  require_clean(*im.set, vo);
+  close_and_check(im);
 }
 
 // A filesystem closed while its migration worker is moving files: the
@@ -315,11 +320,7 @@ TEST_CASE("policy: closing a filesystem while migrations run stops them cleanly"
     REQUIRE(back == d);
   }
   fs.reset();
-  must(im.vol->close());
-  im.vol.reset();
-  VerifyOptions vo;
-  vo.kinds = fs_kinds();
-  require_clean(*im.set, vo);
+  close_and_check(im);
 }
 
 TEST_CASE("policy: fsck reports a damaged rule and -y removes just it", "[policy]") {
