@@ -108,6 +108,10 @@ struct FileOpenOptions {
   // (FileDevice below). Ignored for NBD URIs (no host page cache there);
   // a file whose filesystem refuses O_DIRECT is opened buffered.
   bool direct = false;
+  // For an NBD URI: a cache of this many bytes of the export in this
+  // process (ReadCacheDevice, read_cache.h), in place of the host page
+  // cache that an image file has; 0: none. Ignored for a path.
+  uint64_t nbd_cache_bytes = 0;
 };
 
 // A regular image file or a block device, through pread/pwrite/fdatasync.

@@ -10,6 +10,7 @@
 
 #ifdef PLYFS_HAVE_NBD
 #include "blockdev/nbd_device.h"
+#include "blockdev/read_cache.h"
 #endif
 
 namespace plyfs {
@@ -56,7 +57,10 @@ Result<std::unique_ptr<BlockDevice>> open_device(const std::string& path_or_uri,
     if (opts.lock)
       if (auto mnt = plyfs_mount_of(path_or_uri))
         return Error::io(EBUSY, path_or_uri + " is mounted at " + *mnt);
-    return std::unique_ptr<BlockDevice>(PLY_TRY(NbdDevice::open(path_or_uri, opts.read_only)));
+    std::unique_ptr<BlockDevice> dev = PLY_TRY(NbdDevice::open(path_or_uri, opts.read_only));
+    if (opts.nbd_cache_bytes >= ReadCacheDevice::kLine)
+      dev = std::make_unique<ReadCacheDevice>(std::move(dev), opts.nbd_cache_bytes);
+    return dev;
 #else
     return Error::io(EOPNOTSUPP, path_or_uri + ": this build has no NBD support (meson -Dnbd=enabled, libnbd-dev)");
 #endif
