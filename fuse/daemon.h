@@ -74,6 +74,7 @@ struct Daemon {
   bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
   bool no_opendir = false; // the kernel can do without opendir
   bool writeback = true;    // ask for the kernel's writeback cache
+  uint64_t nbd_cache = 0;   // -o nbd_cache: an NBD device's read cache, a device added too
   bool odirect = false;     // -o odirect: devices opened with O_DIRECT, a device added too
   double timeout = 60.0;  // -o timeout: every change goes through this daemon
 };

@@ -26,6 +26,7 @@ enum { KEY_HELP, KEY_VERSION, KEY_FG, KEY_DEBUG, KEY_RO, KEY_ALLOW_OTHER, KEY_AL
 const struct fuse_opt kOpts[] = {
     {"commit=%s", offsetof(Config, commit_s), 0},
     {"cache=%s", offsetof(Config, cache_s), 0},
+    {"nbd_cache=%s", offsetof(Config, nbd_cache_s), 0},
     {"view=%s", offsetof(Config, view), 0},
     {"branches=%s", offsetof(Config, branches), 0},
     {"dirs=%s", offsetof(Config, branches), 0},
@@ -69,7 +70,7 @@ const struct fuse_opt kOpts[] = {
     FUSE_OPT_END};
 
 Config::~Config() {
-  for (const char* s : {image, mountpoint, commit_s, cache_s, view, branches, layer, copyup_s, del_s,
+  for (const char* s : {image, mountpoint, commit_s, cache_s, nbd_cache_s, view, branches, layer, copyup_s, del_s,
                         crashlog, snapshot_interval_s, snapshot_keep_s, max_threads_s,
                         max_idle_threads_s, spin_s, timeout_s, compress_s, compress_force_s})
     std::free(const_cast<char*>(s));
@@ -150,6 +151,12 @@ Result<CopyUpMode> copyup_mode(std::string_view m) {
 
 }  // namespace
 
+uint64_t default_nbd_cache() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 256ull << 20;
+  return uint64_t(pages) * uint64_t(page) / 8;
+}
+
 Result<void> check_options(Config& c) {
   c.commit = PLY_TRY(number(c.commit_s, "commit", 0, kMaxCommit, c.commit));
   if (c.cache_s) {
@@ -158,6 +165,15 @@ Result<void> check_options(Config& c) {
     if (*v < kMinCache || *v > kMaxCache)
       return Error::invalid("bad cache size '" + std::string(c.cache_s) + "': must be 1M to 16T");
     c.cache_bytes = *v;
+  }
+  if (c.nbd_cache_s) {
+    auto v = parse_size(c.nbd_cache_s, "nbd_cache size");
+    if (!v) return bad(v.error());
+    if (*v > kMaxCache)
+      return Error::invalid("bad nbd_cache size '" + std::string(c.nbd_cache_s) + "': must be 0 to 16T");
+    c.nbd_cache_bytes = *v;
+  } else {
+    c.nbd_cache_bytes = default_nbd_cache();
   }
   c.snapshot_interval =
       PLY_TRY(number(c.snapshot_interval_s, "snapshot_interval", 0, kMaxSnapshotInterval, 0));
@@ -223,6 +239,9 @@ void usage() {
       "  -o cache=SIZE      metadata cache size, 1M to 16T: 256M, 1g, 1GiB, 1.5G\n"
       "                     (K, M, G, T: powers of 1024; KB, MB, GB: of 1000;\n"
       "                     default 256M)\n"
+      "  -o nbd_cache=SIZE  for an image on an NBD server: keep up to SIZE of its\n"
+      "                     blocks in the daemon, as the host's page cache does for\n"
+      "                     an image file (default: an eighth of the memory; 0: none)\n"
       "  -o ro              read-only\n"
       "  -o device=PATH     another device of a multi-device volume, or a directory\n"
       "                     to scan for them; give it once per device\n"

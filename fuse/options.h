@@ -42,6 +42,7 @@ struct Config {
   const char* max_idle_threads_s = nullptr;
   const char* spin_s = nullptr;
   const char* timeout_s = nullptr;
+  const char* nbd_cache_s = nullptr;       // -o nbd_cache=SIZE (blockdev/read_cache.h)
   const char* compress_s = nullptr;        // -o compress=zstd[:N]|none
   const char* compress_force_s = nullptr;  // -o compress-force=zstd[:N]
   std::vector<std::string> devices;  // -o device=PATH, each time given (format.md#multi-device)
@@ -58,6 +59,7 @@ struct Config {
   // The checked values (check_options), with their defaults.
   unsigned commit = 5;                   // seconds, 0 to kMaxCommit
   uint64_t cache_bytes = 256ull << 20;   // kMinCache to kMaxCache
+  uint64_t nbd_cache_bytes = 0;          // -o nbd_cache=SIZE, 0 to kMaxCache (default_nbd_cache)
   unsigned snapshot_interval = 0;        // seconds, 0: never
   Retention snapshot_keep;               // keeps all by default (snap/retention.h)
   // libfuse's session loop: at most max_threads workers, and at most
@@ -102,6 +104,10 @@ inline bool others_reach(const Config& c) { return c.allow_other || c.allow_root
 bool uring_built();
 
 void usage();  // plyfs -h
+// -o nbd_cache's default: an eighth of the machine's memory (as ZFS sizes
+// its ARC from it; the host's page cache, which an image file has, takes
+// whatever is free).
+uint64_t default_nbd_cache();
 // The workers that may wait for requests: -o max_idle_threads, or the default.
 unsigned idle_threads(unsigned asked, unsigned max_threads);
 

@@ -207,6 +207,7 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
 int serve(Daemon& d, const Config& cfg, fuse_session* se) {
   d.writeback = !cfg.nowriteback;
   d.odirect = cfg.odirect;
+  d.nbd_cache = cfg.nbd_cache_bytes;
   d.snap_interval = cfg.snapshot_interval;
   d.snap_keep = cfg.snapshot_keep;
   d.timeout = cfg.timeout;
@@ -354,6 +355,7 @@ int main(int argc, char** argv) {
   FileOpenOptions fo;
   fo.read_only = cfg.ro;
   fo.direct = cfg.odirect;
+  fo.nbd_cache_bytes = cfg.nbd_cache_bytes;
   auto dev = open_volume(cfg.image, cfg.devices, fo);
   if (!dev) {
     if (dev.error().code == EBUSY)

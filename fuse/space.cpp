@@ -54,7 +54,7 @@ namespace {
 
 Result<std::unique_ptr<BlockDevice>> open_new_device(const std::string& path) {
   if (path.empty()) return Error::invalid("\"path\" must name the new device");
-  auto dev = PLY_TRY(open_device(path, FileOpenOptions{.read_only = false, .lock = true, .direct = g->odirect}));
+  auto dev = PLY_TRY(open_device(path, FileOpenOptions{.read_only = false, .lock = true, .direct = g->odirect, .nbd_cache_bytes = g->nbd_cache}));
   return dev;
 }
 
