@@ -522,7 +522,9 @@ TEST_CASE("NBD: the daemon's read cache never serves bytes older than the last w
   const std::string uri = srv.uri();
   mkfs(uri, "64M", tmp / "mkfs.log");
   constexpr size_t kFile = 4 << 20, kFiles = 4;
-  for (const char* cache : {"nbd_cache=1M", "nbd_cache=0"}) {
+  // Large enough to hold every block of the image (lines kept until reused),
+  // small enough to evict all the time, and none.
+  for (const char* cache : {"nbd_cache=128M", "nbd_cache=1M", "nbd_cache=0"}) {
     INFO("-o " << cache);
     Mount m(uri, tmp / "mnt", {cache, "commit=1"});
     m.start();
