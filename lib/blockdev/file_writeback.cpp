@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "blockdev/blockdev.h"
+#include "blockdev/ranges.h"
 
 namespace plyfs {
 
@@ -81,13 +82,7 @@ struct FileDevice::WriteBack {
     for (auto& t : workers) t.join();  // they empty the queue first (F5)
   }
 
-  bool overlaps_locked(uint64_t offset, uint64_t len) const {
-    auto it = inflight.lower_bound(offset);
-    if (it != inflight.end() && it->first < offset + len) return true;
-    if (it == inflight.begin()) return false;
-    --it;
-    return it->first + it->second > offset;
-  }
+  bool overlaps_locked(uint64_t offset, uint64_t len) const { return overlaps_any(inflight, offset, len); }  // F3
 
   void run() {
     std::unique_lock lk(mu);

@@ -1,4 +1,5 @@
 #include "blockdev/nbd_device.h"
+#include "blockdev/ranges.h"
 
 #include <libnbd.h>
 #include <poll.h>
@@ -281,11 +282,7 @@ NbdDevice::~NbdDevice() {
 }
 
 bool NbdDevice::overlaps_locked(uint64_t offset, uint64_t len) const {
-  // Disjoint (N4): only the last write beginning before the end can reach in.
-  auto it = inflight_.lower_bound(offset + len);
-  if (it == inflight_.begin()) return false;
-  --it;
-  return it->first + it->second > offset;
+  return overlaps_any(inflight_, offset, len);  // disjoint (N4)
 }
 
 void NbdDevice::wait_unshadowed(uint64_t offset, uint64_t len) {
