@@ -61,6 +61,36 @@ Result<size_t> Filesystem::read(uint64_t ino, uint64_t off, std::span<std::byte>
     if (to > zeroed_to) std::memset(out.data() + (zeroed_to - off), 0, to - zeroed_to);
     zeroed_to = std::max(zeroed_to, to);
   };
+  auto disk = [&](const Ext& e, uint64_t i) { return BlockNo{e.disk_start + e.offset + (i - e.file_blk)}; };
+  auto check = [&](const Ext& e, uint64_t i, std::span<const std::byte> blk) -> Result<void> {
+    if (xxh3(blk) == e.csums[i - e.file_blk]) return ok();
+    Error err = Error::io(EIO, "data checksum mismatch in inode " + std::to_string(ino) + " file block " +
+                                   std::to_string(i),
+                          disk(e, i).v);
+    fail(err);
+    return err;
+  };
+  // Whole blocks of consecutive extents that lie in a row on the device as
+  // in the file are read with one device request, then checked extent by
+  // extent: a 1 MiB read of a file written in order spans four extents of at
+  // most kMaxExtentBlocks, most often adjacent, so one request (one round
+  // trip on NBD) instead of four.
+  struct Piece {
+    const Ext* e;
+    uint64_t a, b;  // its file blocks [a, b), whole in out
+  };
+  std::vector<Piece> run;
+  uint64_t run_disk = 0, run_blocks = 0, run_first = 0;  // run_first: the run's first file block
+  auto read_run = [&]() -> Result<void> {
+    if (run.empty()) return ok();
+    const std::span<std::byte> whole = out.subspan(run_first * bs_ - off, run_blocks * bs_);
+    PLY_CHECK(vol_.read_data(BlockNo{run_disk}, whole));
+    for (const Piece& p : run)
+      for (uint64_t i = p.a; i < p.b; i++) PLY_CHECK(check(*p.e, i, whole.subspan((i - run_first) * bs_, bs_)));
+    run.clear();
+    run_blocks = 0;
+    return ok();
+  };
   for (const Ext& e : es) {
     if (e.prealloc()) continue;
     const uint64_t a = std::max(fb, e.file_blk), b = std::min(lb + 1, e.end());
@@ -74,19 +104,10 @@ Result<size_t> Filesystem::read(uint64_t ino, uint64_t off, std::span<std::byte>
       zeroed_to = std::max(zeroed_to, hi);
       continue;
     }
-    auto disk = [&](uint64_t i) { return BlockNo{e.disk_start + e.offset + (i - e.file_blk)}; };
-    auto check = [&](uint64_t i, std::span<const std::byte> blk) -> Result<void> {
-      if (xxh3(blk) == e.csums[i - e.file_blk]) return ok();
-      Error err = Error::io(EIO, "data checksum mismatch in inode " + std::to_string(ino) + " file block " +
-                                     std::to_string(i),
-                            disk(i).v);
-      fail(err);
-      return err;
-    };
     auto staged = [&](uint64_t i) -> Result<void> {
       buf.resize(bs_);
-      PLY_CHECK(vol_.read_data(disk(i), buf));
-      PLY_CHECK(check(i, buf));
+      PLY_CHECK(vol_.read_data(disk(e, i), buf));
+      PLY_CHECK(check(e, i, buf));
       // The overlap of block i with [off, end).
       const uint64_t bs0 = i * bs_, lo = std::max(off, bs0), hi = std::min(end, bs0 + bs_);
       std::memcpy(out.data() + (lo - off), buf.data() + (lo - bs0), hi - lo);
@@ -96,15 +117,22 @@ Result<size_t> Filesystem::read(uint64_t ino, uint64_t off, std::span<std::byte>
     const uint64_t whole_a = std::max(a, (off + bs_ - 1) / bs_), whole_b = std::min(b, end / bs_);
     if (whole_a < whole_b) {
       for (uint64_t i = a; i < whole_a; i++) PLY_CHECK(staged(i));
-      const std::span<std::byte> whole = out.subspan(whole_a * bs_ - off, (whole_b - whole_a) * bs_);
-      PLY_CHECK(vol_.read_data(disk(whole_a), whole));
-      for (uint64_t i = whole_a; i < whole_b; i++) PLY_CHECK(check(i, whole.subspan((i - whole_a) * bs_, bs_)));
+      const bool joins = !run.empty() && run_first + run_blocks == whole_a &&
+                         run_disk + run_blocks == disk(e, whole_a).v;
+      if (!joins) {
+        PLY_CHECK(read_run());
+        run_disk = disk(e, whole_a).v;
+        run_first = whole_a;
+      }
+      run.push_back(Piece{&e, whole_a, whole_b});
+      run_blocks += whole_b - whole_a;
       for (uint64_t i = whole_b; i < b; i++) PLY_CHECK(staged(i));
     } else {
       for (uint64_t i = a; i < b; i++) PLY_CHECK(staged(i));
     }
     zeroed_to = std::max(zeroed_to, std::min(end, b * bs_));
   }
+  PLY_CHECK(read_run());
   zero_until(end);
   return size_t(n);
 }
