@@ -36,6 +36,10 @@
 
 namespace plyfs::daemon {
 
+// How far ahead the kernel reads a file the daemon serves (INIT's
+// max_readahead, and the mount's read_ahead_kb: plyfs.cpp).
+inline constexpr uint32_t kMaxReadahead = 1u << 20;
+
 // --- the daemon's state -------------------------------------------------------
 
 struct Daemon {

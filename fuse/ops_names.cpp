@@ -36,7 +36,7 @@ void op_init(void*, fuse_conn_info* conn) {
   }
   if (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) g->no_opendir = true;
   conn->max_write = 1u << 20;
-  conn->max_readahead = 1u << 20;
+  conn->max_readahead = kMaxReadahead;  // and the mount's read_ahead_kb (plyfs.cpp)
   // No splice (FUSE_CAP_SPLICE_READ/WRITE/MOVE): every data block is
   // checksummed on its way in and verified on its way out (format.md#fs-extent),
   // so the bytes pass through the daemon's memory anyway; splicing from

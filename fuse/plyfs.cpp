@@ -54,11 +54,50 @@
 #include "daemon.h"
 #include "options.h"
 #include "snap/snap.h"
+#include "util/text.h"
 
 using namespace plyfs;
 using namespace plyfs::daemon;
 
 namespace {
+
+// The kernel gives a FUSE mount the readahead of its backing device info
+// (read_ahead_kb, 128 KiB by default) and only ever lowers it to what INIT's
+// max_readahead asks; so a large file's reads reached the daemon in 128 KiB
+// requests, eight for each 1 MiB read (docs/benchmarks.md, "Readahead").
+// Root may raise it for this mount's bdi alone, which goes with the mount;
+// a lower value set by hand before is raised, a higher one kept.
+void raise_readahead(const char* mountpoint) {
+  char* rp = ::realpath(mountpoint, nullptr);
+  if (!rp) return;
+  const std::string want = rp;
+  ::free(rp);
+  FILE* f = std::fopen("/proc/self/mountinfo", "r");
+  if (!f) return;
+  std::string bdi;  // the last mount there is the one just made
+  char line[4096];
+  while (std::fgets(line, sizeof line, f)) {
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
+    char majmin[32], root[2048], mnt[2048];
+    if (std::sscanf(line, "%*s %*s %31s %2047s %2047s", majmin, root, mnt) != 3) continue;
+    const char* dash = std::strstr(line, " - ");
+    if (!dash || std::strncmp(dash + 3, "fuse.plyfs ", 11) != 0) continue;
+    if (unescape_mountinfo(mnt) == want) bdi = majmin;
+  }
+  std::fclose(f);
+  if (bdi.empty()) return;
+  const std::string path = "/sys/class/bdi/" + bdi + "/read_ahead_kb";
+  unsigned long now = 0;
+  if (FILE* r = std::fopen(path.c_str(), "r")) {
+    if (std::fscanf(r, "%lu", &now) != 1) now = 0;
+    std::fclose(r);
+  }
+  if (now >= kMaxReadahead / 1024) return;
+  if (FILE* w = std::fopen(path.c_str(), "w")) {  // not root, or no sysfs: the kernel's default stays
+    std::fprintf(w, "%u\n", kMaxReadahead / 1024);
+    std::fclose(w);
+  }
+}
 
 // -o commit_stats: the commits of the mount by cause, and what they cost the
 // operations (docs/benchmarks.md, "What a commit costs").
@@ -407,6 +446,7 @@ int main(int argc, char** argv) {
     report(status_fd, 32);
     return 32;
   }
+  raise_readahead(cfg.mountpoint);
   // Before the first request (INIT) is read: see kernel_io.h.
   uring::set_logger(log_error);
   want_uring(cfg.uring != 0, 8);

@@ -2,6 +2,8 @@
 // line "plyfs: bad ...", exit status 1 and nothing mounted; sizes take
 // mkfs.plyfs's units; a mount point that is not a directory is refused as
 // mount(8) refuses it (exit 32); a damaged image says to run fsck.plyfs.
+#include <sys/sysmacros.h>
+
 #include "fuse_util.h"
 
 using namespace plyfs::fusetest;
@@ -173,4 +175,30 @@ TEST_CASE("options: a damaged image says to run fsck.plyfs", "[options]") {
   INFO(m.log());
   CHECK(m.log().find("; the image is damaged: run fsck.plyfs " + img) != std::string::npos);
   CHECK(m.log().find(": Structure needs cleaning") == std::string::npos);
+}
+
+TEST_CASE("options: the mount reads ahead 1 MiB, not the kernel's 128 KiB default", "[options]") {
+  // The kernel caps a FUSE mount's readahead at its bdi's read_ahead_kb; the
+  // daemon (root here) raises it to its max_readahead for this mount only.
+  TempDir tmp;
+  const std::string img = tmp / "image";
+  mkfs(img, "64M", tmp / "mkfs.log");
+  Mount m(img, tmp / "mnt");
+  m.start();
+  struct stat st{};
+  REQUIRE(::stat(m.path().c_str(), &st) == 0);
+  const std::string ra = "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
+                         std::to_string(minor(st.st_dev)) + "/read_ahead_kb";
+  INFO(ra);
+  REQUIRE(slurp(ra) == "1024\n");
+  // Set lower by hand, it stays until the next mount (which raises it again).
+  write_file(ra, "256\n");
+  REQUIRE(slurp(ra) == "256\n");
+  REQUIRE(m.unmount() == 0);
+  Mount again(img, tmp / "mnt");
+  again.start();
+  REQUIRE(::stat(again.path().c_str(), &st) == 0);
+  REQUIRE(slurp("/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev)) +
+                "/read_ahead_kb") == "1024\n");
+  REQUIRE(again.unmount() == 0);
 }
