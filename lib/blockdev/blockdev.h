@@ -60,6 +60,10 @@ class BlockDevice {
   // Wrappers answer for the device they forward to.
   virtual std::string display_name() const { return {}; }
   virtual Result<void> read(uint64_t offset, std::span<std::byte> out) = 0;
+  // A read of the medium itself, past any cache of this process's in
+  // between (ReadCacheDevice): what a scrub must check. Wrappers forward it
+  // to the device they read from; a device with no such cache reads.
+  virtual Result<void> read_uncached(uint64_t offset, std::span<std::byte> out) { return read(offset, out); }
   virtual Result<void> write(uint64_t offset, std::span<const std::byte> in) = 0;
   virtual Result<void> flush() = 0;  // durability barrier (D3)
   // Several writes with no order among them: D2 already lets writes not

@@ -12,6 +12,7 @@ class BorrowedDevice final : public BlockDevice {
  public:
   explicit BorrowedDevice(BlockDevice& d) : d_(d) {}
   Result<void> read(uint64_t o, std::span<std::byte> out) override { return d_.read(o, out); }
+  Result<void> read_uncached(uint64_t o, std::span<std::byte> out) override { return d_.read_uncached(o, out); }
   Result<void> write(uint64_t o, std::span<const std::byte> in) override { return d_.write(o, in); }
   Result<void> write_batch(std::span<const WriteReq> reqs) override { return d_.write_batch(reqs); }
   Result<void> flush() override { return d_.flush(); }

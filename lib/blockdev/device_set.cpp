@@ -108,14 +108,24 @@ Result<DeviceSet::Member> DeviceSet::remove_member(size_t i) {
   return m;
 }
 
-Result<void> DeviceSet::read(uint64_t offset, std::span<std::byte> out) {
+Result<void> DeviceSet::read(uint64_t offset, std::span<std::byte> out) { return read_member(offset, out, false); }
+
+Result<void> DeviceSet::read_uncached(uint64_t offset, std::span<std::byte> out) {
+  return read_member(offset, out, true);
+}
+
+Result<void> DeviceSet::read_member(uint64_t offset, std::span<std::byte> out, bool uncached) {
   std::shared_lock lk(mu_);
+  BlockDevice* dev = nullptr;
   if (offset < mirrored_) {  // every member's own copy: the first's
     if (out.size() > mirrored_ - offset) return Error::invalid("a read crosses the end of the mirrored area");
-    return members_[0].dev->read(offset, out);
+    dev = members_[0].dev.get();
+  } else {
+    auto [i, off] = PLY_TRY(locate(offset, out.size()));
+    dev = members_[i].dev.get();
+    offset = off;
   }
-  auto [i, off] = PLY_TRY(locate(offset, out.size()));
-  return members_[i].dev->read(off, out);
+  return uncached ? dev->read_uncached(offset, out) : dev->read(offset, out);
 }
 
 Result<void> DeviceSet::write(uint64_t offset, std::span<const std::byte> in) {

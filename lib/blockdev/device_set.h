@@ -43,6 +43,7 @@ class DeviceSet final : public BlockDevice {
                                                  uint64_t mirrored_bytes);
 
   Result<void> read(uint64_t offset, std::span<std::byte> out) override;
+  Result<void> read_uncached(uint64_t offset, std::span<std::byte> out) override;
   Result<void> write(uint64_t offset, std::span<const std::byte> in) override;
   Result<void> write_batch(std::span<const WriteReq> reqs) override;
   Result<void> flush() override;
@@ -85,6 +86,7 @@ class DeviceSet final : public BlockDevice {
   // the range is not inside one member.
   Result<std::pair<size_t, uint64_t>> locate(uint64_t offset, uint64_t len) const;
   Result<void> write_locked(uint64_t offset, std::span<const std::byte> in);
+  Result<void> read_member(uint64_t offset, std::span<std::byte> out, bool uncached);
   // resize() and truncate(): `change` applied to a lone member at byte 0.
   template <class F>
   Result<uint64_t> resize_lone(F&& change);

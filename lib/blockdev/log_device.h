@@ -52,6 +52,9 @@ class LogDevice final : public BlockDevice {
     ::close(fd_);
   }
 
+  Result<void> read_uncached(uint64_t offset, std::span<std::byte> out) override {
+    return inner_->read_uncached(offset, out);
+  }
   Result<void> read(uint64_t offset, std::span<std::byte> out) override {
     return inner_->read(offset, out);
   }

@@ -33,6 +33,8 @@
 //      fails only if they do.
 //   C6 resize() and truncate() drop every line (the last line's length
 //      follows the size).
+//   C7 read_uncached() reads the inner device and keeps nothing: a scrub
+//      checks the medium, not what the cache read from it earlier.
 #pragma once
 
 #include <array>
@@ -60,6 +62,10 @@ class ReadCacheDevice final : public BlockDevice {
   ReadCacheDevice(std::unique_ptr<BlockDevice> inner, uint64_t capacity_bytes, size_t streams = kStreams);
 
   Result<void> read(uint64_t offset, std::span<std::byte> out) override;
+  // The inner device's bytes, not the lines (and nothing kept).
+  Result<void> read_uncached(uint64_t offset, std::span<std::byte> out) override {
+    return inner_->read_uncached(offset, out);
+  }
   Result<void> write(uint64_t offset, std::span<const std::byte> in) override;
   Result<void> write_batch(std::span<const WriteReq> reqs) override;
   Result<void> flush() override { return inner_->flush(); }

@@ -380,10 +380,15 @@ Result<void> Volume::read_data(BlockNo start, std::span<std::byte> out) {
   return dev_.read(start.v * info_.block_size, out);
 }
 
+Result<void> Volume::read_data_uncached(BlockNo start, std::span<std::byte> out) {
+  PLY_CHECK(data_range(start, out.size()));
+  return dev_.read_uncached(start.v * info_.block_size, out);
+}
+
 Result<void> Volume::verify_node_on_device(BlockNo b, Generation gen, int level) {
   PLY_CHECK(data_range(b, info_.block_size));
   std::vector<std::byte> buf(info_.block_size);
-  PLY_CHECK(dev_.read(b.v * info_.block_size, buf));
+  PLY_CHECK(dev_.read_uncached(b.v * info_.block_size, buf));  // the medium's copy, not a cache's
   return verify_node(buf, b, info_.fs_id, gen, level);
 }
 

@@ -298,6 +298,9 @@ class Volume {
   // write turns the volume read-only (C5).
   Result<void> write_data(BlockNo start, std::span<const std::byte> data);
   Result<void> read_data(BlockNo start, std::span<std::byte> out);
+  // The same from the medium, past any cache of the device's
+  // (BlockDevice::read_uncached): a scrub's reads.
+  Result<void> read_data_uncached(BlockNo start, std::span<std::byte> out);
   // Reads node `b` from the device, not the cache, and verifies it as a
   // read would (checksum, magic, its own address, fs_id, the generation
   // and level its parent records): a scrub's check (format.md#scrub).

@@ -198,7 +198,7 @@ Result<ScrubReport> scrub(Volume& v, const ScrubOptions& o) {
         size_t j = i + 1;
         while (j < batch.size() && batch[j].disk == batch[j - 1].disk + 1 && (j - i) * bs < kReadRun) j++;
         buf.resize((j - i) * bs);
-        auto r = v.read_data(BlockNo{batch[i].disk}, buf);
+        auto r = v.read_data_uncached(BlockNo{batch[i].disk}, buf);
         for (size_t k = i; k < j; k++)
           if (!r || xxh3(std::span(buf).subspan((k - i) * bs, bs)) != batch[k].csum) bad.push_back(batch[k]);
         rep.data_blocks += j - i;
@@ -220,7 +220,7 @@ Result<ScrubReport> scrub(Volume& v, const ScrubOptions& o) {
       if (!e || e->prealloc() || b.index >= e->stored_count() || e->stored_first() + b.index != b.disk ||
           e->csums[b.index] != b.csum)
         continue;  // rewritten since the plan
-      auto r = v.read_data(BlockNo{b.disk}, one);
+      auto r = v.read_data_uncached(BlockNo{b.disk}, one);
       if (r && xxh3(one) == b.csum) continue;
       ScrubDamage d;
       d.block = b.disk;

@@ -275,3 +275,20 @@ TEST_CASE("read cache: readers and writers at once read only bytes that were wri
   REQUIRE(!bad);
   REQUIRE(dev.stats().hits > 0);
 }
+
+TEST_CASE("read cache: read_uncached reads the device, not the lines (a scrub's check)", "[blockdev]") {
+  MemDevice mem(16 * kLine);
+  must(mem.write(kLine, std::vector<std::byte>(4096, std::byte{1})));
+  ReadCacheDevice cache(std::make_unique<BorrowedDevice>(mem), 16 * kLine, 0);
+  BorrowedDevice above(cache);  // as a DeviceSet member's owner reads it
+  std::vector<std::byte> got(4096);
+  must(above.read(kLine, got));  // the line is cached now
+  // The medium changes behind the cache's back (rot on the server's disk).
+  const std::vector<std::byte> rot(4096, std::byte{2});
+  mem.poke(kLine, rot);
+  must(above.read(kLine, got));
+  REQUIRE(got == std::vector<std::byte>(4096, std::byte{1}));  // the line
+  must(above.read_uncached(kLine, got));
+  REQUIRE(got == rot);  // the medium
+  REQUIRE(cache.stats().misses == 1);
+}
