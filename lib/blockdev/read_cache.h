@@ -4,7 +4,7 @@
 // sends with O_DIRECT, or after its own cache dropped the page, costs the
 // daemon a pread of memory; over NBD the same read costs a round trip
 // through the server. This cache is that page cache's stand-in
-// (format.md#device-nbd, "The read cache"), as librbd's cache is for Ceph
+// (format.md#device-nbd-cache), as librbd's cache is for Ceph
 // RBD clients. It holds clean bytes only: writes go to the device as before
 // and are never delayed or reordered by it, so the device contract (D1-D7)
 // is the inner device's.
