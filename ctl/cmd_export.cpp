@@ -29,6 +29,7 @@
 #include "union/view.h"
 #include "util/parse.h"
 #include "util/progress.h"
+#include "util/mountinfo.h"
 #include "util/text.h"
 
 namespace plyfs::ctl {
@@ -57,22 +58,9 @@ std::vector<std::string> image_candidates(const std::string& mnt) {
   if (!rp) return out;
   const std::string where = rp;
   std::free(rp);
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line, source;
-  while (std::getline(in, line)) {
-    std::vector<std::string> f;
-    size_t at = 0;
-    while (at <= line.size()) {
-      size_t sp = line.find(' ', at);
-      if (sp == std::string::npos) sp = line.size();
-      f.push_back(line.substr(at, sp - at));
-      at = sp + 1;
-    }
-    size_t dash = 0;
-    while (dash < f.size() && f[dash] != "-") dash++;
-    if (f.size() < 5 || dash + 2 >= f.size()) continue;
-    if (unescape_mountinfo(f[4]) == where && f[dash + 1].rfind("fuse", 0) == 0) source = unescape_mountinfo(f[dash + 2]);
-  }
+  std::string source;  // the last mount there is the one that shows
+  for (const MountEntry& m : read_mountinfo())
+    if (m.mountpoint == where && m.fstype.rfind("fuse", 0) == 0) source = m.source;
   if (source.empty()) return out;
   if (source[0] == '/') out.push_back(source);
   const std::string base = source.substr(source.rfind('/') + 1);

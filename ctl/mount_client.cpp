@@ -13,16 +13,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "blockdev/blockdev.h"
 #include "control.h"
-#include "util/text.h"
+#include "util/mountinfo.h"
 
 namespace plyfs::ctl {
 
@@ -178,23 +176,14 @@ std::optional<std::string> mount_of(const std::string& image) {
   const bool uri = is_nbd_uri(image);
   struct stat want;
   if (!uri && ::stat(image.c_str(), &want) != 0) return std::nullopt;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
-    std::istringstream ls(line);
-    std::vector<std::string> f;
-    for (std::string w; ls >> w;) f.push_back(w);
-    auto dash = std::find(f.begin(), f.end(), "-");
-    if (f.size() < 5 || dash == f.end() || f.end() - dash < 3 || dash[1] != "fuse.plyfs") continue;
-    struct stat st;
-    const std::string source = unescape_mountinfo(dash[2]);
+  for (const MountEntry& m : read_mountinfo()) {
+    if (m.fstype != "fuse.plyfs") continue;
     if (uri) {
-      if (source == image) return unescape_mountinfo(f[4]);
+      if (m.source == image) return m.mountpoint;
       continue;
     }
-    if (::stat(source.c_str(), &st) != 0 || !same_image(st, want)) continue;
-    return unescape_mountinfo(f[4]);
+    struct stat st;
+    if (::stat(m.source.c_str(), &st) == 0 && same_image(st, want)) return m.mountpoint;
   }
   return std::nullopt;
 }

@@ -54,7 +54,7 @@
 #include "daemon.h"
 #include "options.h"
 #include "snap/snap.h"
-#include "util/text.h"
+#include "util/mountinfo.h"
 
 using namespace plyfs;
 using namespace plyfs::daemon;
@@ -72,19 +72,9 @@ void raise_readahead(const char* mountpoint) {
   if (!rp) return;
   const std::string want = rp;
   ::free(rp);
-  FILE* f = std::fopen("/proc/self/mountinfo", "r");
-  if (!f) return;
   std::string bdi;  // the last mount there is the one just made
-  char line[4096];
-  while (std::fgets(line, sizeof line, f)) {
-    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
-    char majmin[32], root[2048], mnt[2048];
-    if (std::sscanf(line, "%*s %*s %31s %2047s %2047s", majmin, root, mnt) != 3) continue;
-    const char* dash = std::strstr(line, " - ");
-    if (!dash || std::strncmp(dash + 3, "fuse.plyfs ", 11) != 0) continue;
-    if (unescape_mountinfo(mnt) == want) bdi = majmin;
-  }
-  std::fclose(f);
+  for (const MountEntry& m : read_mountinfo())
+    if (m.fstype == "fuse.plyfs" && m.mountpoint == want) bdi = m.majmin;
   if (bdi.empty()) return;
   const std::string path = "/sys/class/bdi/" + bdi + "/read_ahead_kb";
   unsigned long now = 0;

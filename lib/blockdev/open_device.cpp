@@ -1,11 +1,9 @@
 #include "blockdev/blockdev.h"
 
-#include "util/text.h"
+#include "util/mountinfo.h"
 
 #include <cstdlib>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <vector>
 
 #ifdef PLYFS_HAVE_NBD
@@ -32,17 +30,8 @@ namespace {
 // The mount point of a plyfs mount here whose source is `uri`, spelled the
 // same: what the lock of an image file finds for a file.
 std::optional<std::string> plyfs_mount_of(const std::string& uri) {
-  std::ifstream in("/proc/self/mountinfo");
-  for (std::string line; std::getline(in, line);) {
-    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
-    std::istringstream ls(line);
-    std::vector<std::string> f;
-    for (std::string w; ls >> w;) f.push_back(w);
-    size_t dash = 0;
-    while (dash < f.size() && f[dash] != "-") dash++;
-    if (f.size() < 5 || dash + 2 >= f.size() || f[dash + 1] != "fuse.plyfs") continue;
-    if (unescape_mountinfo(f[dash + 2]) == uri) return unescape_mountinfo(f[4]);
-  }
+  for (const MountEntry& m : read_mountinfo())
+    if (m.fstype == "fuse.plyfs" && m.source == uri) return m.mountpoint;
   return std::nullopt;
 }
 

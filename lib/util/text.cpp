@@ -81,20 +81,6 @@ namespace {
 constexpr std::string_view kB64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 }  // namespace
 
-std::string unescape_mountinfo(std::string_view f) {
-  std::string o;
-  for (size_t i = 0; i < f.size(); i++) {
-    if (f[i] == '\\' && i + 3 < f.size() && f[i + 1] >= '0' && f[i + 1] <= '3' && f[i + 2] >= '0' &&
-        f[i + 2] <= '7' && f[i + 3] >= '0' && f[i + 3] <= '7') {
-      o += char((f[i + 1] - '0') * 64 + (f[i + 2] - '0') * 8 + (f[i + 3] - '0'));
-      i += 3;
-    } else {
-      o += f[i];
-    }
-  }
-  return o;
-}
-
 std::string base64(std::string_view bytes) {
   std::string o;
   o.reserve((bytes.size() + 2) / 3 * 4);

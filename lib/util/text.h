@@ -35,11 +35,6 @@ std::string escape(std::string_view s);
 // else s unchanged (spaces included).
 std::string shown(std::string_view s);
 
-// A field of /proc/self/mountinfo with its octal escapes undone (the
-// kernel writes space, tab, newline and backslash as \ooo,
-// proc_pid_mountinfo(5)).
-std::string unescape_mountinfo(std::string_view field);
-
 // RFC 4648 base64 with padding; decode refuses anything else.
 std::string base64(std::string_view bytes);
 std::optional<std::string> unbase64(std::string_view text);

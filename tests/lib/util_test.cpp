@@ -1,8 +1,10 @@
 // lib/util: the one size and number parser every tool uses, the error
-// message rule, and the progress line.
+// message rule, the progress line, and the mountinfo reader.
+#include <algorithm>
 #include <cstdio>
 
 #include "test_util.h"
+#include "util/mountinfo.h"
 #include "util/parse.h"
 #include "util/progress.h"
 
@@ -108,4 +110,45 @@ TEST_CASE("a progress line shows totals, percentage and the final summary", "[ut
   std::fclose(f);
   CHECK(len == 0);
   std::free(buf);
+}
+
+TEST_CASE("mountinfo lines: escapes undone, optional fields skipped, bad lines refused", "[util]") {
+  // Optional fields (shared:, master:) before the separator, and a mount
+  // point and source with a space, a tab, a newline and a backslash.
+  auto e = parse_mountinfo_line(
+      "36 35 0:52 / /mnt/a\\040b\\011c rw,nosuid shared:1 master:2 - fuse.plyfs /tmp/x\\134y\\012z.img "
+      "rw,user_id=0\n");
+  REQUIRE(e);
+  CHECK(e->majmin == "0:52");
+  CHECK(e->root == "/");
+  CHECK(e->mountpoint == "/mnt/a b\tc");
+  CHECK(e->fstype == "fuse.plyfs");
+  CHECK(e->source == "/tmp/x\\y\nz.img");
+  // No optional field; "-" as a mount option is not the separator.
+  e = parse_mountinfo_line("1 0 8:1 / / rw - ext4 /dev/sda1 rw");
+  REQUIRE(e);
+  CHECK(e->mountpoint == "/");
+  CHECK(e->source == "/dev/sda1");
+  // A mount point named "-" is not the separator either: it is the fifth field.
+  e = parse_mountinfo_line("2 1 0:30 / - rw - tmpfs tmpfs rw");
+  REQUIRE(e);
+  CHECK(e->mountpoint == "-");
+  CHECK(e->fstype == "tmpfs");
+  // An empty source stays a field: the super options do not take its place.
+  e = parse_mountinfo_line("3 1 0:31 / /x rw - fuse.plyfs  rw");
+  REQUIRE(e);
+  CHECK(e->source.empty());
+  // A backslash not followed by three octal digits stays.
+  CHECK(unescape_mountinfo("a\\9bc\\04") == "a\\9bc\\04");
+  CHECK(unescape_mountinfo("\\400") == "\\400");
+  for (const char* bad : {"", "1 0 8:1 / / rw", "1 0 8:1 / / rw - ext4", "1 0 8:1 / / - ext4 /dev/sda1"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_mountinfo_line(bad));
+  }
+  // This process's own file: / is mounted, and every entry has a type.
+  auto all = read_mountinfo();
+  REQUIRE_FALSE(all.empty());
+  CHECK(std::any_of(all.begin(), all.end(), [](const MountEntry& m) { return m.mountpoint == "/"; }));
+  for (const auto& m : all) CHECK_FALSE(m.fstype.empty());
+  CHECK(read_mountinfo("/nonexistent/mountinfo").empty());
 }
