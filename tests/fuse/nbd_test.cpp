@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -569,4 +570,113 @@ TEST_CASE("NBD: the daemon's read cache never serves bytes older than the last w
     REQUIRE(again.unmount() == 0);
   }
   require_fsck_clean(uri, tmp / "fsck.log");
+}
+
+TEST_CASE("NBD: scrub of a mount checks the server's bytes, not the daemon's read cache", "[nbd-fuse]") {
+  // Blocks damaged on the server after the daemon cached them (rot on its
+  // disk): O_DIRECT reads served from the read cache still see the old
+  // bytes, but a scrub must read past the cache (read_uncached, C7) and
+  // find every damaged block. nbdkit's file plugin, so that the test can
+  // damage the export's file.
+  const uint64_t s = seed("nbd-scrub");
+  std::mt19937_64 rng(s);
+  TempDir tmp;
+  const std::string img = tmp / "export.img";
+  constexpr off_t kImage = 256 << 20;
+  {
+    const int fd = ::open(img.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, kImage) == 0);
+    ::close(fd);
+  }
+  NbdServer srv(tmp.path(), {"file", img});
+  const std::string uri = srv.uri();
+  mkfs(uri, "256M", tmp / "mkfs.log");
+  // Small files (each one read of 16 KiB, which the cache keeps), 2 MiB of
+  // other data between any two (so that no read of one is near another's,
+  // which the cache takes for a stream and does not keep, C3). Each block
+  // starts with a tag that finds it in the export's file.
+  constexpr int kTargets = 24;
+  constexpr size_t kBlock = 4096, kBlocks = 4;
+  auto tag = [](int t, size_t b) { return "plyfs-scrub-target-" + std::to_string(t) + "-block-" + std::to_string(b) + ";"; };
+  std::vector<std::string> targets;
+  {
+    Mount m(uri, tmp / "mnt", {"commit=1"});
+    m.start();
+    for (int t = 0; t < kTargets; t++) {
+      std::string data;
+      for (size_t b = 0; b < kBlocks; b++) {
+        std::string blk = tag(t, b) + random_bytes(rng, kBlock);
+        blk.resize(kBlock);
+        data += blk;
+      }
+      targets.push_back(data);
+      write_file(m / ("t" + std::to_string(t)), data);
+      write_file(m / ("fill" + std::to_string(t)), random_bytes(rng, 2 << 20));
+    }
+    REQUIRE(m.unmount() == 0);
+  }
+  Mount m(uri, tmp / "mnt", {"nbd_cache=64M"});
+  m.start();
+  void* mem = nullptr;
+  REQUIRE(::posix_memalign(&mem, kBlock, kBlocks * kBlock) == 0);
+  std::unique_ptr<void, decltype(&std::free)> buf(mem, std::free);
+  auto read_direct = [&](int t) {
+    const int fd = ::open((m / ("t" + std::to_string(t))).c_str(), O_RDONLY | O_DIRECT);
+    REQUIRE(fd >= 0);
+    const ssize_t n = ::pread(fd, mem, kBlocks * kBlock, 0);
+    ::close(fd);
+    return n == ssize_t(kBlocks * kBlock) && std::memcmp(mem, targets[size_t(t)].data(), kBlocks * kBlock) == 0;
+  };
+  std::vector<int> order(kTargets);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (int t : order) REQUIRE(read_direct(t));
+  CtlOut clean = ctl(tmp, {"scrub", m.path()});
+  INFO(clean.out << clean.err);
+  REQUIRE(clean.rc == 0);
+
+  // Block 1 of every target, one byte flipped in the export's file.
+  int damaged = 0;
+  {
+    const int fd = ::open(img.c_str(), O_RDWR | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    std::vector<char> chunk(1 << 20);
+    for (off_t at = 0; at < kImage; at += off_t(chunk.size())) {
+      REQUIRE(::pread(fd, chunk.data(), chunk.size(), at) == ssize_t(chunk.size()));
+      for (size_t o = 0; o < chunk.size(); o += kBlock)
+        for (int t = 0; t < kTargets; t++) {
+          const std::string want = tag(t, 1);
+          if (std::memcmp(chunk.data() + o, want.data(), want.size()) != 0) continue;
+          const char c = char(chunk[o + 100] ^ 0x40);
+          REQUIRE(::pwrite(fd, &c, 1, at + off_t(o) + 100) == 1);
+          damaged++;
+        }
+    }
+    ::close(fd);
+  }
+  REQUIRE(damaged == kTargets);
+  // The scrub first: a read that fails its checksum turns the mount
+  // read-only (format.md#fs-extent, "Checksums"), which a scrub does not.
+  CtlOut dirty = ctl(tmp, {"scrub", m.path(), "--json"});
+  INFO(dirty.out << dirty.err);
+  REQUIRE(dirty.rc == 4);
+  const auto j = nlohmann::json::parse(dirty.out);
+  REQUIRE(j["damage"].size() == size_t(kTargets));
+  for (const auto& d : j["damage"]) {
+    CHECK(d["type"] == "data");
+    CHECK(d["reason"] == "checksum");
+  }
+  // What the reads see now: the old bytes where the cache keeps the line,
+  // EIO (a checksum that fails) where it does not. Some must come from the
+  // cache, or this test would not tell a scrub through it from one past it.
+  int cached = 0;
+  for (int t = 0; t < kTargets; t++) cached += read_direct(t);
+  INFO(cached << " of " << kTargets << " targets read from the cache");
+  REQUIRE(cached > 0);
+  // A read that met the damage turned the mount read-only: its last commit
+  // fails, and the daemon says so in its exit status.
+  const int rc = m.unmount();
+  INFO(m.log());
+  REQUIRE(rc == (cached == kTargets ? 0 : 1));
 }

@@ -7,6 +7,7 @@
 
 #include <catch2/generators/catch_generators.hpp>
 
+#include "blockdev/device_set.h"
 #include "blockdev/read_cache.h"
 #include "test_util.h"
 
@@ -291,4 +292,29 @@ TEST_CASE("read cache: read_uncached reads the device, not the lines (a scrub's 
   must(above.read_uncached(kLine, got));
   REQUIRE(got == rot);  // the medium
   REQUIRE(cache.stats().misses == 1);
+}
+
+TEST_CASE("read cache: a device set forwards read_uncached to the member that holds the bytes", "[blockdev]") {
+  // A volume of two devices whose second is on NBD: the set is what the
+  // volume reads, and a scrub through it must reach the second's medium.
+  MemDevice first(8 * kLine), second(8 * kLine);
+  const std::vector<std::byte> ones(4096, std::byte{1}), rot(4096, std::byte{2});
+  must(second.write(kLine, ones));
+  must(first.write(kLine, ones));  // inside the mirrored area below
+  auto cache_first = std::make_unique<ReadCacheDevice>(std::make_unique<BorrowedDevice>(first), 8 * kLine, 0);
+  auto cache_second = std::make_unique<ReadCacheDevice>(std::make_unique<BorrowedDevice>(second), 8 * kLine, 0);
+  std::vector<DeviceSet::Member> members;
+  members.push_back({std::move(cache_first), 0, 8 * kLine, "first"});
+  members.push_back({std::move(cache_second), 16 * kLine, 8 * kLine, "second"});
+  auto set = must(DeviceSet::make(std::move(members), 2 * kLine));
+  std::vector<std::byte> got(4096);
+  for (uint64_t at : {kLine, 16 * kLine + kLine}) {  // the mirrored area, then the second member
+    INFO(at);
+    must(set->read(at, got));  // now cached
+    (at < 2 * kLine ? first : second).poke(kLine, rot);
+    must(set->read(at, got));
+    REQUIRE(got == ones);  // the cached line
+    must(set->read_uncached(at, got));
+    REQUIRE(got == rot);  // the member's medium
+  }
 }
