@@ -39,6 +39,7 @@ std::optional<MountEntry> parse_mountinfo_line(std::string_view line) {
   e.mountpoint = unescape_mountinfo(f[4]);
   e.fstype = unescape_mountinfo(f[dash + 1]);
   e.source = unescape_mountinfo(f[dash + 2]);
+  if (dash + 3 < f.size()) e.options = unescape_mountinfo(f[dash + 3]);
   return e;
 }
 

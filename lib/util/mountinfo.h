@@ -18,6 +18,7 @@ struct MountEntry {
   std::string mountpoint;  // as the kernel spells it (canonical, absolute)
   std::string fstype;      // "fuse.plyfs"
   std::string source;      // what was mounted: for plyfs, the image as given to it
+  std::string options;     // the super block's options: "rw,memory" for cgroup v1's memory hierarchy
 };
 
 // A field with the kernel's octal escapes (\ooo for space, tab, newline and

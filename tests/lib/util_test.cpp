@@ -1,9 +1,16 @@
 // lib/util: the one size and number parser every tool uses, the error
-// message rule, the progress line, and the mountinfo reader.
+// message rule, the progress line, the mountinfo reader, and what memory
+// the process may use (the machine's, its cgroup's).
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "test_util.h"
+#include "util/memory.h"
 #include "util/mountinfo.h"
 #include "util/parse.h"
 #include "util/progress.h"
@@ -124,6 +131,7 @@ TEST_CASE("mountinfo lines: escapes undone, optional fields skipped, bad lines r
   CHECK(e->mountpoint == "/mnt/a b\tc");
   CHECK(e->fstype == "fuse.plyfs");
   CHECK(e->source == "/tmp/x\\y\nz.img");
+  CHECK(e->options == "rw,user_id=0");
   // No optional field; "-" as a mount option is not the separator.
   e = parse_mountinfo_line("1 0 8:1 / / rw - ext4 /dev/sda1 rw");
   REQUIRE(e);
@@ -138,6 +146,7 @@ TEST_CASE("mountinfo lines: escapes undone, optional fields skipped, bad lines r
   e = parse_mountinfo_line("3 1 0:31 / /x rw - fuse.plyfs  rw");
   REQUIRE(e);
   CHECK(e->source.empty());
+  CHECK(e->options == "rw");
   // A backslash not followed by three octal digits stays.
   CHECK(unescape_mountinfo("a\\9bc\\04") == "a\\9bc\\04");
   CHECK(unescape_mountinfo("\\400") == "\\400");
@@ -151,4 +160,101 @@ TEST_CASE("mountinfo lines: escapes undone, optional fields skipped, bad lines r
   CHECK(std::any_of(all.begin(), all.end(), [](const MountEntry& m) { return m.mountpoint == "/"; }));
   for (const auto& m : all) CHECK_FALSE(m.fstype.empty());
   CHECK(read_mountinfo("/nonexistent/mountinfo").empty());
+}
+
+namespace {
+void put(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+}  // namespace
+
+TEST_CASE("memory: /proc/meminfo, and a cgroup's limit (v1 and v2, every level up) narrowing it", "[util]") {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/plyfs-memory-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  const fs::path t = tmpl;
+  constexpr uint64_t M = 1ull << 20;
+  const std::string cg = (t / "cgroup").string(), mi = (t / "mountinfo").string();
+
+  put(t / "meminfo", "MemTotal:       16384 kB\nMemFree:         1024 kB\nMemAvailable:    4096 kB\nBuffers: 1 kB\n");
+  auto m = read_meminfo((t / "meminfo").c_str());
+  CHECK(m.total == 16384u << 10);
+  CHECK(m.available == 4096u << 10);
+  put(t / "meminfo", "MemTotal:       16384 kB\nMemFree:         1024 kB\n");  // no MemAvailable
+  CHECK(read_meminfo((t / "meminfo").c_str()).total == 0);
+  CHECK(read_meminfo((t / "none").c_str()).total == 0);
+
+  // cgroup v1's memory hierarchy (beside a cpu one, which has none of its
+  // files): the process's cgroup /a/b with 1 GiB, its parent /a with 512
+  // MiB nearly used, the root without a limit. The parent's limit is the
+  // total, and what is left under it the available (inactive file pages
+  // counted as free).
+  const fs::path v1 = t / "v1", cpu = t / "cpu", v2 = t / "v2";
+  put(mi, "30 25 0:26 / " + cpu.string() + " rw - cgroup cgroup rw,cpu\n" +
+              "31 25 0:27 / " + v1.string() + " rw shared:9 - cgroup cgroup rw,memory\n" +
+              "32 25 0:28 / " + v2.string() + " rw - cgroup2 cgroup2 rw,nsdelegate\n");
+  put(cg, "5:cpu:/a/b\n4:memory:/a/b\n0::/\n");
+  put(v1 / "memory.limit_in_bytes", "9223372036854771712\n");
+  put(v1 / "memory.usage_in_bytes", std::to_string(8000 * M) + "\n");
+  put(v1 / "a/memory.limit_in_bytes", std::to_string(512 * M) + "\n");
+  put(v1 / "a/memory.usage_in_bytes", std::to_string(500 * M) + "\n");
+  put(v1 / "a/memory.stat", "cache 1\ninactive_file 1\ntotal_inactive_file " + std::to_string(20 * M) + "\n");
+  put(v1 / "a/b/memory.limit_in_bytes", std::to_string(1024 * M) + "\n");
+  put(v1 / "a/b/memory.usage_in_bytes", std::to_string(300 * M) + "\n");
+  put(v1 / "a/b/memory.stat", "inactive_file " + std::to_string(100 * M) + "\n");
+  auto c = read_cgroup_memory(cg.c_str(), mi.c_str());
+  REQUIRE(c);
+  CHECK(c->total == 512 * M);
+  CHECK(c->available == 32 * M);
+  // Only the process's own level limited: its numbers.
+  put(v1 / "a/memory.limit_in_bytes", "9223372036854771712\n");
+  c = read_cgroup_memory(cg.c_str(), mi.c_str());
+  REQUIRE(c);
+  CHECK(c->total == 1024 * M);
+  CHECK(c->available == 824 * M);
+  // No limit anywhere: nothing to narrow.
+  put(v1 / "a/b/memory.limit_in_bytes", "9223372036854771712\n");
+  CHECK_FALSE(read_cgroup_memory(cg.c_str(), mi.c_str()));
+
+  // cgroup v2: memory.high below memory.max is the limit; "max" is none.
+  put(cg, "0::/c\n");
+  put(v2 / "c/memory.max", "max\n");
+  put(v2 / "c/memory.high", std::to_string(256 * M) + "\n");
+  put(v2 / "c/memory.current", std::to_string(200 * M) + "\n");
+  put(v2 / "c/memory.stat", "anon 1\ninactive_file " + std::to_string(50 * M) + "\nactive_file 7\n");
+  c = read_cgroup_memory(cg.c_str(), mi.c_str());
+  REQUIRE(c);
+  CHECK(c->total == 256 * M);
+  CHECK(c->available == 106 * M);
+  // Usage past the limit: nothing available, not a wrapped number.
+  put(v2 / "c/memory.current", std::to_string(400 * M) + "\n");
+  c = read_cgroup_memory(cg.c_str(), mi.c_str());
+  REQUIRE(c);
+  CHECK(c->available == 0);
+
+  // A container's mount of a subtree: its root is the container's cgroup,
+  // and the process's path (outside a cgroup namespace) starts with it.
+  put(mi, "31 25 0:27 /docker/x " + v1.string() + " rw - cgroup cgroup rw,memory\n");
+  put(cg, "4:memory:/docker/x/y\n");
+  put(v1 / "y/memory.limit_in_bytes", std::to_string(2048 * M) + "\n");
+  put(v1 / "y/memory.usage_in_bytes", std::to_string(48 * M) + "\n");
+  c = read_cgroup_memory(cg.c_str(), mi.c_str());
+  REQUIRE(c);
+  CHECK(c->total == 2048 * M);
+  CHECK(c->available == 2000 * M);
+  // Files that cannot be read, or a path that climbs out: none.
+  put(cg, "4:memory:/docker/x/../../etc\n");
+  CHECK_FALSE(read_cgroup_memory(cg.c_str(), mi.c_str()));
+  CHECK_FALSE(read_cgroup_memory((t / "none").c_str(), mi.c_str()));
+  CHECK_FALSE(read_cgroup_memory(cg.c_str(), (t / "none").c_str()));
+  fs::remove_all(t);
+
+  // This process: the machine's memory, never more.
+  const Memory host = read_meminfo(), now = memory_now();
+  REQUIRE(host.total > 0);
+  REQUIRE(host.available <= host.total);
+  CHECK(now.total > 0);
+  CHECK(now.total <= host.total);
+  CHECK(now.available <= host.available);
 }
