@@ -71,6 +71,12 @@ struct Daemon {
   std::mutex clean_mu;
   std::condition_variable clean_cv;
   bool clean_pending = false, clean_stop = false;
+  // The memory watch (memory_loop): gives back the NBD read caches' lines
+  // when the machine runs short (read_cache.h, C8). Runs when nbd_cache > 0.
+  std::thread memwatch;
+  std::mutex mem_mu;
+  std::condition_variable mem_cv;
+  bool mem_stop = false;
   bool read_only = false;
   bool daemonized = false;
   bool acl = false;        // default_permissions: the kernel checks permissions, and ACLs
@@ -183,6 +189,7 @@ class RunningOp {
   void update(uint64_t done, double fraction);
 };
 void cleaner_loop();  // Daemon::cleaner and Daemon::snapper, started by main
+void memory_loop();   // Daemon::memwatch
 void snapper_loop();
 void invalidate_all();
 Result<std::vector<UnionBranch>> union_branches(const std::vector<ViewLayer>& s);

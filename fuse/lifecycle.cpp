@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "blockdev/read_cache.h"
+#include "util/memory.h"
 #include "daemon.h"
 #include "snap/model.h"
 #include "snap/snap.h"
@@ -187,6 +189,22 @@ void cleaner_loop() {
         if (auto c = g->vol->commit(); !c) log_error("commit after dropping branches: %s", c.error().user_message(g->image).c_str());
     }
     lk.lock();
+  }
+}
+
+// Once a second, the limit of every read cache of the process from the
+// memory the machine, or the cgroup the daemon runs in, has left
+// (read_cache.h, C8; util/memory.h): what ZFS's ARC does with the kernel's
+// shrinkers, which a process cannot register.
+void memory_loop() {
+  std::unique_lock lk(g->mem_mu);
+  while (!g->mem_cv.wait_for(lk, std::chrono::seconds(1), [] { return g->mem_stop; })) {
+    const size_t n = ReadCacheDevice::count();
+    if (n == 0) continue;  // no NBD device (yet: one may be added)
+    const Memory m = memory_now();
+    ReadCacheDevice::for_each([&](ReadCacheDevice& c) {
+      c.set_limit(ReadCacheDevice::next_limit(c.capacity(), c.limit(), c.stats().cached_bytes, m, n));
+    });
   }
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "util/memory.h"
 #include "util/parse.h"
 
 namespace plyfs::daemon {
@@ -152,6 +153,9 @@ Result<CopyUpMode> copyup_mode(std::string_view m) {
 }  // namespace
 
 uint64_t default_nbd_cache() {
+  // The cgroup's limit where the daemon runs in one (a container's): an
+  // eighth of a host's memory could be past it (util/memory.h).
+  if (const Memory m = memory_now(); m.total > 0) return m.total / 8;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return 256ull << 20;
   return uint64_t(pages) * uint64_t(page) / 8;

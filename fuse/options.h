@@ -104,7 +104,8 @@ inline bool others_reach(const Config& c) { return c.allow_other || c.allow_root
 bool uring_built();
 
 void usage();  // plyfs -h
-// -o nbd_cache's default: an eighth of the machine's memory (as ZFS sizes
+// -o nbd_cache's default: an eighth of the machine's memory, or of the memory
+// cgroup's limit if the daemon runs in one with less (as ZFS sizes
 // its ARC from it; the host's page cache, which an image file has, takes
 // whatever is free).
 uint64_t default_nbd_cache();

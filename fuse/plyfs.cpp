@@ -242,6 +242,7 @@ int serve(Daemon& d, const Config& cfg, fuse_session* se) {
   d.timeout = cfg.timeout;
   if (d.snap_interval && !cfg.ro) d.snapper = std::thread(snapper_loop);
   if (!cfg.ro) d.cleaner = std::thread(cleaner_loop);
+  if (d.nbd_cache) d.memwatch = std::thread(memory_loop);
   fuse_loop_config* lc = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(lc, cfg.max_threads);
   fuse_loop_cfg_set_idle_threads(lc, idle_threads(cfg.max_idle_threads, cfg.max_threads));
@@ -267,6 +268,14 @@ int serve(Daemon& d, const Config& cfg, fuse_session* se) {
     }
     d.clean_cv.notify_all();
     d.cleaner.join();
+  }
+  if (d.memwatch.joinable()) {
+    {
+      std::lock_guard ml(d.mem_mu);
+      d.mem_stop = true;
+    }
+    d.mem_cv.notify_all();
+    d.memwatch.join();
   }
   d.notifier.stop();  // as the snapshot thread: after the unmount
   fuse_remove_signal_handlers(se);

@@ -1,12 +1,70 @@
 #include "blockdev/read_cache.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace plyfs {
 
+namespace {
+// C8: every cache of the process, for the daemon's memory watch.
+std::mutex registry_mu;
+std::vector<ReadCacheDevice*>& registry() {
+  static std::vector<ReadCacheDevice*> r;
+  return r;
+}
+}  // namespace
+
 ReadCacheDevice::ReadCacheDevice(std::unique_ptr<BlockDevice> inner, uint64_t capacity_bytes, size_t streams)
-    : inner_(std::move(inner)), max_lines_(capacity_bytes / kLine), streams_(std::min(streams, kStreams)) {}
+    : inner_(std::move(inner)),
+      capacity_lines_(capacity_bytes / kLine),
+      limit_lines_(capacity_lines_),
+      streams_(std::min(streams, kStreams)) {
+  std::lock_guard lk(registry_mu);
+  registry().push_back(this);
+}
+
+ReadCacheDevice::~ReadCacheDevice() {
+  std::lock_guard lk(registry_mu);
+  std::erase(registry(), this);
+}
+
+void ReadCacheDevice::for_each(const std::function<void(ReadCacheDevice&)>& fn) {
+  std::lock_guard lk(registry_mu);
+  for (ReadCacheDevice* c : registry()) fn(*c);
+}
+
+size_t ReadCacheDevice::count() {
+  std::lock_guard lk(registry_mu);
+  return registry().size();
+}
+
+uint64_t ReadCacheDevice::next_limit(uint64_t capacity, uint64_t limit, uint64_t cached, Memory m, size_t caches) {
+  capacity = capacity / kLine * kLine;
+  limit = std::min(limit, capacity);
+  if (m.total == 0) return limit;  // nothing known: as it is
+  const uint64_t low = m.total / kLowMemory, high = m.total / kHighMemory;
+  if (m.available < low) return std::min(limit, cached / 2 / kLine * kLine);
+  if (m.available <= high) return limit;
+  const uint64_t share = (m.available - high) / std::max<size_t>(caches, 1);
+  const uint64_t grown = std::min(capacity, cached + share) / kLine * kLine;
+  return std::max(limit, grown);
+}
+
+void ReadCacheDevice::set_limit(uint64_t bytes) {
+  std::lock_guard lk(mu_);
+  limit_lines_.store(std::min(capacity_lines_, bytes / kLine), std::memory_order_relaxed);
+  evict_locked();
+}
+
+void ReadCacheDevice::evict_locked() {
+  const uint64_t limit = limit_lines_.load(std::memory_order_relaxed);
+  while (lru_.size() > limit) {  // C4, C8
+    stats_.cached_bytes -= lru_.back().bytes.size();
+    index_.erase(lru_.back().no);
+    lru_.pop_back();
+  }
+}
 
 bool ReadCacheDevice::all_cached_locked(uint64_t first, uint64_t last) const {
   for (uint64_t n = first; n <= last; n++)
@@ -17,7 +75,7 @@ bool ReadCacheDevice::all_cached_locked(uint64_t first, uint64_t last) const {
 Result<void> ReadCacheDevice::read(uint64_t offset, std::span<std::byte> out) {
   PLY_CHECK(check_range(*this, offset, out.size()));
   if (out.empty()) return ok();
-  if (max_lines_ == 0) return inner_->read(offset, out);
+  if (limit_lines_.load(std::memory_order_relaxed) == 0) return inner_->read(offset, out);  // C8: none kept
   const uint64_t len = out.size();
   const uint64_t first = offset / kLine, last = (offset + len - 1) / kLine;
   std::unique_lock lk(mu_);
@@ -38,7 +96,7 @@ Result<void> ReadCacheDevice::read(uint64_t offset, std::span<std::byte> out) {
     stats_.hits++;
     return ok();
   }
-  if (len >= kBypass || stream || last - first + 1 > max_lines_) {  // C3
+  if (len >= kBypass || stream || last - first + 1 > limit_lines_.load(std::memory_order_relaxed)) {  // C3
     stats_.bypassed++;
     lk.unlock();
     return inner_->read(offset, out);
@@ -70,16 +128,14 @@ Result<void> ReadCacheDevice::read(uint64_t offset, std::span<std::byte> out) {
     index_[n] = lru_.begin();
     stats_.cached_bytes += hi - lo;
   }
-  while (lru_.size() > max_lines_) {  // C4
-    stats_.cached_bytes -= lru_.back().bytes.size();
-    index_.erase(lru_.back().no);
-    lru_.pop_back();
-  }
+  evict_locked();
   return ok();
 }
 
 void ReadCacheDevice::invalidate(uint64_t offset, uint64_t len) {
-  if (len == 0 || max_lines_ == 0) return;
+  // The capacity, not the limit: a fill begun under a higher limit that
+  // returns after it rose again must still learn of the write (C1).
+  if (len == 0 || capacity_lines_ == 0) return;
   const uint64_t first = offset / kLine, last = (offset + len - 1) / kLine;
   std::lock_guard lk(mu_);
   for (Fill* f : fills_)

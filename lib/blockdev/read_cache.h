@@ -35,10 +35,21 @@
 //      follows the size).
 //   C7 read_uncached() reads the inner device and keeps nothing: a scrub
 //      checks the medium, not what the cache read from it earlier.
+//   C8 It gives memory back when the machine runs short, as the kernel's
+//      page cache would: set_limit() lowers what it may keep below its
+//      capacity (the least recently used lines go at once) and raises it
+//      again up to the capacity. next_limit() is the rule the daemon applies
+//      to every cache of the process once a second (for_each), from
+//      util/memory.h's memory_now() (the machine's, or its cgroup's if
+//      smaller): below kLowMemory of it available, half of what a cache holds goes;
+//      above kHighMemory, it may grow by its share of what is available past
+//      that mark; in between, its limit stays.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -46,6 +57,7 @@
 #include <vector>
 
 #include "blockdev/blockdev.h"
+#include "util/memory.h"
 
 namespace plyfs {
 
@@ -60,6 +72,9 @@ class ReadCacheDevice final : public BlockDevice {
   // is kept (every read goes to the device). streams: how many recent reads
   // C3 compares with (at most kStreams; 0: only the length counts).
   ReadCacheDevice(std::unique_ptr<BlockDevice> inner, uint64_t capacity_bytes, size_t streams = kStreams);
+  ~ReadCacheDevice() override;
+  ReadCacheDevice(const ReadCacheDevice&) = delete;
+  ReadCacheDevice& operator=(const ReadCacheDevice&) = delete;
 
   Result<void> read(uint64_t offset, std::span<std::byte> out) override;
   // The inner device's bytes, not the lines (and nothing kept).
@@ -88,6 +103,22 @@ class ReadCacheDevice final : public BlockDevice {
   };
   Stats stats() const;
 
+  // C8: keep at most `bytes` of lines from now on (whole lines, at most the
+  // capacity); lines past it go now, the least recently used first.
+  void set_limit(uint64_t bytes);
+  uint64_t limit() const { return limit_lines_.load(std::memory_order_relaxed) * kLine; }
+  uint64_t capacity() const { return capacity_lines_ * kLine; }
+
+  static constexpr unsigned kLowMemory = 16;  // below total / 16 available: give back
+  static constexpr unsigned kHighMemory = 8;  // above total / 8 available: may grow
+  // The limit a cache of `capacity` that may keep `limit` and holds `cached`
+  // bytes gets next, one of `caches` in the process.
+  static uint64_t next_limit(uint64_t capacity, uint64_t limit, uint64_t cached, Memory m, size_t caches = 1);
+  // Calls fn for every cache alive in this process (none is destroyed
+  // meanwhile); how many there are.
+  static void for_each(const std::function<void(ReadCacheDevice&)>& fn);
+  static size_t count();
+
  private:
   struct Line {
     uint64_t no;
@@ -111,8 +142,13 @@ class ReadCacheDevice final : public BlockDevice {
   }
   bool all_cached_locked(uint64_t first, uint64_t last) const;
 
+  void evict_locked();
+
   std::unique_ptr<BlockDevice> inner_;
-  const uint64_t max_lines_;
+  const uint64_t capacity_lines_;
+  // C8: what may be kept now, at most capacity_lines_; changed under mu_,
+  // read without it by a read that need not take it (0: keep nothing).
+  std::atomic<uint64_t> limit_lines_;
   const size_t streams_;
   mutable std::mutex mu_;  // guards what follows
   std::list<Line> lru_;    // the most recently used first

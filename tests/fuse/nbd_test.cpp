@@ -3,16 +3,22 @@
 // plyctl and fsck.plyfs given an nbd+unix:// URI; write errors injected by
 // nbdkit's error filter turn the mount read-only with nothing committed
 // lost; a server killed under a mount leaves a recoverable image; nbd:// and
-// nbds:// (TLS) on the loopback address; qemu-nbd serving a qcow2 file.
+// nbds:// (TLS) on the loopback address; qemu-nbd serving a qcow2 file;
+// the daemon's read cache (never stale, scrubbed past, shrunk when the
+// daemon's memory cgroup runs short).
 // tests/fuse/meson.build runs these only with libnbd and nbdkit.
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <nlohmann/json.hpp>
@@ -55,6 +61,60 @@ void require_show(const std::string& tmp, const std::string& target, const std::
   INFO("plyctl show " << target << ":\n" << slurp(log));
   REQUIRE(rc == 0);
   REQUIRE(slurp(log).find(want) != std::string::npos);
+}
+
+// A memory cgroup of the test's own under the host's hierarchy, cgroup v1's
+// memory controller or v2's; ok() false where none can be made (not root,
+// no memory controller).
+class MemCgroup {
+ public:
+  explicit MemCgroup(const std::string& name) {
+    struct stat st;
+    if (::stat("/sys/fs/cgroup/memory/memory.limit_in_bytes", &st) == 0) {
+      dir_ = "/sys/fs/cgroup/memory/" + name;
+    } else if (slurp("/sys/fs/cgroup/cgroup.controllers").find("memory") != std::string::npos) {
+      v2_ = true;
+      std::ofstream("/sys/fs/cgroup/cgroup.subtree_control") << "+memory";
+      dir_ = "/sys/fs/cgroup/" + name;
+    } else {
+      return;
+    }
+    if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) dir_.clear();
+    if (!dir_.empty() && ::stat((dir_ + (v2_ ? "/memory.max" : "/memory.limit_in_bytes")).c_str(), &st) != 0)
+      dir_.clear();
+  }
+  ~MemCgroup() {
+    if (dir_.empty()) return;
+    // Whatever is left in it (the daemon exits at its unmount) first.
+    for (int i = 0; i < 100 && ::rmdir(dir_.c_str()) != 0 && errno == EBUSY; i++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  MemCgroup(const MemCgroup&) = delete;
+  MemCgroup& operator=(const MemCgroup&) = delete;
+  bool ok() const { return !dir_.empty(); }
+  bool put(const std::string& file, const std::string& value) const {
+    std::ofstream o(dir_ + "/" + file);
+    o << value;
+    o.flush();
+    return bool(o);
+  }
+  bool set_limit(uint64_t bytes) const { return put(v2_ ? "memory.max" : "memory.limit_in_bytes", std::to_string(bytes)); }
+  bool add(pid_t pid) const { return put("cgroup.procs", std::to_string(pid)); }
+  uint64_t usage() const {
+    return std::stoull("0" + slurp(dir_ + (v2_ ? "/memory.current" : "/memory.usage_in_bytes")));
+  }
+
+ private:
+  std::string dir_;
+  bool v2_ = false;
+};
+
+// How many read requests nbdkit's log filter has logged.
+size_t logged_reads(const std::string& log) {
+  const std::string text = slurp(log);
+  size_t n = 0;
+  for (size_t at = 0; (at = text.find(" Read id=", at)) != std::string::npos; at++) n++;
+  return n;
 }
 
 }  // namespace
@@ -679,4 +739,129 @@ TEST_CASE("NBD: scrub of a mount checks the server's bytes, not the daemon's rea
   const int rc = m.unmount();
   INFO(m.log());
   REQUIRE(rc == (cached == kTargets ? 0 : 1));
+}
+
+TEST_CASE("NBD: the read cache gives its memory back when the daemon's cgroup runs short, and takes it again",
+          "[nbd-fuse]") {
+  // read_cache.h C8 with the kernel's own accounting: the daemon in a memory
+  // cgroup of 256 MiB, its cache filled by small O_DIRECT reads (each a hit
+  // the second time: no read reaches the server, as nbdkit's log filter
+  // counts); then a process in the same cgroup takes all but a few MiB of
+  // it, and the cache must let its lines go (every read to the server
+  // again); once that process is gone, the cache must fill and hit again.
+  MemCgroup cg("plyfs-test-" + std::to_string(::getpid()));
+  if (!cg.ok()) {
+    WARN("skipped: no memory cgroup can be made here");
+    return;
+  }
+  constexpr uint64_t M = 1ull << 20, kLimit = 256 * M;
+  REQUIRE(cg.set_limit(kLimit));
+  const uint64_t s = seed("nbd-cache-pressure");
+  std::mt19937_64 rng(s);
+  TempDir tmp;
+  const std::string img = tmp / "export.img", log = tmp / "reads.log";
+  {
+    const int fd = ::open(img.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, off_t(256 * M)) == 0);
+    ::close(fd);
+  }
+  NbdServer srv(tmp.path(), {"--filter=log", "file", img, "logfile=" + log});
+  const std::string uri = srv.uri();
+  mkfs(uri, "256M", tmp / "mkfs.log");
+  constexpr size_t kReads = 64, kBlock = 4096;
+  const std::string data = random_bytes(rng, kReads * M);
+  {
+    Mount w(uri, tmp / "mnt", {"commit=1"});
+    w.start();
+    write_file(w / "big", data);
+    REQUIRE(w.unmount() == 0);
+  }
+  Mount m(uri, tmp / "mnt", {"nbd_cache=64M"});
+  m.start();
+  // What it allocates from now on is charged to the cgroup (cgroup v1 and
+  // v2 leave what it had where it was).
+  REQUIRE(cg.add(m.pid()));
+  void* mem = nullptr;
+  REQUIRE(::posix_memalign(&mem, kBlock, kBlock) == 0);
+  std::unique_ptr<void, decltype(&std::free)> buf(mem, std::free);
+  // One 4 KiB read in each MiB of the file, each checked; how many reached
+  // the server. The file's blocks lie where the allocator put them, a few
+  // of them near another one read just before: such a read is taken for
+  // part of a stream and not kept the first time (C3), so the pass after a
+  // cold one fills those, and the one after that reads nothing.
+  auto pass = [&] {
+    const size_t before = logged_reads(log);
+    const int fd = ::open((m / "big").c_str(), O_RDONLY | O_DIRECT);
+    REQUIRE(fd >= 0);
+    for (size_t k = 0; k < kReads; k++) {
+      REQUIRE(::pread(fd, mem, kBlock, off_t(k * M)) == ssize_t(kBlock));
+      REQUIRE(std::memcmp(mem, data.data() + k * M, kBlock) == 0);
+    }
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the log written
+    return logged_reads(log) - before;
+  };
+  const size_t cold = pass();
+  const uint64_t used_cold = cg.usage();
+  pass();
+  const size_t warm = pass();
+  INFO("server reads: cold " << cold << ", warm " << warm << "; cgroup usage " << used_cold / M << " MiB, then "
+                             << cg.usage() / M << " MiB");
+  REQUIRE(cold >= kReads);
+  REQUIRE(warm <= kReads / 8);
+
+  // Pressure: a process in the cgroup takes all but 8 MiB of it (below a
+  // sixteenth, 16 MiB: the cache must halve each second, down to nothing;
+  // what it frees may stay the daemon's, in its heap or ASan's quarantine).
+  const uint64_t used = cg.usage();
+  REQUIRE(used + 32 * M < kLimit);
+  const size_t hog_bytes = size_t(kLimit - used - 8 * M);
+  int go[2], ready[2];
+  REQUIRE(::pipe(go) == 0);
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t hog = ::fork();
+  REQUIRE(hog >= 0);
+  if (hog == 0) {  // in the cgroup once `go` says so; nothing but system calls
+    ::close(go[1]);
+    ::close(ready[0]);
+    char c = 0;
+    if (::read(go[0], &c, 1) != 1) ::_exit(2);
+    void* p = ::mmap(nullptr, hog_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) ::_exit(3);
+    std::memset(p, 0x5a, hog_bytes);
+    if (::write(ready[1], &c, 1) != 1) ::_exit(4);
+    for (;;) ::pause();
+  }
+  ::close(go[0]);
+  ::close(ready[1]);
+  const bool moved = cg.add(hog);
+  char c = 1;
+  const bool hogging = moved && ::write(go[1], &c, 1) == 1 && ::read(ready[0], &c, 1) == 1;
+  ::close(go[1]);
+  ::close(ready[0]);
+  auto stop_hog = [&] {
+    ::kill(hog, SIGKILL);
+    int st;
+    ::waitpid(hog, &st, 0);
+  };
+  if (!hogging) stop_hog();
+  REQUIRE(hogging);
+  std::this_thread::sleep_for(std::chrono::seconds(9));  // 64 lines: 7 halvings
+  const size_t pressed = pass(), pressed_again = pass();
+  INFO("cgroup usage " << cg.usage() / M << " MiB of " << kLimit / M << " MiB; server reads under pressure: "
+                       << pressed << ", " << pressed_again);
+  stop_hog();
+  CHECK(pressed >= kReads);
+  CHECK(pressed_again >= kReads);  // nor kept while it lasts
+
+  // Memory back: the cache grows to its size again within a second or two.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const size_t refill = pass();
+  pass();
+  const size_t rewarm = pass();
+  INFO("after: refill " << refill << ", warm " << rewarm);
+  CHECK(refill >= kReads / 2);
+  CHECK(rewarm <= kReads / 8);
+  REQUIRE(m.unmount() == 0);
 }

@@ -318,3 +318,94 @@ TEST_CASE("read cache: a device set forwards read_uncached to the member that ho
     REQUIRE(got == rot);  // the member's medium
   }
 }
+
+TEST_CASE("read cache: under memory pressure it gives lines back, and grows again when memory returns (C8)",
+          "[blockdev]") {
+  constexpr uint64_t G = 1ull << 30, M = 1ull << 20;
+  using Mem = Memory;
+  const Mem plenty{16 * G, 8 * G}, between{16 * G, 1536 * M}, short_{16 * G, 512 * M};
+  // The rule: half of what it holds below total / 16, as it is in between,
+  // and growth by its share of what lies past total / 8 above.
+  CHECK(ReadCacheDevice::next_limit(2 * G, 2 * G, 512 * M, short_) == 256 * M);
+  CHECK(ReadCacheDevice::next_limit(2 * G, 256 * M, 256 * M, short_) == 128 * M);
+  CHECK(ReadCacheDevice::next_limit(2 * G, 2 * G, 0, short_) == 0);
+  CHECK(ReadCacheDevice::next_limit(2 * G, 2 * G, kLine + 4096, short_) == 0);  // whole lines
+  CHECK(ReadCacheDevice::next_limit(2 * G, 2 * G, 512 * M, between) == 2 * G);
+  CHECK(ReadCacheDevice::next_limit(2 * G, 256 * M, 256 * M, between) == 256 * M);
+  CHECK(ReadCacheDevice::next_limit(2 * G, 256 * M, 256 * M, {16 * G, 2 * G + 100 * M}) == 356 * M);
+  CHECK(ReadCacheDevice::next_limit(2 * G, 256 * M, 256 * M, plenty) == 2 * G);  // at most the capacity
+  CHECK(ReadCacheDevice::next_limit(8 * G, 256 * M, 256 * M, plenty, 4) == 256 * M + 1536 * M);  // a share
+  CHECK(ReadCacheDevice::next_limit(8 * G, 4 * G, 256 * M, {16 * G, 2 * G + 100 * M}) == 4 * G);  // never lowered there
+  CHECK(ReadCacheDevice::next_limit(2 * G, 4 * G, 0, Mem{}) == 2 * G);  // memory unknown: as it is
+  CHECK(ReadCacheDevice::next_limit(2 * G, 4 * G, 0, between) == 2 * G);  // never past the capacity
+
+  // set_limit: the least recently used lines go at once, the rest still hit.
+  MemDevice mem(1024 * kLine);
+  FaultDevice counting(mem);
+  ReadCacheDevice dev(std::make_unique<BorrowedDevice>(counting), 8 * kLine);
+  REQUIRE(dev.capacity() == 8 * kLine);
+  REQUIRE(dev.limit() == 8 * kLine);
+  std::vector<std::byte> b4(4096);
+  auto reads = [&] { return counting.calls(FaultDevice::Op::Read); };
+  for (uint64_t i = 0; i < 8; i++) must(dev.read(i * 100 * kLine, b4));  // far apart: no stream
+  REQUIRE(dev.stats().cached_bytes == 8 * kLine);
+  dev.set_limit(3 * kLine + 100);
+  REQUIRE(dev.limit() == 3 * kLine);
+  REQUIRE(dev.stats().cached_bytes == 3 * kLine);
+  uint64_t now = reads();
+  for (uint64_t i = 5; i < 8; i++) must(dev.read(i * 100 * kLine + 4096, b4));  // the newest three
+  REQUIRE(reads() == now);
+  // A new line pushes out the oldest kept one: still at most the limit.
+  must(dev.read(900 * kLine, b4));
+  REQUIRE(dev.stats().cached_bytes == 3 * kLine);
+  // Limit 0: nothing kept, every read to the device, and still right.
+  dev.set_limit(0);
+  REQUIRE(dev.stats().cached_bytes == 0);
+  now = reads();
+  const std::vector<std::byte> ones(4096, std::byte{1});
+  must(dev.write(300 * kLine, ones));
+  must(dev.read(300 * kLine, b4));
+  must(dev.read(300 * kLine, b4));
+  REQUIRE(b4 == ones);
+  REQUIRE(reads() == now + 2);
+  REQUIRE(dev.stats().cached_bytes == 0);
+  // Raised past the capacity: the capacity, and lines are kept again.
+  dev.set_limit(100 * kLine);
+  REQUIRE(dev.limit() == 8 * kLine);
+  must(dev.read(1000 * kLine, b4));  // near no recent read
+  REQUIRE(dev.stats().cached_bytes == kLine);
+  // A fill in flight while the limit falls to 0, a write of its line, the
+  // limit back up before the fill returns: the write still marks the fill
+  // (C1 looks at the capacity, not the limit), which is not kept.
+  GateDevice gate(mem);
+  ReadCacheDevice raced(std::make_unique<BorrowedDevice>(gate), 8 * kLine, 0);
+  const std::vector<std::byte> twos(4096, std::byte{2});
+  gate.arm();
+  std::vector<std::byte> first(4096);
+  std::thread reader([&] { must(raced.read(700 * kLine, first)); });
+  gate.wait_inside();
+  raced.set_limit(0);
+  must(raced.write(700 * kLine, twos));
+  raced.set_limit(8 * kLine);
+  gate.open();
+  reader.join();
+  must(raced.read(700 * kLine, b4));
+  REQUIRE(b4 == twos);
+  REQUIRE(raced.stats().dropped == 1);
+}
+
+TEST_CASE("read cache: every cache of the process found, none after it is gone (C8)", "[blockdev]") {
+  const size_t before = ReadCacheDevice::count();
+  MemDevice mem(16 * kLine);
+  {
+    ReadCacheDevice a(std::make_unique<BorrowedDevice>(mem), 4 * kLine);
+    ReadCacheDevice b(std::make_unique<BorrowedDevice>(mem), 8 * kLine);
+    REQUIRE(ReadCacheDevice::count() == before + 2);
+    uint64_t seen = 0;
+    ReadCacheDevice::for_each([&](ReadCacheDevice& c) {
+      if (&c == &a || &c == &b) seen += c.capacity();
+    });
+    REQUIRE(seen == 12 * kLine);
+  }
+  REQUIRE(ReadCacheDevice::count() == before);
+}
