@@ -35,6 +35,12 @@ void print_rules(const Json& r) {
   }
   for (const auto& x : r["rules"])
     std::printf("%3llu  %s\n", (unsigned long long)x["rank"].get<uint64_t>(), x["rule"].get<std::string>().c_str());
+  if (r.contains("migration")) {  // a mount's: files that crossed a rule since it began
+    const Json& m = r["migration"];
+    std::printf("moved since mounted: %llu files (%s), %llu failed, %llu waiting\n",
+                (unsigned long long)m["files_moved"].get<uint64_t>(), format_size(m["moved_bytes"].get<uint64_t>()).c_str(),
+                (unsigned long long)m["files_failed"].get<uint64_t>(), (unsigned long long)m["queued"].get<uint64_t>());
+  }
 }
 
 // The rules a `set` gives: its arguments, or the lines of --file (blank

@@ -436,7 +436,22 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     Json out = model::where(*g->vol, PLY_TRY(g->u->placement(ino)));
     return out;
   }
-  if (cmd == "policy") return model::policy(*g->vol);
+  if (cmd == "policy") {
+    // The rules, and what the mount's branches moved in the background
+    // since it began (format.md#migration).
+    Json out = PLY_TRY(model::policy(*g->vol));
+    Filesystem::MigrationStats sum;
+    for (const auto& [tree, fs] : g->branches) {
+      if (!fs) continue;
+      const auto st = fs->migration_stats();
+      sum.files += st.files;
+      sum.blocks += st.blocks;
+      sum.failed += st.failed;
+      sum.queued += st.queued;
+    }
+    out["migration"] = model::policy_migration(*g->vol, sum);
+    return out;
+  }
   if (cmd == "policy-test") {
     auto num = [&](const char* k, uint64_t dflt, uint64_t max) -> Result<uint64_t> {
       if (!req.contains(k)) return dflt;

@@ -316,6 +316,7 @@ class Filesystem {
   Result<uint64_t> migrate(uint64_t ino);
   struct MigrationStats {
     uint64_t files = 0, blocks = 0, failed = 0;
+    uint64_t queued = 0;  // migration_stats(): files waiting, or moving now
   };
   MigrationStats migration_stats();
   // plyctl policy apply: migrate() of every regular file of the branch now

@@ -129,7 +129,9 @@ class Filesystem::Placer {
   }
   MigrationStats stats() {
     std::lock_guard lk(mu_);
-    return stats_;
+    MigrationStats s = stats_;
+    s.queued = queue_.size() + busy_;
+    return s;
   }
 
  private:

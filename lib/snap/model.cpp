@@ -529,6 +529,12 @@ Json policy_applied(Volume& v, const Filesystem::MigrationStats& st) {
   return Json{{"files_moved", st.files}, {"moved_bytes", st.blocks * v.block_size()}, {"files_failed", st.failed}};
 }
 
+Json policy_migration(Volume& v, const Filesystem::MigrationStats& st) {
+  Json j = policy_applied(v, st);
+  j["queued"] = st.queued;
+  return j;
+}
+
 Result<Json> policy(Volume& v) {
   const auto rules = PLY_TRY(list_placement_rules(v));
   Json list = Json::array();

@@ -91,6 +91,9 @@ Result<Json> policy(Volume& v);
 // plyctl policy apply: the files moved and the bytes they moved (schema
 // "PolicyApply").
 Json policy_applied(Volume& v, const Filesystem::MigrationStats& st);
+// A mount's background migration since it began (plyctl policy list on a
+// mount): policy_applied's counts and the files still waiting.
+Json policy_migration(Volume& v, const Filesystem::MigrationStats& st);
 // One rule as the model shows it (rank from 1).
 Json policy_rule(const PlacementRule& r, size_t rank);
 // plyctl policy test: the rule a new file at `path` (from the root) of that

@@ -307,12 +307,20 @@ TEST_CASE("multidev-fuse: placement rules place files and move them when they cr
     return schema_checked("where", r.out);
   };
   std::map<std::string, uint32_t> owner;
+  std::map<std::string, std::string> placed;  // the class check() saw last
+  uint64_t moves = 0, moved_blocks = 0;
   auto check = [&](const std::string& rel) {
     const json w = where(rel);
     const std::string cls = want(rel, files[rel].size(), owner[rel]);
     INFO(rel << " (" << files[rel].size() << " bytes) belongs on " << cls << ": " << w.dump());
     for (const auto& e : w["extents"]) REQUIRE(e["class"] == cls);
     REQUIRE(read_file(m / rel) == files[rel]);
+    // A file whose data had to change class was moved, all of it.
+    if (auto it = placed.find(rel); it != placed.end() && it->second != cls) {
+      moves++;
+      moved_blocks += (files[rel].size() + 4095) / 4096;
+    }
+    placed[rel] = cls;
   };
   ::mkdir((m / "db").c_str(), 0755);
   static const char* kExts[] = {".mp4", ".txt", ".mkv", ""};
@@ -367,14 +375,37 @@ TEST_CASE("multidev-fuse: placement rules place files and move them when they cr
       REQUIRE(::rename((m / rel).c_str(), (m / to).c_str()) == 0);
       files[to] = files[rel];
       files.erase(rel);
+      placed[to] = placed[rel];
       check(to);
       const std::string video = "db/moved.mkv";
       REQUIRE(::rename((m / to).c_str(), (m / video).c_str()) == 0);
       files[video] = files[to];
       files.erase(to);
+      placed[video] = placed[to];
       check(video);
       break;
     }
+  }
+  // The mount counts what it moved: each crossing above that changed a
+  // file's class (the two chowns and two renames; the growth too unless
+  // the file was under /db) moved the whole file once, nothing else moved,
+  // and nothing waits once `where` has answered.
+  {
+    auto r = ctl(tmp, {"policy", "list", m.path(), "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json l = schema_checked("policy list", r.out);
+    REQUIRE(l.contains("migration"));
+    INFO(l["migration"].dump());
+    INFO(moves << " moves of " << moved_blocks << " blocks expected");
+    REQUIRE(moves >= 4);
+    CHECK(l["migration"]["files_moved"].get<uint64_t>() == moves);
+    CHECK(l["migration"]["moved_bytes"].get<uint64_t>() == moved_blocks * 4096);
+    CHECK(l["migration"]["files_failed"] == 0);
+    CHECK(l["migration"]["queued"] == 0);
+    r = ctl(tmp, {"policy", "list", m.path()});
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("moved since mounted: ") != std::string::npos);
   }
   // Strict: /db fills the fast device, then ENOSPC while the slow one has room.
   {
@@ -449,6 +480,7 @@ TEST_CASE("multidev-fuse: placement rules place files and move them when they cr
     INFO(r.err);
     REQUIRE(r.rc == 0);
     REQUIRE(schema_checked("policy list", r.out)["rules"].size() == 4);
+    REQUIRE_FALSE(json::parse(r.out).contains("migration"));  // a mount's alone
     REQUIRE(run({fsck_bin(), "-n", fast, slow}, tmp / "fsck.log") == 0);
   }
   // An offline import follows the rules too: a video to slow, a large file
