@@ -79,9 +79,14 @@ class MemCgroup {
     } else {
       return;
     }
-    if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) dir_.clear();
-    if (!dir_.empty() && ::stat((dir_ + (v2_ ? "/memory.max" : "/memory.limit_in_bytes")).c_str(), &st) != 0)
+    if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
       dir_.clear();
+    } else if (::stat((dir_ + (v2_ ? "/memory.max" : "/memory.limit_in_bytes")).c_str(), &st) != 0) {
+      // v2 without the controller for it (a parent that holds processes
+      // cannot pass it on): a plain cgroup, of no use here.
+      ::rmdir(dir_.c_str());
+      dir_.clear();
+    }
   }
   ~MemCgroup() {
     if (dir_.empty()) return;
