@@ -31,6 +31,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <algorithm>
 #include <chrono>
@@ -83,10 +84,17 @@ void raise_readahead(const char* mountpoint) {
     std::fclose(r);
   }
   if (now >= kMaxReadahead / 1024) return;
-  if (FILE* w = std::fopen(path.c_str(), "w")) {  // not root, or no sysfs: the kernel's default stays
-    std::fprintf(w, "%u\n", kMaxReadahead / 1024);
-    std::fclose(w);
+  // Not root, or no sysfs: the kernel's default stays, which costs large
+  // reads; said once, as a notice (the mount works as it is).
+  FILE* w = std::fopen(path.c_str(), "w");
+  bool ok = w != nullptr;
+  if (w) {
+    ok = std::fprintf(w, "%u\n", kMaxReadahead / 1024) > 0;
+    ok = std::fclose(w) == 0 && ok;
   }
+  if (!ok)
+    log_info("cannot raise %s from %lu to %u (%s): large reads reach the daemon %lu KiB at a time", path.c_str(),
+             now, kMaxReadahead / 1024, std::strerror(errno), now);
 }
 
 // -o commit_stats: the commits of the mount by cause, and what they cost the

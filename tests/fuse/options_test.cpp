@@ -2,7 +2,11 @@
 // line "plyfs: bad ...", exit status 1 and nothing mounted; sizes take
 // mkfs.plyfs's units; a mount point that is not a directory is refused as
 // mount(8) refuses it (exit 32); a damaged image says to run fsck.plyfs.
+#include <sys/mount.h>
 #include <sys/sysmacros.h>
+
+#include <cstdlib>
+#include <sstream>
 
 #include "fuse_util.h"
 
@@ -201,4 +205,74 @@ TEST_CASE("options: the mount reads ahead 1 MiB, not the kernel's 128 KiB defaul
   REQUIRE(slurp("/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev)) +
                 "/read_ahead_kb") == "1024\n");
   REQUIRE(again.unmount() == 0);
+}
+
+TEST_CASE("options: a mount by another user than root keeps the kernel's readahead and says so once",
+          "[options]") {
+  // Only root may write a bdi's read_ahead_kb: a user's mount (through the
+  // setuid fusermount3) works with the kernel's value, and the daemon says
+  // in one notice why large reads arrive in small pieces.
+  struct stat fm{};
+  if (::stat("/usr/bin/fusermount3", &fm) != 0 || !(fm.st_mode & S_ISUID) || ::access("/usr/bin/setpriv", X_OK) != 0) {
+    WARN("skipped: no setuid fusermount3 or no setpriv here");
+    return;
+  }
+  constexpr uid_t kNobody = 65534;
+  TempDir tmp;
+  const std::string img = tmp / "image", mnt = tmp / "mnt";
+  mkfs(img, "64M", tmp / "mkfs.log");
+  REQUIRE(::mkdir(mnt.c_str(), 0755) == 0);
+  REQUIRE(::chmod(tmp.path().c_str(), 0755) == 0);
+  REQUIRE(::chown(img.c_str(), kNobody, kNobody) == 0);
+  REQUIRE(::chown(mnt.c_str(), kNobody, kNobody) == 0);
+  const std::string log = tmp / "mount.log";
+  const int rc = run({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", plyfs_bin(), img, mnt},
+                     log);
+  INFO(slurp(log));
+  REQUIRE(rc == 0);  // in the background once mounted
+  struct Detach {  // a failed check leaves no mount under tmp
+    std::string at;
+    bool done = false;
+    ~Detach() {
+      if (!done) ::umount2(at.c_str(), MNT_DETACH);
+    }
+  } detach{mnt};
+  // Without allow_other the mount is the user's alone (root's stat of it is
+  // EACCES): its device from mountinfo, its files through the user.
+  std::string majmin;
+  {
+    std::istringstream mi(slurp("/proc/self/mountinfo"));
+    for (std::string line; std::getline(mi, line);) {
+      std::istringstream f(line);
+      std::string id, parent, dev, root, point;
+      f >> id >> parent >> dev >> root >> point;
+      if (point == mnt) majmin = dev;
+    }
+  }
+  REQUIRE(!majmin.empty());
+  const std::string ra = "/sys/class/bdi/" + majmin + "/read_ahead_kb";
+  const std::string kernel = slurp(ra);
+  const std::string text = slurp(log);
+  CHECK(kernel != "1024\n");
+  CHECK(text.find("cannot raise " + ra) != std::string::npos);
+  CHECK(text.find("Permission denied") != std::string::npos);
+  size_t lines = 0;
+  for (char c : text) lines += c == '\n';
+  CHECK(lines == 1);
+  const std::string as_user = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups /bin/sh -c ";
+  CHECK(std::system((as_user + "'echo readable > " + mnt + "/f && grep -qx readable " + mnt + "/f'").c_str()) == 0);
+  REQUIRE(::umount(mnt.c_str()) == 0);
+  detach.done = true;
+  // The daemon commits and lets the image go (until then fsck finds it
+  // locked); then fsck finds it clean.
+  const std::string fsck_log = tmp / "fsck.log";
+  int fsck_rc = -1;
+  for (int i = 0; i < 200; i++) {
+    ::unlink(fsck_log.c_str());
+    fsck_rc = run({fsck_bin(), "-fn", img}, fsck_log);
+    if (slurp(fsck_log).find("is in use") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  INFO(slurp(fsck_log));
+  CHECK(fsck_rc == 0);
 }
