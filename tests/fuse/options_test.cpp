@@ -6,9 +6,9 @@
 #include <sys/sysmacros.h>
 
 #include <cstdlib>
-#include <sstream>
 
 #include "fuse_util.h"
+#include "util/mountinfo.h"
 
 using namespace plyfs::fusetest;
 
@@ -240,15 +240,8 @@ TEST_CASE("options: a mount by another user than root keeps the kernel's readahe
   // Without allow_other the mount is the user's alone (root's stat of it is
   // EACCES): its device from mountinfo, its files through the user.
   std::string majmin;
-  {
-    std::istringstream mi(slurp("/proc/self/mountinfo"));
-    for (std::string line; std::getline(mi, line);) {
-      std::istringstream f(line);
-      std::string id, parent, dev, root, point;
-      f >> id >> parent >> dev >> root >> point;
-      if (point == mnt) majmin = dev;
-    }
-  }
+  for (const plyfs::MountEntry& m : plyfs::read_mountinfo())
+    if (m.mountpoint == mnt) majmin = m.majmin;
   REQUIRE(!majmin.empty());
   const std::string ra = "/sys/class/bdi/" + majmin + "/read_ahead_kb";
   const std::string kernel = slurp(ra);
