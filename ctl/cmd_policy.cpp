@@ -140,7 +140,11 @@ int test(const Parsed& p) {
   if (x["rule"].is_null()) std::printf("no rule matches, the default order: ");
   else std::printf("rule %llu (%s): ", (unsigned long long)x["rule"]["rank"].get<uint64_t>(),
                    x["rule"]["rule"].get<std::string>().c_str());
-  std::printf("%s%s\n", joined(x["classes"], ", then ").c_str(), x["strict"].get<bool>() ? " only (strict)" : "");
+  std::printf("%s%s", joined(x["classes"], ", then ").c_str(), x["strict"].get<bool>() ? " only (strict)" : "");
+  if (x.contains("stage"))
+    std::printf(" (staged on %s, moved to %s once quiet)", x["stage"].get<std::string>().c_str(),
+                x["rule"]["to"][0].get<std::string>().c_str());
+  std::printf("\n");
   return 0;
 }
 

@@ -441,14 +441,8 @@ Result<Json> control(const Json& req, bool may_change, pid_t caller) {
     // since it began (format.md#migration).
     Json out = PLY_TRY(model::policy(*g->vol));
     Filesystem::MigrationStats sum;
-    for (const auto& [tree, fs] : g->branches) {
-      if (!fs) continue;
-      const auto st = fs->migration_stats();
-      sum.files += st.files;
-      sum.blocks += st.blocks;
-      sum.failed += st.failed;
-      sum.queued += st.queued;
-    }
+    for (const auto& [tree, fs] : g->branches)
+      if (fs) sum += fs->migration_stats();
     out["migration"] = model::policy_migration(*g->vol, sum);
     return out;
   }

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -310,13 +311,27 @@ class Filesystem {
   // write or truncate across a size bound, a rename, chown or chmod) is
   // queued for migration, which a background thread of this filesystem
   // runs; settle_placement() waits until the queue is empty.
+  // A file written under a staged rule (stage=, format.md#staged-writes) is
+  // queued too, due once it has had no write for stage_delay (or has been
+  // written for 4 times that); settle_placement() makes every such file due
+  // at once. On a read-write filesystem whose rules stage, the thread first
+  // looks at every file once for staged data an earlier mount left.
   // migrate(ino) moves the file's data off other classes to its rule's
-  // first class now (what the thread runs): the blocks moved.
+  // first class now (what the thread runs): the blocks moved; staged_only:
+  // only the data that lies on a stage class.
   void settle_placement();
-  Result<uint64_t> migrate(uint64_t ino);
+  Result<uint64_t> migrate(uint64_t ino, bool staged_only = false);
+  void set_stage_delay(std::chrono::milliseconds d);
   struct MigrationStats {
     uint64_t files = 0, blocks = 0, failed = 0;
     uint64_t queued = 0;  // migration_stats(): files waiting, or moving now
+    MigrationStats& operator+=(const MigrationStats& o) {  // a stack's sum
+      files += o.files;
+      blocks += o.blocks;
+      failed += o.failed;
+      queued += o.queued;
+      return *this;
+    }
   };
   MigrationStats migration_stats();
   // plyctl policy apply: migrate() of every regular file of the branch now
@@ -429,7 +444,13 @@ class Filesystem {
   void placing_changed(const Attr& a);
   void placing_queue(uint64_t ino);
   Result<std::string> place_path(uint64_t ino);
-  Result<Placement> place_for(uint64_t ino, const Attr& a, uint64_t size, bool* crossed);
+  // Where new data of `ino` goes at `size`: with `staged` (a write), the
+  // rule's write placement, and whether it stages; without, where the rule
+  // keeps its data (fallocate: a preallocated extent is never moved).
+  Result<Placement> place_for(uint64_t ino, const Attr& a, uint64_t size, bool* crossed, bool* staged = nullptr);
+  Result<uint64_t> place_candidates(uint64_t ino, const Attr& a, const PlacementPolicy& pol, uint64_t version);
+  Result<std::vector<uint64_t>> files_with_blocks();
+  void placing_staged(uint64_t ino);
   std::mutex& inode_lock(uint64_t ino) { return ino_mu_[ino % ino_mu_.size()]; }
 
   Volume& vol_;
@@ -460,6 +481,8 @@ class Filesystem {
   bool kernel_times_ = false;
   PolicyState* policy_;  // the volume's rules (a Volume::extension)
   std::once_flag placer_once_;
+  // How long a staged file must go unwritten before it moves (fs_place.cpp).
+  std::atomic<int64_t> stage_delay_ms_{5000};
   struct PlacerGone {  // Placer is complete only in fs_place.cpp
     void operator()(Placer* p) const;
   };

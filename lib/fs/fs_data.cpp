@@ -403,8 +403,10 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
   }
   // Where the new blocks go (format.md#placement-rules); a write that takes
   // the file across a size bound of its rules queues it for migration.
-  bool crossed = false;
-  const Placement place = PLY_TRY(place_for(ino, a, std::max(a.size, end), &crossed));
+  // A staged rule's write goes to its stage and queues the file to move
+  // once it is quiet (format.md#staged-writes).
+  bool crossed = false, staged = false;
+  const Placement place = PLY_TRY(place_for(ino, a, std::max(a.size, end), &crossed, &staged));
   if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino, place));
   a = PLY_TRY(getattr(ino));
   const uint64_t fb = off / bs_, lb = (end - 1) / bs_, nb = lb - fb + 1;
@@ -454,6 +456,7 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
     return r.error();
   }
   if (crossed && a.blocks) placing_queue(ino);
+  if (staged) placing_staged(ino);
   return in.size();
 }
 

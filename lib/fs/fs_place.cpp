@@ -118,28 +118,122 @@ class Filesystem::Placer {
   void enqueue(uint64_t ino) {
     std::lock_guard lk(mu_);
     if (stop_) return;
+    start_locked();
     if (!queued_.insert(ino).second) return;
     queue_.push_back(ino);
-    if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
     cv_.notify_all();
   }
+  // A file written under a staged rule: due `delay` after its last write,
+  // or 4 delays after its first (a file written without pause still moves).
+  // Each file is in `due_` once; its entry in `due_order_` may be early,
+  // and is pushed back when it comes up before the file is due.
+  void stage(uint64_t ino, std::chrono::milliseconds delay) {
+    const auto now = Clock::now();
+    std::lock_guard lk(mu_);
+    if (stop_) return;
+    start_locked();
+    auto [it, fresh] = due_.try_emplace(ino, Due{now, now + delay});
+    if (fresh) {
+      due_order_.push_back({now + delay, ino});
+      cv_.notify_all();
+    } else {
+      it->second.at = std::min(now + delay, it->second.first + 4 * delay);
+    }
+  }
+  // Staged files are due now, then the queue runs dry.
   void settle() {
     std::unique_lock lk(mu_);
-    idle_cv_.wait(lk, [&] { return stop_ || (queue_.empty() && !busy_); });
+    settling_++;
+    cv_.notify_all();
+    idle_cv_.wait(lk, [&] { return stop_ || (queue_.empty() && due_.empty() && !scanning_ && !busy_); });
+    settling_--;
   }
   MigrationStats stats() {
     std::lock_guard lk(mu_);
     MigrationStats s = stats_;
-    s.queued = queue_.size() + busy_;
+    s.queued = queue_.size() + due_.size() + busy_;
     return s;
   }
 
+  using Clock = std::chrono::steady_clock;
+  struct Due {
+    Clock::time_point first, at;
+  };
+
+  // At the first use (placer()): a filesystem whose rules stage starts the
+  // worker for the scan at once.
+  void start_if_staged() {
+    auto pol = fs_.policy_->get();
+    if (!pol || !pol->any_staged() || fs_.read_only()) return;
+    std::lock_guard lk(mu_);
+    if (!stop_) start_locked();
+  }
+
  private:
+  void start_locked() {
+    if (worker_.joinable()) return;
+    // Rules that stage: staged data an earlier mount left (it unmounted
+    // before the data moved) is found by one look at every file first.
+    auto pol = fs_.policy_->get();
+    scanning_ = pol && pol->any_staged() && !fs_.read_only();
+    worker_ = std::thread([this] { run(); });
+  }
+
+  // Staged files that are due (all of them while someone settles) go to
+  // the queue; the time the next one is due otherwise.
+  std::optional<Clock::time_point> take_due_locked() {
+    const auto now = Clock::now();
+    while (!due_order_.empty()) {
+      auto [at, ino] = due_order_.front();
+      auto it = due_.find(ino);
+      if (it == due_.end()) {  // cannot happen: each entry has its file
+        due_order_.pop_front();
+        continue;
+      }
+      if (settling_ == 0 && it->second.at > now) {
+        if (at >= it->second.at) return it->second.at;
+        due_order_.pop_front();  // written again since: back of the line
+        due_order_.push_back({it->second.at, ino});
+        continue;
+      }
+      due_order_.pop_front();
+      due_.erase(it);
+      if (queued_.insert(ino).second) queue_.push_back(ino);
+    }
+    return std::nullopt;
+  }
+
+  void record_locked(const Result<uint64_t>& r) {
+    if (r) {
+      stats_.files += *r > 0;
+      stats_.blocks += *r;
+    } else {
+      stats_.failed++;
+    }
+  }
+
   void run() {
     std::unique_lock lk(mu_);
+    if (scanning_) {
+      lk.unlock();
+      scan();
+      lk.lock();
+      scanning_ = false;
+    }
     for (;;) {
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      const auto next = take_due_locked();
       if (stop_) break;
+      if (queue_.empty()) {
+        if (due_.empty() && !busy_) idle_cv_.notify_all();
+        // Something to do: not a settle with nothing staged (that wait
+        // would hold the lock, spinning).
+        auto ready = [&] {
+          return stop_ || !queue_.empty() || (settling_ > 0 && !due_.empty()) || (!next && !due_order_.empty());
+        };
+        if (next) cv_.wait_until(lk, *next, ready);
+        else cv_.wait(lk, ready);
+        continue;
+      }
       const uint64_t ino = queue_.front();
       queue_.pop_front();
       queued_.erase(ino);
@@ -148,15 +242,25 @@ class Filesystem::Placer {
       auto r = fs_.migrate(ino);
       lk.lock();
       busy_ = false;
-      if (r) {
-        stats_.files += *r > 0;
-        stats_.blocks += *r;
-      } else {
-        stats_.failed++;
-      }
-      if (queue_.empty()) idle_cv_.notify_all();
+      record_locked(r);
     }
     idle_cv_.notify_all();
+  }
+
+  // Every regular file with blocks, once: what lies on a stage class moves
+  // to its rule's class (format.md#staged-writes).
+  void scan() {
+    auto inos = fs_.files_with_blocks();
+    if (!inos) return;
+    for (uint64_t ino : *inos) {
+      {
+        std::lock_guard lk(mu_);
+        if (stop_) return;
+      }
+      auto r = fs_.migrate(ino, true);
+      std::lock_guard lk(mu_);
+      record_locked(r);
+    }
   }
 
   Filesystem& fs_;
@@ -169,7 +273,10 @@ class Filesystem::Placer {
   std::condition_variable cv_, idle_cv_;
   std::deque<uint64_t> queue_;
   std::unordered_set<uint64_t> queued_;
-  bool stop_ = false, busy_ = false;
+  std::unordered_map<uint64_t, Due> due_;                        // staged files, when due
+  std::deque<std::pair<Clock::time_point, uint64_t>> due_order_;  // by the time each was staged
+  int settling_ = 0;
+  bool stop_ = false, busy_ = false, scanning_ = false;
   MigrationStats stats_;
   std::thread worker_;
 };
@@ -185,8 +292,17 @@ Filesystem::~Filesystem() {
 }
 
 Filesystem::Placer& Filesystem::placer() {
-  std::call_once(placer_once_, [&] { placer_.reset(new Placer(*this)); });
+  std::call_once(placer_once_, [&] {
+    placer_.reset(new Placer(*this));
+    placer_->start_if_staged();
+  });
   return *placer_;
+}
+
+void Filesystem::set_stage_delay(std::chrono::milliseconds d) { stage_delay_ms_ = d.count(); }
+
+void Filesystem::placing_staged(uint64_t ino) {
+  if (placing() && !read_only()) placer().stage(ino, std::chrono::milliseconds(stage_delay_ms_.load()));
 }
 
 bool Filesystem::placing() const { return policy_->active(); }
@@ -247,14 +363,27 @@ Result<std::string> Filesystem::place_path(uint64_t ino) {
   return p ? *p : std::string();
 }
 
-Result<Placement> Filesystem::place_for(uint64_t ino, const Attr& a, uint64_t size, bool* crossed) {
+Result<Placement> Filesystem::place_for(uint64_t ino, const Attr& a, uint64_t size, bool* crossed, bool* staged) {
   if (crossed) *crossed = false;
+  if (staged) *staged = false;
   if (!placing()) return Placement{};
   // The version first: rules set in between are cached as older ones, and
   // found again at the next write.
   const uint64_t version = policy_->version();
   auto pol = policy_->get();
   if (!pol || pol->empty()) return Placement{};
+  const uint64_t cand = PLY_TRY(place_candidates(ino, a, *pol, version));
+  const int now = pol->choose(cand, size);
+  if (crossed) *crossed = pol->choose(cand, a.size) != now;
+  if (!staged) return pol->placement(now);
+  *staged = pol->staged(now);
+  return pol->write_placement(now);
+}
+
+// The rules whose conditions other than size hold for `ino`: cached, or
+// found from its path (the file's header comment).
+Result<uint64_t> Filesystem::place_candidates(uint64_t ino, const Attr& a, const PlacementPolicy& pol,
+                                              uint64_t version) {
   Placer& pl = placer();
   std::optional<uint64_t> cand = pl.candidates(ino, version, a);
   if (!cand) {
@@ -268,13 +397,11 @@ Result<Placement> Filesystem::place_for(uint64_t ino, const Attr& a, uint64_t si
     nf.uid = a.uid;
     nf.gid = a.gid;
     nf.mode = a.mode;
-    nf.cand = pol->candidates(path, a.uid, a.gid, a.mode);
+    nf.cand = pol.candidates(path, a.uid, a.gid, a.mode);
     pl.remember(ino, nf);
     cand = nf.cand;
   }
-  const int now = pol->choose(*cand, size);
-  if (crossed) *crossed = pol->choose(*cand, a.size) != now;
-  return pol->placement(now);
+  return *cand;
 }
 
 Result<Filesystem::PlacementAnswer> Filesystem::placement_rule(uint64_t ino) {
@@ -295,23 +422,36 @@ Result<Filesystem::PlacementAnswer> Filesystem::placement_rule(uint64_t ino) {
 // not change, so neither do the checksums; a crash leaves either the old
 // or the new extent referenced, never both or neither. An extent others
 // share (a snapshot, a reflink) keeps them: the file gets its own copy.
-Result<uint64_t> Filesystem::migrate(uint64_t ino) {
+Result<uint64_t> Filesystem::migrate(uint64_t ino, bool staged_only) {
   if (read_only() || retired_ || !placing()) return uint64_t{0};
   const auto& classes = vol_.super().classes;
   if (classes.empty()) return uint64_t{0};
+  uint32_t stage_mask = 0;
+  if (staged_only) {
+    auto pol = policy_->get();
+    stage_mask = pol ? pol->stage_classes() : 0;
+    if (stage_mask == 0) return uint64_t{0};
+  }
   std::lock_guard il(inode_lock(ino));
   auto a = getattr(ino);
   if (!a) return a.error().code == ENOENT ? Result<uint64_t>(uint64_t{0}) : Result<uint64_t>(a.error());
   if (!S_ISREG(a->mode) || a->nlink == 0) return uint64_t{0};
-  const Placement p = PLY_TRY(place_for(ino, *a, a->size, nullptr));
-  // The default order puts data on the slowest class first.
-  const uint8_t want = p.n ? p.classes[0] : uint8_t(classes.size() - 1);
-  const Placement there{1, true, {want}};
+  // Where the data goes: the rule's first class; the default order puts
+  // data on the slowest class first. Only looked for when an extent may
+  // move: the scan at mount (staged_only) finds most files with nothing on
+  // a stage class, and needs no path for them.
+  std::optional<uint8_t> want;
+  auto target = [&]() -> Result<uint8_t> {
+    if (!want) {
+      const Placement p = PLY_TRY(place_for(ino, *a, a->size, nullptr));
+      want = p.n ? p.classes[0] : uint8_t(classes.size() - 1);
+    }
+    return *want;
+  };
   uint64_t moved = 0, from = 0;
   for (;;) {
     auto t = PLY_TRY(vol_.begin());
     Ctx c{*this, std::move(t)};
-    c.t.place(there);
     std::vector<Ext> es;
     {
       std::shared_lock lk(mu_);
@@ -326,7 +466,10 @@ Result<uint64_t> Filesystem::migrate(uint64_t ino) {
     std::map<uint64_t, Move> moves;
     uint64_t batch = 0, next_from = es.back().end();
     for (const Ext& e : es) {
-      if (e.prealloc() || vol_.class_of(BlockNo{e.disk_start}) == int(want)) continue;
+      if (e.prealloc()) continue;
+      const int cls = vol_.class_of(BlockNo{e.disk_start});
+      if (staged_only && (cls < 0 || !(stage_mask >> cls & 1))) continue;
+      if (cls == int(PLY_TRY(target()))) continue;
       auto [it, fresh] = moves.try_emplace(e.disk_start);
       const uint64_t lo = e.compressed() ? 0 : e.offset, hi = e.compressed() ? e.disk_nblocks : e.offset + e.nblocks;
       if (fresh && batch + (hi - lo) > kMigrateBatchBlocks && batch > 0) {
@@ -340,6 +483,7 @@ Result<uint64_t> Filesystem::migrate(uint64_t ino) {
       batch += it->second.hi - it->second.lo - old;
     }
     if (!moves.empty()) {
+      c.t.place(Placement{1, true, {*want}});
       // What the batch takes, reserved before anything changes (A5): the
       // copies, and the items' leaves.
       if (auto r = c.t.reserve(batch + (moves.size() / 32 + 4) * kOpBlocks); !r) {
@@ -404,24 +548,27 @@ Result<uint64_t> Filesystem::migrate(uint64_t ino) {
   return moved;
 }
 
+// The regular files with blocks, by one scan of the tree's inodes.
+Result<std::vector<uint64_t>> Filesystem::files_with_blocks() {
+  std::vector<uint64_t> inos;
+  auto t = PLY_TRY(vol_.begin());
+  std::shared_lock lk(mu_);
+  std::optional<Error> err;
+  PLY_CHECK(t.scan(tree_, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
+    if (type_of(k) != ItemType::Inode) return true;
+    auto r = decode_inode(k.hi, v);
+    if (!r) return err = r.error(), false;
+    if (S_ISREG(r->a.mode) && r->a.blocks > 0 && r->a.nlink > 0) inos.push_back(k.hi);
+    return true;
+  }));
+  if (err) return *err;
+  return inos;
+}
+
 Result<Filesystem::MigrationStats> Filesystem::migrate_all(const std::function<void(uint64_t, uint64_t)>& progress) {
   MigrationStats out;
   if (!placing()) return out;
-  // The regular files with blocks, by one scan of the tree's inodes.
-  std::vector<uint64_t> inos;
-  {
-    auto t = PLY_TRY(vol_.begin());
-    std::shared_lock lk(mu_);
-    std::optional<Error> err;
-    PLY_CHECK(t.scan(tree_, Key::min(), Key::max(), [&](Key k, std::span<const std::byte> v) {
-      if (type_of(k) != ItemType::Inode) return true;
-      auto r = decode_inode(k.hi, v);
-      if (!r) return err = r.error(), false;
-      if (S_ISREG(r->a.mode) && r->a.blocks > 0 && r->a.nlink > 0) inos.push_back(k.hi);
-      return true;
-    }));
-    if (err) return *err;
-  }
+  const std::vector<uint64_t> inos = PLY_TRY(files_with_blocks());
   for (size_t i = 0; i < inos.size(); i++) {
     auto r = migrate(inos[i]);
     if (!r) {

@@ -95,7 +95,7 @@ Result<PlacementRule> parse_rule(std::string_view text) {
     }
     const size_t eq = tok.find('=');
     if (eq == std::string_view::npos || eq == 0)
-      return bad_rule(tok, "expected KEY=VALUE (name, ext, size, uid, gid, under, access, to) or 'strict'");
+      return bad_rule(tok, "expected KEY=VALUE (name, ext, size, uid, gid, under, access, to, stage) or 'strict'");
     const std::string_view key = tok.substr(0, eq), val = tok.substr(eq + 1);
     if (val.empty()) return bad_rule(tok, "empty value");
     auto once = [&](bool seen) -> Result<void> {
@@ -142,11 +142,20 @@ Result<PlacementRule> parse_rule(std::string_view text) {
         r.to.push_back(c);
       }
       if (r.to.size() > 8) return bad_rule(tok, "at most 8 classes");
+    } else if (key == "stage") {
+      PLY_CHECK(once(!r.stage.empty()));
+      if (val.find(',') != std::string_view::npos) return bad_rule(tok, "one class to stage on");
+      r.stage = val;
     } else {
-      return bad_rule(tok, "unknown key (name, ext, size, uid, gid, under, access, to)");
+      return bad_rule(tok, "unknown key (name, ext, size, uid, gid, under, access, to, stage)");
     }
   }
   if (!have_to) return Error::invalid("placement rule: no 'to=CLASS[,CLASS...]': where do its files go?");
+  // A staged write falls back to the rule's classes when the stage is full;
+  // strict would have it fail instead, which is no staging.
+  if (!r.stage.empty() && r.strict) return Error::invalid("placement rule: 'stage=' and 'strict' exclude each other");
+  if (!r.stage.empty() && r.stage == r.to[0])
+    return Error::invalid("placement rule: 'stage=" + r.stage + "' is the class its data goes to anyway");
   if (r.size_below && *r.size_below <= r.size_min)
     return Error::invalid("placement rule: its size bounds leave no size");
   return r;
@@ -174,6 +183,7 @@ std::string format_rule(const PlacementRule& r) {
   std::string to;
   for (const auto& c : r.to) to += (to.empty() ? "" : ",") + c;
   add("to=" + to);
+  if (!r.stage.empty()) add("stage=" + r.stage);
   if (r.strict) add("strict");
   return out;
 }
@@ -190,7 +200,7 @@ Result<PlacementPolicy> PlacementPolicy::compile(std::vector<PlacementRule> rule
     pl.strict = rules[i].strict;
     if (rules[i].to.empty() || rules[i].to.size() > 8)
       return Error::invalid("rule " + std::to_string(i + 1) + " names no class or more than 8");
-    for (const auto& c : rules[i].to) {
+    auto class_id = [&](const std::string& c) -> Result<uint8_t> {
       auto it = std::find(classes.begin(), classes.end(), c);
       if (it == classes.end()) {
         std::string known;
@@ -198,8 +208,20 @@ Result<PlacementPolicy> PlacementPolicy::compile(std::vector<PlacementRule> rule
         return Error::invalid("rule " + std::to_string(i + 1) + " names class '" + c +
                               "', which the volume does not have (its classes: " + known + ")");
       }
-      pl.classes[pl.n++] = uint8_t(it - classes.begin());
+      return uint8_t(it - classes.begin());
+    };
+    for (const auto& c : rules[i].to) pl.classes[pl.n++] = PLY_TRY(class_id(c));
+    // A staged rule writes to its stage first, then its classes in order
+    // (the stage left out there if the rule names it too).
+    Placement st = pl;
+    if (!rules[i].stage.empty()) {
+      st.n = 0;
+      st.classes[st.n++] = PLY_TRY(class_id(rules[i].stage));
+      for (uint8_t k = 0; k < pl.n && st.n < 8; k++)  // a stage and 8 classes: the last in the default order
+        if (pl.classes[k] != st.classes[0]) st.classes[st.n++] = pl.classes[k];
+      p.stage_mask_ |= uint32_t{1} << st.classes[0];
     }
+    p.staged_places_.push_back(st);
     p.places_.push_back(pl);
   }
   p.rules_ = std::move(rules);
@@ -244,6 +266,15 @@ int PlacementPolicy::choose(uint64_t cand, uint64_t size) const {
 Placement PlacementPolicy::placement(int i) const {
   if (i < 0 || size_t(i) >= places_.size()) return Placement{};
   return places_[size_t(i)];
+}
+
+Placement PlacementPolicy::write_placement(int i) const {
+  if (i < 0 || size_t(i) >= staged_places_.size()) return Placement{};
+  return staged_places_[size_t(i)];
+}
+
+bool PlacementPolicy::staged(int i) const {
+  return i >= 0 && size_t(i) < rules_.size() && !rules_[size_t(i)].stage.empty();
 }
 
 }  // namespace plyfs

@@ -9,7 +9,11 @@
 // A rule's text is its stored form (the catalog keeps one item per rule)
 // and what plyctl policy set takes:
 //   [name=GLOB] [ext=E[,E...]] [size<N|size<=N|size>N|size>=N]...
-//   [uid=N] [gid=N] [under=/DIR] [access=ro|rw] to=CLASS[,CLASS...] [strict]
+//   [uid=N] [gid=N] [under=/DIR] [access=ro|rw] to=CLASS[,CLASS...]
+//   [stage=CLASS] [strict]
+// stage= (bcachefs's foreground_target): new data is written to that class
+// first and moved to the first of `to` in the background once the file has
+// had no write for a while (format.md#staged-writes).
 #pragma once
 
 #include <atomic>
@@ -39,6 +43,7 @@ struct PlacementRule {
   std::string under;                  // "/a/b": files below that directory
   Access access = Access::Any;        // ReadOnly: no write permission bit
   std::vector<std::string> to;        // classes, 1 to 8, in order
+  std::string stage;                  // written here first, then moved to to[0]; empty: none
   bool strict = false;
 
   bool has_size() const { return size_min > 0 || size_below.has_value(); }
@@ -65,12 +70,22 @@ class PlacementPolicy {
   uint64_t candidates(std::string_view path, uint32_t uid, uint32_t gid, uint32_t mode) const;
   // The first rule of `cand` whose size condition holds; -1: none.
   int choose(uint64_t cand, uint64_t size) const;
-  // Where rule `i` sends data; -1: the default order (n == 0).
+  // Where rule `i` keeps its data: its `to` classes; -1: the default order
+  // (n == 0). A migration moves data to the first.
   Placement placement(int i) const;
+  // Where a write under rule `i` puts new data: for a staged rule its stage
+  // class, then its `to` classes; else placement(i).
+  Placement write_placement(int i) const;
+  // Rule `i` writes to a stage class first.
+  bool staged(int i) const;
+  bool any_staged() const { return stage_mask_ != 0; }
+  // Bit c: some rule stages on class c.
+  uint32_t stage_classes() const { return stage_mask_; }
 
  private:
   std::vector<PlacementRule> rules_;
-  std::vector<Placement> places_;
+  std::vector<Placement> places_, staged_places_;
+  uint32_t stage_mask_ = 0;
 };
 
 // The rules in force on a volume (a Volume::extension): installed by whoever

@@ -522,7 +522,9 @@ Json policy_rule(const PlacementRule& r, size_t rank) {
   if (!r.under.empty()) m["under"] = r.under;
   if (r.access != PlacementRule::Access::Any)
     m["access"] = r.access == PlacementRule::Access::ReadOnly ? "ro" : "rw";
-  return Json{{"rank", rank}, {"rule", format_rule(r)}, {"match", std::move(m)}, {"to", r.to}, {"strict", r.strict}};
+  Json out{{"rank", rank}, {"rule", format_rule(r)}, {"match", std::move(m)}, {"to", r.to}, {"strict", r.strict}};
+  if (!r.stage.empty()) out["stage"] = r.stage;
+  return out;
 }
 
 Json policy_applied(Volume& v, const Filesystem::MigrationStats& st) {
@@ -561,6 +563,14 @@ Result<Json> policy_test(Volume& v, const std::vector<PlacementRule>& rules, con
   if (i < 0 || !rules[size_t(i)].strict)
     for (size_t c = classes.size(); c-- > 0;)
       if (std::find(order.begin(), order.end(), classes[c]) == order.end()) order.push_back(classes[c]);
+  // A staged rule's writes try its stage before all of them
+  // (format.md#staged-writes); its data is kept on its first class.
+  if (i >= 0 && !rules[size_t(i)].stage.empty()) {
+    const std::string& st = rules[size_t(i)].stage;
+    order.erase(std::remove(order.begin(), order.end(), st), order.end());
+    order.insert(order.begin(), st);
+    out["stage"] = st;
+  }
   out["classes"] = std::move(order);
   out["strict"] = i >= 0 && rules[size_t(i)].strict;
   return out;

@@ -518,6 +518,79 @@ TEST_CASE("multidev-fuse: placement rules place files and move them when they cr
   REQUIRE(again.unmount() == 0);
 }
 
+// A staged rule through a mount (format.md#staged-writes): large files are
+// written to the fast device first, and the mount moves them to the slow
+// one by itself once they have been quiet for its stage delay (5 s), with
+// no plyctl where or policy apply to ask it to.
+TEST_CASE("multidev-fuse: a staged rule writes to fast and the mount moves the data to slow once quiet",
+          "[multidev-fuse]") {
+  TempDir tmp;
+  const std::string fast = tmp / "fast.img", slow = tmp / "slow.img";
+  REQUIRE(mkfs_status(tmp, {"-q", "-s", "128M", "-C", "fast=" + fast, "-C", "slow=" + slow}) == 0);
+  std::mt19937_64 rng(0x7374616765ull);
+  std::map<std::string, std::string> files;
+  uint64_t total = 0;
+  {
+    Mount m(fast, tmp / "mnt", {"device=" + slow});
+    m.start();
+    auto r = ctl(tmp, {"policy", "set", m.path(), "size>=64K to=slow stage=fast", "to=fast", "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json p = schema_checked("policy set", r.out);
+    REQUIRE(p["rules"][0]["rule"] == "size>=64K to=slow stage=fast");
+    REQUIRE(p["rules"][0]["stage"] == "fast");
+    r = ctl(tmp, {"policy", "test", (m / "x.bin"), "1M", "--json"});
+    REQUIRE(r.rc == 0);
+    const json pt = schema_checked("policy test", r.out);
+    REQUIRE(pt["stage"] == "fast");
+    REQUIRE(pt["classes"] == json::array({"fast", "slow"}));
+    r = ctl(tmp, {"policy", "test", (m / "x.bin"), "1M"});
+    REQUIRE(r.out.find("(staged on fast, moved to slow once quiet)") != std::string::npos);
+    for (int i = 0; i < 6; i++) {
+      const std::string name = "big" + std::to_string(i);
+      files[name] = random_bytes(rng, (200 << 10) + rng() % (800 << 10));
+      total += files[name].size();
+      write_file(m / name, files[name]);
+    }
+    ::sync();
+    // Within the delay: the data is on fast, the files wait.
+    {
+      const json d = devices(tmp, {"device", "list", m.path(), "--json"});
+      INFO(d.dump());
+      REQUIRE(d["devices"][0]["data_bytes"].get<uint64_t>() >= total);
+    }
+    // The mount moves them on its own.
+    json mig;
+    for (int i = 0; i < 300; i++) {
+      auto l = ctl(tmp, {"policy", "list", m.path(), "--json"});
+      REQUIRE(l.rc == 0);
+      mig = schema_checked("policy list", l.out)["migration"];
+      if (mig["queued"] == 0 && mig["files_moved"].get<uint64_t>() >= files.size()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    INFO(mig.dump());
+    REQUIRE(mig["queued"] == 0);
+    REQUIRE(mig["files_moved"] == files.size());
+    REQUIRE(mig["files_failed"] == 0);
+    ::sync();
+    {
+      const json d = devices(tmp, {"device", "list", m.path(), "--json"});
+      INFO(d.dump());
+      REQUIRE(d["devices"][0]["data_bytes"].get<uint64_t>() < (64u << 10));
+      REQUIRE(d["devices"][1]["data_bytes"].get<uint64_t>() >= total);
+    }
+    for (const auto& [name, d] : files) {
+      auto w = ctl(tmp, {"where", m / name, "--json"});
+      REQUIRE(w.rc == 0);
+      const json wj = schema_checked("where", w.out);
+      for (const auto& e : wj["extents"]) REQUIRE(e["class"] == "slow");
+      REQUIRE(read_file(m / name) == d);
+    }
+    REQUIRE(m.unmount() == 0);
+  }
+  require_volume_holds(tmp, {fast, slow}, files);
+}
+
 // plyctl device add (format.md#device-add) on an unmounted volume: a third
 // image joins the slow class, the volume mounts with it, new data reaches
 // it, every old byte reads back, fsck is clean with the three; refusals.
