@@ -4,6 +4,7 @@
 // migration when a file grows past a bound, is renamed or changes owner.
 #include <fnmatch.h>
 
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -370,14 +371,41 @@ TEST_CASE("policy: fsck reports a damaged rule and -y removes just it", "[policy
   CHECK(format_rule(left[0]) == "ext=a to=fast");
 }
 
-TEST_CASE("policy: a power cut during a migration, each device torn on its own, loses no byte", "[policy]") {
-  // Files written with no rule lie on the slow device; a rule then sends
-  // *.hot to the fast one and a rename moves them there. Device j's calls
-  // are cut at call k during the renames, the migration and its commit;
-  // each device then drops or tears what it had not flushed. Every file
-  // must read back whole, under its old name or its new one, and the image
-  // verify clean.
-  const uint64_t s0 = seed("policy-power-cut");
+namespace {
+
+// The classes a file's extents lie on, as a set (bit c: class c).
+uint32_t classes_of(Filesystem& fs, Volume& vol, uint64_t ino) {
+  uint32_t m = 0;
+  for (const auto& e : must(fs.placement(ino))) m |= uint32_t{1} << vol.class_of(BlockNo{e.block});
+  return m;
+}
+
+}  // namespace
+
+namespace {
+
+// A power-cut run over a migration, shared by the two tests below. Five files
+// are written on a fresh volume of a fast (class 0) and a slow (class 1)
+// device under `write_rules`, and must lie wholly on class `written_on`;
+// `later_rules` (when given) are set after. The workload `work` then runs on
+// a new mount and the migration is settled; device j's calls are cut at call
+// k during it and its commits, and each device drops or tears what it had not
+// flushed. Every file must read back whole, and the image verify clean; some
+// crash states must have every file on `moved_to`, and some not.
+struct MoveCut {
+  const char* name;
+  std::vector<std::string> write_rules, later_rules;
+  int written_on, moved_to;
+  std::function<bool(Filesystem&, const std::map<uint64_t, std::vector<std::byte>>&)> work;
+};
+
+void move_power_cuts(const MoveCut& mc) {
+  const uint64_t s0 = seed(mc.name);
+  auto rules = [](const std::vector<std::string>& txt) {
+    std::vector<PlacementRule> r;
+    for (const auto& t : txt) r.push_back(must(parse_rule(t)));
+    return r;
+  };
   std::vector<std::unique_ptr<MemDevice>> base;
   for (uint64_t s : {6ull << 20, 10ull << 20}) base.push_back(std::make_unique<MemDevice>(s));
   std::map<uint64_t, std::vector<std::byte>> content;
@@ -392,17 +420,19 @@ TEST_CASE("policy: a power cut during a migration, each device torn on its own, 
     vo.kinds = fs_kinds();
     auto vol = must(Volume::open(*set, vo));
     main = must(Filesystem::default_tree(*vol));
+    if (!mc.write_rules.empty()) must(set_placement_rules(*vol, rules(mc.write_rules)));
     auto fs = must(Filesystem::open(*vol, main));
+    fs->set_stage_delay(std::chrono::hours(1));  // nothing staged moves before the cut run
     std::mt19937_64 rng(s0);
     for (int i = 0; i < 5; i++) {
       const uint64_t ino = must(fs->mknod(fs->root(), "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0)).ino;
       std::vector<std::byte> d(20000 + rng() % 150000);
       for (auto& b : d) b = std::byte(rng());
       must(fs->write(ino, 0, d));
-      for (const auto& e : must(fs->placement(ino))) REQUIRE(vol->class_of(BlockNo{e.block}) == 1);
+      REQUIRE(classes_of(*fs, *vol, ino) == uint32_t{1} << mc.written_on);
       content[ino] = std::move(d);
     }
-    must(set_placement_rules(*vol, {must(parse_rule("name=*.hot to=fast"))}));
+    if (!mc.later_rules.empty()) must(set_placement_rules(*vol, rules(mc.later_rules)));
     fs.reset();
     must(vol->close());
   }
@@ -416,11 +446,7 @@ TEST_CASE("policy: a power cut during a migration, each device torn on its own, 
         auto vol = must(Volume::open(*set, vo));
         must(load_placement_rules(*vol));
         auto fs = must(Filesystem::open(*vol, main));
-        bool ok = true;
-        for (const auto& [ino, d] : content) {
-          const std::string n = "f" + std::to_string(std::distance(content.begin(), content.find(ino)));
-          ok = ok && fs->rename(fs->root(), n, fs->root(), n + ".hot", 0).ok();
-        }
+        bool ok = mc.work(*fs, content);
         if (ok) {
           fs->settle_placement();
           auto st = fs->migration_stats();
@@ -437,37 +463,53 @@ TEST_CASE("policy: a power cut during a migration, each device torn on its own, 
         {
           auto vol = must(Volume::open(*set, vo));
           auto fs = must(Filesystem::open(*vol, main));
-          bool on_fast = true;
+          bool moved = true;
           for (const auto& [ino, d] : content) {
             std::vector<std::byte> back(d.size());
             REQUIRE(must(fs->getattr(ino)).size == d.size());
             REQUIRE(must(fs->read(ino, 0, back)) == d.size());
             REQUIRE(back == d);
-            for (const auto& e : must(fs->placement(ino))) on_fast = on_fast && vol->class_of(BlockNo{e.block}) == 0;
+            moved = moved && classes_of(*fs, *vol, ino) == uint32_t{1} << mc.moved_to;
           }
-          moved_states += on_fast;
+          moved_states += moved;
         }
         VerifyOptions vfo;
         vfo.kinds = fs_kinds();
         auto rep = must(verify_image(*set, vfo));
         for (const auto& p : rep.problems) REQUIRE(p.code == "S-slot");
       });
-  std::printf("[policy-power-cut] %llu crash states, %llu with every file moved\n", (unsigned long long)states,
+  std::printf("[%s] %llu crash states, %llu with every file moved\n", mc.name, (unsigned long long)states,
               (unsigned long long)moved_states);
   CHECK(moved_states > 0);
   CHECK(moved_states < states);
 }
 
-namespace {
+}  // namespace
 
-// The classes a file's extents lie on, as a set (bit c: class c).
-uint32_t classes_of(Filesystem& fs, Volume& vol, uint64_t ino) {
-  uint32_t m = 0;
-  for (const auto& e : must(fs.placement(ino))) m |= uint32_t{1} << vol.class_of(BlockNo{e.block});
-  return m;
+TEST_CASE("policy: a power cut during a migration, each device torn on its own, loses no byte", "[policy]") {
+  // Files written with no rule lie on the slow device; a rule then sends
+  // *.hot to the fast one and a rename moves them there: every file must
+  // read back under its old name or its new one.
+  move_power_cuts({"policy-power-cut", {}, {"name=*.hot to=fast"}, 1, 0,
+                   [](Filesystem& fs, const std::map<uint64_t, std::vector<std::byte>>& content) {
+                     for (size_t i = 0; i < content.size(); i++) {
+                       const std::string n = "f" + std::to_string(i);
+                       if (!fs.rename(fs.root(), n, fs.root(), n + ".hot", 0).ok()) return false;
+                     }
+                     return true;
+                   }});
 }
 
-}  // namespace
+TEST_CASE("policy: a power cut while a mount moves staged data, each device torn on its own, loses no byte",
+          "[policy]") {
+  // Files written under a staged rule by a mount that ended before they
+  // moved; the next mount's look at every file moves them to slow.
+  move_power_cuts({"policy-stage-power-cut", {"to=slow stage=fast"}, {}, 0, 1,
+                   [](Filesystem& fs, const std::map<uint64_t, std::vector<std::byte>>&) {
+                     return fs.lookup(fs.root(), "f0").ok();
+                   }});
+}
+
 
 TEST_CASE("policy: a staged rule writes to its stage and moves the file once it is quiet", "[policy]") {
   MultiFsImage im({64 << 20, 96 << 20}, {"fast", "slow"}, {0, 1});
@@ -486,6 +528,16 @@ TEST_CASE("policy: a staged rule writes to its stage and moves the file once it 
   // Written: all on the stage (fast), all waiting.
   for (const auto& [ino, d] : files) CHECK(classes_of(*fs, *im.vol, ino) == 1u);
   CHECK(fs->migration_stats().queued == files.size());
+  // A staged file deleted before it is due frees its blocks and no longer
+  // waits: nothing of it is moved.
+  {
+    const uint64_t ino = must(fs->mknod(fs->root(), "gone", S_IFREG | 0644, 0, 0, 0)).ino;
+    std::vector<std::byte> d(200 << 10, std::byte{9});
+    REQUIRE(must(fs->write(ino, 0, d)) == d.size());
+    CHECK(fs->migration_stats().queued == files.size() + 1);
+    must(fs->unlink(fs->root(), "gone"));
+    CHECK(fs->migration_stats().queued == files.size());
+  }
   // A file written again within the delay waits for its last write: after
   // three writes a second apart it is still on fast (its first write 3 s
   // ago, its last 1 s), while the others, quiet for 3 s, have moved.
@@ -569,86 +621,3 @@ TEST_CASE("policy: a full stage falls back to the rule's classes; a remount move
   close_and_check(im);
 }
 
-TEST_CASE("policy: a power cut while a mount moves staged data, each device torn on its own, loses no byte",
-          "[policy]") {
-  // Files written under a staged rule by a mount that ended before they
-  // moved; the next mount's look at every file moves them to slow. Device
-  // j's calls are cut at call k during that move and its commits. Every
-  // file reads back whole, and the image verifies clean.
-  const uint64_t s0 = seed("policy-stage-power-cut");
-  std::vector<std::unique_ptr<MemDevice>> base;
-  for (uint64_t s : {6ull << 20, 10ull << 20}) base.push_back(std::make_unique<MemDevice>(s));
-  std::map<uint64_t, std::vector<std::byte>> content;
-  TreeId main;
-  {
-    auto set = assemble(ptrs(base));
-    FormatOptions fo;
-    fo.classes = {"fast", "slow"};
-    fo.device_classes = {0, 1};
-    must(format_filesystem(*set, fo, FsCreateOptions{}));
-    VolumeOptions vo;
-    vo.kinds = fs_kinds();
-    auto vol = must(Volume::open(*set, vo));
-    main = must(Filesystem::default_tree(*vol));
-    must(set_placement_rules(*vol, {must(parse_rule("to=slow stage=fast"))}));
-    auto fs = must(Filesystem::open(*vol, main));
-    fs->set_stage_delay(std::chrono::hours(1));
-    std::mt19937_64 rng(s0);
-    for (int i = 0; i < 5; i++) {
-      const uint64_t ino = must(fs->mknod(fs->root(), "f" + std::to_string(i), S_IFREG | 0644, 0, 0, 0)).ino;
-      std::vector<std::byte> d(20000 + rng() % 150000);
-      for (auto& b : d) b = std::byte(rng());
-      must(fs->write(ino, 0, d));
-      for (const auto& e : must(fs->placement(ino))) REQUIRE(vol->class_of(BlockNo{e.block}) == 0);
-      content[ino] = std::move(d);
-    }
-    fs.reset();
-    must(vol->close());
-  }
-  uint64_t moved_states = 0;
-  const uint64_t states = power_cuts(
-      base, s0, 1000, 4,
-      [&](const std::vector<BlockDevice*>& members) {
-        auto set = assemble(members);
-        VolumeOptions vo;
-        vo.kinds = fs_kinds();
-        auto vol = must(Volume::open(*set, vo));
-        must(load_placement_rules(*vol));
-        auto fs = must(Filesystem::open(*vol, main));
-        bool ok = fs->lookup(fs->root(), "f0").ok();
-        if (ok) {
-          fs->settle_placement();
-          auto st = fs->migration_stats();
-          ok = st.failed == 0 && st.files == content.size();
-        }
-        fs.reset();
-        return ok && vol->commit().ok();
-      },
-      [&](std::vector<std::unique_ptr<MemDevice>>& crashed, size_t j, uint64_t k, uint64_t tear) {
-        auto set = assemble(ptrs(crashed));
-        VolumeOptions vo;
-        vo.kinds = fs_kinds();
-        INFO("device " << j << " cut at call " << k << " tear " << tear);
-        {
-          auto vol = must(Volume::open(*set, vo));
-          auto fs = must(Filesystem::open(*vol, main));
-          bool on_slow = true;
-          for (const auto& [ino, d] : content) {
-            std::vector<std::byte> back(d.size());
-            REQUIRE(must(fs->getattr(ino)).size == d.size());
-            REQUIRE(must(fs->read(ino, 0, back)) == d.size());
-            REQUIRE(back == d);
-            for (const auto& e : must(fs->placement(ino))) on_slow = on_slow && vol->class_of(BlockNo{e.block}) == 1;
-          }
-          moved_states += on_slow;
-        }
-        VerifyOptions vfo;
-        vfo.kinds = fs_kinds();
-        auto rep = must(verify_image(*set, vfo));
-        for (const auto& p : rep.problems) REQUIRE(p.code == "S-slot");
-      });
-  std::printf("[policy-stage-power-cut] %llu crash states, %llu with every file moved\n",
-              (unsigned long long)states, (unsigned long long)moved_states);
-  CHECK(moved_states > 0);
-  CHECK(moved_states < states);
-}
