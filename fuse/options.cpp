@@ -28,6 +28,7 @@ const struct fuse_opt kOpts[] = {
     {"commit=%s", offsetof(Config, commit_s), 0},
     {"cache=%s", offsetof(Config, cache_s), 0},
     {"nbd_cache=%s", offsetof(Config, nbd_cache_s), 0},
+    {"stage_delay=%s", offsetof(Config, stage_delay_s), 0},
     {"view=%s", offsetof(Config, view), 0},
     {"branches=%s", offsetof(Config, branches), 0},
     {"dirs=%s", offsetof(Config, branches), 0},
@@ -71,7 +72,7 @@ const struct fuse_opt kOpts[] = {
     FUSE_OPT_END};
 
 Config::~Config() {
-  for (const char* s : {image, mountpoint, commit_s, cache_s, nbd_cache_s, view, branches, layer, copyup_s, del_s,
+  for (const char* s : {image, mountpoint, commit_s, cache_s, nbd_cache_s, stage_delay_s, view, branches, layer, copyup_s, del_s,
                         crashlog, snapshot_interval_s, snapshot_keep_s, max_threads_s,
                         max_idle_threads_s, spin_s, timeout_s, compress_s, compress_force_s})
     std::free(const_cast<char*>(s));
@@ -179,6 +180,7 @@ Result<void> check_options(Config& c) {
   } else {
     c.nbd_cache_bytes = default_nbd_cache();
   }
+  c.stage_delay = PLY_TRY(number(c.stage_delay_s, "stage_delay", 0, kMaxStageDelay, c.stage_delay));
   c.snapshot_interval =
       PLY_TRY(number(c.snapshot_interval_s, "snapshot_interval", 0, kMaxSnapshotInterval, 0));
   if (c.snapshot_keep_s) {
@@ -246,6 +248,8 @@ void usage() {
       "  -o nbd_cache=SIZE  for an image on an NBD server: keep up to SIZE of its\n"
       "                     blocks in the daemon, as the host's page cache does for\n"
       "                     an image file (default: an eighth of the memory; 0: none)\n"
+      "  -o stage_delay=SECONDS  a staged file (plyctl policy, stage=) moves once it\n"
+      "                     has had no write for SECONDS (default 5; at most 86400)\n"
       "  -o ro              read-only\n"
       "  -o device=PATH     another device of a multi-device volume, or a directory\n"
       "                     to scan for them; give it once per device\n"

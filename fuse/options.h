@@ -43,6 +43,7 @@ struct Config {
   const char* spin_s = nullptr;
   const char* timeout_s = nullptr;
   const char* nbd_cache_s = nullptr;       // -o nbd_cache=SIZE (blockdev/read_cache.h)
+  const char* stage_delay_s = nullptr;     // -o stage_delay=SECONDS (format.md#staged-writes)
   const char* compress_s = nullptr;        // -o compress=zstd[:N]|none
   const char* compress_force_s = nullptr;  // -o compress-force=zstd[:N]
   std::vector<std::string> devices;  // -o device=PATH, each time given (format.md#multi-device)
@@ -60,6 +61,7 @@ struct Config {
   unsigned commit = 5;                   // seconds, 0 to kMaxCommit
   uint64_t cache_bytes = 256ull << 20;   // kMinCache to kMaxCache
   uint64_t nbd_cache_bytes = 0;          // -o nbd_cache=SIZE, 0 to kMaxCache (default_nbd_cache)
+  unsigned stage_delay = 5;              // seconds, 0 to kMaxStageDelay
   unsigned snapshot_interval = 0;        // seconds, 0: never
   Retention snapshot_keep;               // keeps all by default (snap/retention.h)
   // libfuse's session loop: at most max_threads workers, and at most
@@ -79,6 +81,7 @@ struct Config {
 
 // The ranges of the numeric options (plyfs.8 documents them).
 inline constexpr unsigned kMaxCommit = 86400;              // a day
+inline constexpr unsigned kMaxStageDelay = 86400;         // a day
 inline constexpr unsigned kMaxSnapshotInterval = 31536000;  // a year
 inline constexpr unsigned kMaxThreads = 1024;
 inline constexpr unsigned kMaxSpin = 100000;                // 0.1 s

@@ -187,6 +187,7 @@ int open_union(Daemon& d, const Config& cfg, int status_fd) {
   if (!vol) return refuse(status_fd, 32, "cannot open " + img + ": " + vol.error().user_message(img));
   d.vol = std::move(*vol);
   d.vol->extension<MountCompression>().set(cfg.compress);
+  d.vol->extension<MountStageDelay>().ms = int64_t(cfg.stage_delay) * 1000;
   // The placement rules of a multi-device volume (format.md#placement-rules):
   // a damaged rule leaves data where the volume puts it by default, and
   // fsck reports it.

@@ -130,6 +130,13 @@ class MountCompression {
   Compression c_;
 };
 
+// How long a staged file must be quiet before it moves (plyfs -o
+// stage_delay=, format.md#staged-writes), for every filesystem of the volume
+// a mount serves: a Volume::extension. Filesystem::set_stage_delay wins.
+struct MountStageDelay {
+  std::atomic<int64_t> ms{5000};
+};
+
 // Most specific wins (format.md#fs-compress, "Policy"): an inode's NOCOMPRESS
 // or COMPRESS flag, then the branch's default, then the mount's. COMPRESS
 // takes the level and force of the branch or mount when they compress.
@@ -313,7 +320,8 @@ class Filesystem {
   // runs; settle_placement() waits until the queue is empty.
   // A file written under a staged rule (stage=, format.md#staged-writes) is
   // queued too, due once it has had no write for stage_delay (or has been
-  // written for 4 times that); settle_placement() makes every such file due
+  // written for 4 times that; set_stage_delay, else the volume's
+  // MountStageDelay, 5 s by default); settle_placement() makes every such file due
   // at once. On a read-write filesystem whose rules stage, the thread first
   // looks at every file once for staged data an earlier mount left.
   // migrate(ino) moves the file's data off other classes to its rule's
@@ -451,6 +459,7 @@ class Filesystem {
   Result<uint64_t> place_candidates(uint64_t ino, const Attr& a, const PlacementPolicy& pol, uint64_t version);
   Result<std::vector<uint64_t>> files_with_blocks();
   void placing_staged(uint64_t ino);
+  void placing_gone(uint64_t ino);  // its blocks are freed: no longer waits
   std::mutex& inode_lock(uint64_t ino) { return ino_mu_[ino % ino_mu_.size()]; }
 
   Volume& vol_;
@@ -482,7 +491,7 @@ class Filesystem {
   PolicyState* policy_;  // the volume's rules (a Volume::extension)
   std::once_flag placer_once_;
   // How long a staged file must go unwritten before it moves (fs_place.cpp).
-  std::atomic<int64_t> stage_delay_ms_{5000};
+  std::atomic<int64_t> stage_delay_ms_{-1};  // -1: the mount's (MountStageDelay)
   struct PlacerGone {  // Placer is complete only in fs_place.cpp
     void operator()(Placer* p) const;
   };

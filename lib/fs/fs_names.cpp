@@ -185,7 +185,7 @@ Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool w
                                      bool whiteout) {
   if (name.size() > 255) return Error::io(ENAMETOOLONG, "name longer than 255 bytes");
   if (read_only()) return Error::io(EROFS, "read-only filesystem");
-  uint64_t freed = 0;
+  uint64_t freed = 0, erased = 0;
   {
     auto t = PLY_TRY(vol_.begin({.for_delete = true, .reserve_blocks = 12 * kOpBlocks}));
     Ctx c{*this, std::move(t)};
@@ -212,14 +212,16 @@ Result<void> Filesystem::remove_name(uint64_t dir, std::string_view name, bool w
     // becomes an orphan, freed at the last release (format.md#fs-orphan).
     if (r.a.nlink == 0 && !held(r.a.ino) && PLY_TRY(c.erase_small_object(r.a.ino))) {
       if (pinned(r.a.ino)) add_ghost(r.a);
-      return ok();
-    }
-    PLY_CHECK(c.put_inode(r));
-    if (r.a.nlink == 0) {
-      PLY_CHECK(c.t.put(tree_, ikey(0, ItemType::Orphan, r.a.ino), {}));
-      freed = r.a.ino;
+      erased = r.a.ino;
+    } else {
+      PLY_CHECK(c.put_inode(r));
+      if (r.a.nlink == 0) {
+        PLY_CHECK(c.t.put(tree_, ikey(0, ItemType::Orphan, r.a.ino), {}));
+        freed = r.a.ino;
+      }
     }
   }
+  if (erased) placing_gone(erased);  // free_inode says so for the others
   return freed ? free_if_unpinned(freed) : ok();
 }
 

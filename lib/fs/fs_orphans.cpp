@@ -58,6 +58,8 @@ Result<void> Filesystem::free_inode(uint64_t ino) {
     }
     if (!more) {
       (void)PLY_TRY(c.t.erase(tree_, ikey(0, ItemType::Orphan, ino)));
+      lk.unlock();
+      placing_gone(ino);
       return ok();
     }
   }

@@ -140,6 +140,13 @@ class Filesystem::Placer {
       it->second.at = std::min(now + delay, it->second.first + 4 * delay);
     }
   }
+  // A file freed while staged: nothing left to move (format.md#staged-writes),
+  // and `queued` should not count it. Its due_order_ entry goes when it
+  // comes up.
+  void forget(uint64_t ino) {
+    std::lock_guard lk(mu_);
+    due_.erase(ino);
+  }
   // Staged files are due now, then the queue runs dry.
   void settle() {
     std::unique_lock lk(mu_);
@@ -186,7 +193,7 @@ class Filesystem::Placer {
     while (!due_order_.empty()) {
       auto [at, ino] = due_order_.front();
       auto it = due_.find(ino);
-      if (it == due_.end()) {  // cannot happen: each entry has its file
+      if (it == due_.end()) {  // the file was freed (forget)
         due_order_.pop_front();
         continue;
       }
@@ -293,6 +300,7 @@ Filesystem::~Filesystem() {
 
 Filesystem::Placer& Filesystem::placer() {
   std::call_once(placer_once_, [&] {
+    if (stage_delay_ms_.load() < 0) stage_delay_ms_ = vol_.extension<MountStageDelay>().ms.load();
     placer_.reset(new Placer(*this));
     placer_->start_if_staged();
   });
@@ -303,6 +311,10 @@ void Filesystem::set_stage_delay(std::chrono::milliseconds d) { stage_delay_ms_ 
 
 void Filesystem::placing_staged(uint64_t ino) {
   if (placing() && !read_only()) placer().stage(ino, std::chrono::milliseconds(stage_delay_ms_.load()));
+}
+
+void Filesystem::placing_gone(uint64_t ino) {
+  if (placing() && !read_only()) placer().forget(ino);
 }
 
 bool Filesystem::placing() const { return policy_->active(); }

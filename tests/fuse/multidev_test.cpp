@@ -588,6 +588,34 @@ TEST_CASE("multidev-fuse: a staged rule writes to fast and the mount moves the d
     }
     REQUIRE(m.unmount() == 0);
   }
+  // -o stage_delay: files written under a delay of an hour are still on
+  // fast well past the default 5 s; policy apply moves them at once.
+  {
+    Mount m(fast, tmp / "mnt", {"device=" + slow, "stage_delay=3600"});
+    m.start();
+    uint64_t late = 0;
+    for (int i = 0; i < 2; i++) {
+      const std::string name = "late" + std::to_string(i);
+      files[name] = random_bytes(rng, 300 << 10);
+      late += files[name].size();
+      write_file(m / name, files[name]);
+    }
+    ::sync();
+    std::this_thread::sleep_for(std::chrono::milliseconds(6500));
+    auto l = ctl(tmp, {"policy", "list", m.path(), "--json"});
+    REQUIRE(l.rc == 0);
+    const json mig = schema_checked("policy list", l.out)["migration"];
+    INFO(mig.dump());
+    REQUIRE(mig["queued"] == 2);
+    REQUIRE(mig["files_moved"] == 0);
+    REQUIRE(devices(tmp, {"device", "list", m.path(), "--json"})["devices"][0]["data_bytes"].get<uint64_t>() >= late);
+    auto r = ctl(tmp, {"policy", "apply", m.path(), "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    ::sync();
+    REQUIRE(devices(tmp, {"device", "list", m.path(), "--json"})["devices"][0]["data_bytes"].get<uint64_t>() < (64u << 10));
+    REQUIRE(m.unmount() == 0);
+  }
   require_volume_holds(tmp, {fast, slow}, files);
 }
 

@@ -63,7 +63,8 @@ TEST_CASE("options: bad values give one line, exit 1, and mount nothing", "[opti
       "copyup=bogus", "delete=some", "view=a,branches=b", "timeout=-1", "timeout=86401",
       "timeout=1.5", "timeout=", "compress=lz4", "compress=zstd:0", "compress=zstd:20", "compress=zstd:x",
       "compress-force=none", "compress-force=zlib",
-      "nbd_cache=1x", "nbd_cache=17T", "nbd_cache=", "nbd_cache=-1"};
+      "nbd_cache=1x", "nbd_cache=17T", "nbd_cache=", "nbd_cache=-1",
+      "stage_delay=-1", "stage_delay=86401", "stage_delay=1.5", "stage_delay="};
   if (std::string(std::getenv("PLYFS_HAVE_URING") ? std::getenv("PLYFS_HAVE_URING") : "1") == "0")
     bad.push_back("uring");
   for (const auto& b : bad) {
@@ -106,7 +107,8 @@ TEST_CASE("options: sizes as mkfs.plyfs takes them, and the ends of every range"
                         "cache=4000000KB", "commit=0", "commit=86400,snapshot_interval=31536000",
                         "max_threads=1024,max_idle_threads=0,spin=0", "max_threads=1,spin=100000",
                         "copyup=const:4294967294:0:7777", "copyup=const:1:2:0", "snapshot_keep=1000000",
-                        "timeout=0", "timeout=86400", "nbd_cache=0", "nbd_cache=16T"}) {
+                        "timeout=0", "timeout=86400", "nbd_cache=0", "nbd_cache=16T", "stage_delay=0",
+                        "stage_delay=86400"}) {
     INFO("-o " << o);
     Mount m(img, tmp / "mnt", {o});
     m.start();
