@@ -404,7 +404,9 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
   // Where the new blocks go (format.md#placement-rules); a write that takes
   // the file across a size bound of its rules queues it for migration.
   // A staged rule's write goes to its stage and queues the file to move
-  // once it is quiet (format.md#staged-writes).
+  // once it is quiet (format.md#staged-writes); one that crosses into a
+  // staged rule waits so too, rather than moving at once: the data a file
+  // still growing has moves once, when it is quiet.
   bool crossed = false, staged = false;
   const Placement place = PLY_TRY(place_for(ino, a, std::max(a.size, end), &crossed, &staged));
   if (a.size <= disk::kInlineMax) PLY_CHECK(unshare_inline(ino, place));
@@ -455,8 +457,8 @@ Result<size_t> Filesystem::write_locked(uint64_t ino, uint64_t off, std::span<co
     if (!vol_.failure()) for (const Ext& e : news) (void)c.t.dec_extent(BlockNo{e.disk_start});
     return r.error();
   }
-  if (crossed && a.blocks) placing_queue(ino);
   if (staged) placing_staged(ino);
+  else if (crossed && a.blocks) placing_queue(ino);
   return in.size();
 }
 

@@ -573,6 +573,37 @@ TEST_CASE("policy: a staged rule writes to its stage and moves the file once it 
   close_and_check(im);
 }
 
+TEST_CASE("policy: a file growing into a staged rule waits to be quiet, then moves once", "[policy]") {
+  // size<64K to=fast, then a staged rule to slow: a file written in 16 KiB
+  // pieces crosses 64 KiB on its fifth write. It must not move then (the
+  // immediate move of a crossing), but wait with the staged files.
+  MultiFsImage im({64 << 20, 96 << 20}, {"fast", "slow"}, {0, 1});
+  must(set_placement_rules(*im.vol, {must(parse_rule("size<64K to=fast")), must(parse_rule("to=slow stage=fast"))}));
+  auto fs = must(Filesystem::open(*im.vol, im.main));
+  fs->set_stage_delay(std::chrono::hours(1));
+  std::mt19937_64 rng(seed("policy stage growth"));
+  const uint64_t ino = must(fs->mknod(fs->root(), "grows", S_IFREG | 0644, 0, 0, 0)).ino;
+  std::vector<std::byte> d;
+  for (int i = 0; i < 16; i++) {
+    std::vector<std::byte> piece(16 << 10);
+    for (auto& b : piece) b = std::byte(rng());
+    REQUIRE(must(fs->write(ino, d.size(), piece)) == piece.size());
+    d.insert(d.end(), piece.begin(), piece.end());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a crossing's move would be done
+  CHECK(classes_of(*fs, *im.vol, ino) == 1u);
+  CHECK(fs->migration_stats().files == 0);
+  CHECK(fs->migration_stats().queued == 1);
+  fs->settle_placement();
+  CHECK(classes_of(*fs, *im.vol, ino) == 2u);
+  CHECK(fs->migration_stats().files == 1);
+  std::vector<std::byte> back(d.size());
+  REQUIRE(must(fs->read(ino, 0, back)) == back.size());
+  REQUIRE(back == d);
+  fs.reset();
+  close_and_check(im);
+}
+
 TEST_CASE("policy: a full stage falls back to the rule's classes; a remount moves what was left staged", "[policy]") {
   MultiFsImage im({16 << 20, 128 << 20}, {"fast", "slow"}, {0, 1});
   must(set_placement_rules(*im.vol, {must(parse_rule("to=slow stage=fast"))}));
