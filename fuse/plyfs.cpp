@@ -405,7 +405,9 @@ int main(int argc, char** argv) {
   fo.nbd_cache_bytes = cfg.nbd_cache_bytes;
   auto dev = open_volume(cfg.image, cfg.devices, fo);
   if (!dev) {
-    if (dev.error().code == EBUSY)
+    // The image itself in use: a second mount. Another device of its volume
+    // in use: the device layer's message names that one.
+    if (dev.error().code == EBUSY && dev.error().message().rfind(std::string(cfg.image) + " ", 0) == 0)
       return refuse(-1, 32, std::string(cfg.image) += " is already mounted or in use by another plyfs program");
     return refuse(-1, 32, dev.error().user_message(cfg.image));
   }

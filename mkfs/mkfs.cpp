@@ -159,22 +159,29 @@ Result<Options> resolve(const Args& a) {
     if (name.size() > 15 || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
       return Error::invalid("--class " + c + ": a class name is 1 to 15 of a-z, 0-9, _ and -");
     for (const auto& [d, n] : named)
-      if (d == dev) return Error::invalid("--class: " + dev + " is given a class twice");
+      if (device_identity(d) == device_identity(dev))
+        return Error::invalid("--class: " + dev + " is given a class twice");
     named.emplace_back(dev, name);
     if (std::find(o.format.classes.begin(), o.format.classes.end(), name) == o.format.classes.end())
       o.format.classes.push_back(name);
   }
+  // One device by two names (a.img and ./a.img, a symlink, a second node
+  // of a block device) is one device given twice.
   o.paths = a.paths;
+  auto same = [](const std::string& x, const std::string& y) { return device_identity(x) == device_identity(y); };
   for (const auto& [d, n] : named)
-    if (std::find(o.paths.begin(), o.paths.end(), d) == o.paths.end()) o.paths.push_back(d);
+    if (std::none_of(o.paths.begin(), o.paths.end(), [&](const std::string& p) { return same(p, d); }))
+      o.paths.push_back(d);
   for (size_t i = 0; i < o.paths.size(); i++)
     for (size_t j = 0; j < i; j++)
-      if (o.paths[i] == o.paths[j]) return Error::invalid(o.paths[i] + " is given twice");
+      if (same(o.paths[i], o.paths[j]))
+        return Error::invalid(o.paths[i] == o.paths[j] ? o.paths[i] + " is given twice"
+                                                       : o.paths[i] + " and " + o.paths[j] + " are the same device");
   if (o.paths.size() > 1 || !named.empty()) {
     if (o.paths.size() > disk::kMaxDevices)
       return Error::invalid("a volume has at most " + std::to_string(disk::kMaxDevices) + " devices");
     for (const auto& p : o.paths) {
-      auto it = std::find_if(named.begin(), named.end(), [&](const auto& n) { return n.first == p; });
+      auto it = std::find_if(named.begin(), named.end(), [&](const auto& n) { return same(n.first, p); });
       const std::string cls = it == named.end() ? "default" : it->second;
       auto ci = std::find(o.format.classes.begin(), o.format.classes.end(), cls);
       if (ci == o.format.classes.end()) ci = o.format.classes.insert(o.format.classes.end(), cls);

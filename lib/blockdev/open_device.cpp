@@ -2,6 +2,8 @@
 
 #include "util/mountinfo.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <optional>
 #include <vector>
@@ -23,6 +25,13 @@ std::string device_display_name(const std::string& p) {
   std::string out = p;
   if (char* rp = ::realpath(p.c_str(), nullptr)) out = rp, ::free(rp);
   return out;
+}
+
+std::string device_identity(const std::string& p) {
+  struct stat st{};
+  if (is_nbd_uri(p) || ::stat(p.c_str(), &st) != 0) return "name:" + p;
+  if (S_ISBLK(st.st_mode)) return "bdev:" + std::to_string(st.st_rdev);
+  return "file:" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
 }
 
 namespace {

@@ -114,6 +114,7 @@ struct Found {
   bool scanned = false;  // found in a directory, not named
 };
 
+
 // Every regular file and block device directly in `dir`, for scanning.
 std::vector<std::string> entries_of(const std::string& dir) {
   std::vector<std::string> out;
@@ -157,11 +158,20 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
                                                ", its superblock " + uuid_text(sb.uuid));
   std::vector<Found> found;
   found.push_back(Found{path, std::move(first), lab0});
+  // A device named twice, or the first one named again among the others
+  // (`plyfs A -o device=A,device=B`, as btrfs's fstab lines often give
+  // every device), is opened once: a second open of it would find it
+  // locked by the first.
+  std::vector<std::string> opened = {device_identity(path)};
   auto consider = [&](const std::string& p, bool scanning) -> Result<void> {
+    const std::string id = device_identity(p);
+    if (std::find(opened.begin(), opened.end(), id) != opened.end()) return ok();
+    opened.push_back(id);
     auto dev = open_device(p, opts);
     if (!dev) {
       if (scanning) return ok();
-      return Error::io(dev.error().code, p + ": " + dev.error().message());
+      std::string m = dev.error().message();  // most name the device already
+      return Error::io(dev.error().code, m.rfind(p + " ", 0) == 0 ? m : p + ": " + m);
     }
     auto l = read_device_label(**dev);
     if (!l || !*l) {
@@ -186,11 +196,8 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
   for (const auto& o : others) {
     struct stat st{};
     if (stat(o.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      for (const auto& p : entries_of(o)) {
-        // The devices already open are locked: skip them by name first.
-        bool known = std::any_of(found.begin(), found.end(), [&](const Found& f) { return f.path == p; });
-        if (!known) PLY_CHECK(consider(p, true));
-      }
+      // The devices already open are locked: consider() passes over them.
+      for (const auto& p : entries_of(o)) PLY_CHECK(consider(p, true));
     } else {
       PLY_CHECK(consider(o, false));
     }

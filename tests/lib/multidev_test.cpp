@@ -271,8 +271,15 @@ TEST_CASE("multidev: opening finds the devices and refuses a missing, foreign or
     auto d = must(FileDevice::open(single));
     must(Volume::format(*d, FormatOptions{}));
   }
-  // Named, in either order, or found in a scanned directory.
-  for (const auto& others : {std::vector<std::string>{a1}, std::vector<std::string>{dirp}}) {
+  // Named, in either order, or found in a scanned directory; a device named
+  // twice, by its path, a symlink or a directory scanned too, and the first
+  // one named again, are opened once (their locks would refuse a second
+  // open), as btrfs takes `device=` naming every device.
+  const std::string a1_link = dirp + "/a1.link";
+  REQUIRE(::symlink(a1.c_str(), a1_link.c_str()) == 0);
+  for (const auto& others : {std::vector<std::string>{a1}, std::vector<std::string>{dirp},
+                             std::vector<std::string>{a1, a1}, std::vector<std::string>{a0, a1},
+                             std::vector<std::string>{a1_link, a1, dirp}}) {
     auto dev = must(open_volume(a0, others));
     auto vol = must(Volume::open(*dev));
     REQUIRE(vol->super().uuid == sa.uuid);
@@ -293,6 +300,15 @@ TEST_CASE("multidev: opening finds the devices and refuses a missing, foreign or
     REQUIRE(r.error().message().find(says) != std::string::npos);
   };
   refused(a0, {}, ENODEV, "is missing");
+  refused(a0, {a0}, ENODEV, "is missing");
+  // A copy of a device is another file with the same device uuid: which
+  // one is current cannot be told, so it is refused.
+  {
+    const std::string copy = dirp + "/a1.copy";
+    std::filesystem::copy_file(a1, copy);
+    refused(a0, {a1, copy}, EINVAL, "are the same device of the volume");
+    std::filesystem::remove(copy);
+  }
   refused(a0, {b1}, EINVAL, "another plyfs volume");
   refused(a0, {a1, single}, EINVAL, "not a device of a multi-device");
   refused(single, {a1}, EINVAL, "not a device of a multi-device");

@@ -248,6 +248,21 @@ check "-f formats over a RAID member" test $rc -eq 0
 check "-f wiped the RAID magic" test "$(od -An -tx1 -j$md_off -N4 "$T/md" | tr -d ' ')" = 00000000
 check "plyfs after the RAID member" is_dump "$T/md" generation 3
 
+# --- one device by two names (a path and ./path, a symlink) is one device
+# given twice: refused in one line, nothing written.
+truncate -s 64M "$T/two0" "$T/two1"
+ln -sf "$T/two0" "$T/two0.link"
+before=$(sum "$T/two0")
+run -q "$T/two0" "$T/two0.link"
+check "a device and a symlink to it: refused" one_line_error "are the same device"
+run -q -C "fast=$T/two0" -C "slow=$T/./two0"
+check "a device with two classes by two names: refused" one_line_error "given a class twice"
+check "... nothing written" test "$(sum "$T/two0")" = "$before"
+run "$T/./two0" -C "fast=$T/two0" -C "slow=$T/two1"
+check "a positional device and its --class by another name: one device" test $rc -eq 0
+check "... of class fast, and two devices in all" \
+  test "$(grep -c '^  Device [0-9]' "$T/out")" -eq 2 -a "$(grep -c "two0: 64.00 MiB, class fast" "$T/out")" -eq 1
+
 # --- discard: an existing image's blocks become holes (mke2fs does the
 # same); -K keeps them. On a terminal a progress line shows how far it is.
 head -c $((8 << 20)) /dev/urandom >"$T/full"
