@@ -43,9 +43,10 @@ Result<int> parse_stream_compress(std::string_view s) {
 }
 
 std::string text_counts(uint64_t items, uint64_t deleted, uint64_t extents, uint64_t shared, uint64_t data) {
-  std::string s = Progress::count(items) + " items";
+  std::string s = Progress::count(items) + (items == 1 ? " item" : " items");
   if (deleted) s += ", " + Progress::count(deleted) + " removed";
-  s += ", " + Progress::count(extents) + " extents of data (" + format_size(data) + ")";
+  s += ", " + Progress::count(extents) + (extents == 1 ? " extent" : " extents") + " of data (" +
+       format_size(data) + ")";
   if (shared) s += ", " + Progress::count(shared) + " shared";
   return s;
 }

@@ -779,6 +779,15 @@ TEST_CASE("multidev-fuse: a volume of one device takes a second offline, and the
     INFO(r.err);
     REQUIRE(r.rc == 0);
     for (const auto& [name, data] : files) REQUIRE(read_file(m / name) == data);
+    // The metadata class (fast) has no device left: metadata now goes to the
+    // slow device, which holds it, and the listing says so.
+    r = ctl(tmp, {"device", "list", m.path(), "--json"});
+    REQUIRE(r.rc == 0);
+    d = schema_checked("device list", r.out);
+    REQUIRE(d["devices"].size() == 1);
+    REQUIRE(d["devices"][0]["class"] == "slow");
+    REQUIRE(d["devices"][0]["metadata_bytes"].get<uint64_t>() > 0);
+    REQUIRE(d["devices"][0]["metadata"] == true);
     REQUIRE(m.unmount() == 0);
   }
   // The volume is the new image alone now.
