@@ -132,6 +132,7 @@ class Filesystem::Placer {
     std::lock_guard lk(mu_);
     if (stop_) return;
     start_locked();
+    if (scanning_) staged_here_.insert(ino);
     auto [it, fresh] = due_.try_emplace(ino, Due{now, now + delay});
     if (fresh) {
       due_order_.push_back({now + delay, ino});
@@ -226,6 +227,7 @@ class Filesystem::Placer {
       scan();
       lk.lock();
       scanning_ = false;
+      staged_here_.clear();
     }
     for (;;) {
       const auto next = take_due_locked();
@@ -255,7 +257,9 @@ class Filesystem::Placer {
   }
 
   // Every regular file with blocks, once: what lies on a stage class moves
-  // to its rule's class (format.md#staged-writes).
+  // to its rule's class (format.md#staged-writes). A file this mount has
+  // staged since the scan began is passed over: it is due on its own
+  // clock, and moving it now would move it twice (and while it is written).
   void scan() {
     auto inos = fs_.files_with_blocks();
     if (!inos) return;
@@ -263,6 +267,7 @@ class Filesystem::Placer {
       {
         std::lock_guard lk(mu_);
         if (stop_) return;
+        if (staged_here_.count(ino)) continue;
       }
       auto r = fs_.migrate(ino, true);
       std::lock_guard lk(mu_);
@@ -281,6 +286,7 @@ class Filesystem::Placer {
   std::deque<uint64_t> queue_;
   std::unordered_set<uint64_t> queued_;
   std::unordered_map<uint64_t, Due> due_;                        // staged files, when due
+  std::unordered_set<uint64_t> staged_here_;                     // staged while the scan runs
   std::deque<std::pair<Clock::time_point, uint64_t>> due_order_;  // by the time each was staged
   int settling_ = 0;
   bool stop_ = false, busy_ = false, scanning_ = false;
