@@ -177,7 +177,8 @@ Result<std::unique_ptr<BlockDevice>> open_volume(const std::string& path,
     if (!l || !*l) {
       if (scanning) return ok();
       if (!l) return Error::io(l.error().code, p + ": " + l.error().message());
-      return Error::invalid(p + " is not a device of a multi-device plyfs volume");
+      return Error::invalid(p + " is not a device of a multi-device plyfs volume (it has no device label, "
+                            "which a device loses when it is removed from its volume: leave it out)");
     }
     if ((*l)->volume_uuid != sb.uuid) {
       if (scanning) return ok();

@@ -994,6 +994,9 @@ TEST_CASE("multidev-fuse: devices added, removed and replaced under a mount whil
     REQUIRE(r.rc != 0);
   }
   REQUIRE(run({fsck_bin(), "-n", more, fast2}, tmp / "fsck.log") == 0);
+  // Named again (an fstab line not yet edited): refused, saying to leave it out.
+  REQUIRE(run({fsck_bin(), "-n", more, fast2, slow}, tmp / "fsck-gone.log") == 8);
+  REQUIRE(slurp(tmp / "fsck-gone.log").find("removed from its volume: leave it out") != std::string::npos);
   {
     Mount m(fast2, tmp / "mnt", {"device=" + tmp.path()});
     m.start();
