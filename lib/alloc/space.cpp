@@ -638,6 +638,13 @@ int SpaceManager::class_of(uint64_t b) const {
   return -1;
 }
 
+int SpaceManager::metadata_class() const {
+  std::lock_guard lk(mu_);
+  for (uint8_t c : meta_order_)
+    if (c < classes_.size() && !classes_[c].groups.empty()) return c;
+  return -1;
+}
+
 Result<BlockNo> SpaceManager::alloc(uint64_t nblocks, ExtentKind kind, bool reserved, const Placement* place) {
   if (nblocks == 0 || nblocks > kGroupBlocks)
     return Error::invalid("extent length " + std::to_string(nblocks) + " out of range");

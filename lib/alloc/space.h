@@ -144,6 +144,10 @@ class SpaceManager {
   Result<BlockNo> alloc(uint64_t nblocks, ExtentKind kind, bool reserved, const Placement* place = nullptr);
   // The class of the device block `b` lies on; -1 on a volume of one device.
   int class_of(uint64_t b) const;
+  // The class metadata is allocated from: the first class in the metadata
+  // order that has a device (format.md#placement; the volume's metadata
+  // class until its last device was removed); -1 on a volume of one device.
+  int metadata_class() const;
   Result<uint32_t> refcount(BlockNo start);
   Result<void> inc_ref(BlockNo start);
   Result<NodeSpace::Freed> dec_ref(BlockNo start, Generation gen);

@@ -1087,6 +1087,7 @@ Result<bool> Volume::Txn::erase(TreeId t, Key k) {
 }
 
 int Volume::class_of(BlockNo b) const { return space_->class_of(b.v); }
+int Volume::metadata_class() const { return space_->metadata_class(); }
 
 Result<BlockNo> Volume::Txn::alloc_extent(uint64_t nblocks) {
   Volume* v = s_.v;

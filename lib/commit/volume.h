@@ -211,6 +211,10 @@ class Volume {
   // The class of the device block `b` lies on (format.md#placement); -1 on
   // a volume of one device.
   int class_of(BlockNo b) const;
+  // The class new metadata goes to: the metadata class, or the next class
+  // with a device once that class has none left (format.md#placement); -1
+  // on a volume of one device.
+  int metadata_class() const;
   // What the volume lives on: a DeviceSet for a multi-device volume.
   BlockDevice& device() const { return dev_; }
   // Discards every free range of at least min_bytes inside bytes

@@ -169,20 +169,10 @@ Result<Json> devices(Volume& v) {
   auto* set = v.device().device_set();
   Json list = Json::array();
   const size_t n = std::max<size_t>(1, sb.devices.size());
-  // Where metadata goes: its class, or, once the last device of that class
-  // was removed (it stays in the table, format.md#device-remove), the first
-  // other class with a device, in the order the space manager tries them
-  // (format.md#placement).
-  uint32_t meta_to = sb.meta_class;
-  auto has_device = [&](uint32_t c) {
-    return std::any_of(sb.devices.begin(), sb.devices.end(), [&](const DeviceInfo& d) { return d.class_id == c; });
-  };
-  if (!sb.devices.empty() && !has_device(meta_to))
-    for (uint32_t c = 0; c < sb.classes.size(); c++)
-      if (c != sb.meta_class && has_device(c)) {
-        meta_to = c;
-        break;
-      }
+  // Where metadata goes, as the space manager allocates it: the metadata
+  // class, or the next class with a device once the last device of that
+  // class was removed (format.md#placement, format.md#device-remove).
+  const int meta_to = v.metadata_class();
   for (size_t i = 0; i < n; i++) {
     Json d;
     d["index"] = i;
@@ -200,7 +190,7 @@ Result<Json> devices(Volume& v) {
     d["used_bytes"] = use[i].used_blocks * bs;
     d["metadata_bytes"] = use[i].meta_blocks * bs;
     d["data_bytes"] = use[i].data_blocks * bs;
-    d["metadata"] = !multi || sb.devices[i].class_id == meta_to;
+    d["metadata"] = !multi || int(sb.devices[i].class_id) == meta_to;
     list.push_back(std::move(d));
   }
   Json classes = Json::array();
