@@ -406,9 +406,13 @@ int main(int argc, char** argv) {
   auto dev = open_volume(cfg.image, cfg.devices, fo);
   if (!dev) {
     // The image itself in use: a second mount. Another device of its volume
-    // in use: the device layer's message names that one.
-    if (dev.error().code == EBUSY && dev.error().message().rfind(std::string(cfg.image) + " ", 0) == 0)
-      return refuse(-1, 32, std::string(cfg.image) += " is already mounted or in use by another plyfs program");
+    // in use: the device layer's message names that one. Which it is, the
+    // image alone tells: opened by itself, it is busy or it is not.
+    if (dev.error().code == EBUSY) {
+      auto self = open_device(cfg.image, fo);
+      if (!self && self.error().code == EBUSY)
+        return refuse(-1, 32, std::string(cfg.image) += " is already mounted or in use by another plyfs program");
+    }
     return refuse(-1, 32, dev.error().user_message(cfg.image));
   }
 

@@ -114,7 +114,6 @@ struct Found {
   bool scanned = false;  // found in a directory, not named
 };
 
-
 // Every regular file and block device directly in `dir`, for scanning.
 std::vector<std::string> entries_of(const std::string& dir) {
   std::vector<std::string> out;
