@@ -226,8 +226,9 @@ bool is_nbd_uri(std::string_view path_or_uri);
 // leaves the working directory it was started in.
 std::string device_display_name(const std::string& path_or_uri);
 // What makes two names one device: the inode of a regular file, the device
-// number of a block device, the text of a URI (or of a path that cannot be
-// looked at). Equal for `a.img`, `./a.img` and a symlink to it.
+// number of a block device, the text of a URI; for a file not made yet, the
+// inode of its directory and its name (or the text, when that directory
+// cannot be looked at either). Equal for `a.img`, `./a.img` and a symlink.
 std::string device_identity(const std::string& path_or_uri);
 Result<std::unique_ptr<BlockDevice>> open_device(const std::string& path_or_uri,
                                                  FileOpenOptions opts = {});

@@ -29,7 +29,16 @@ std::string device_display_name(const std::string& p) {
 
 std::string device_identity(const std::string& p) {
   struct stat st{};
-  if (is_nbd_uri(p) || ::stat(p.c_str(), &st) != 0) return "name:" + p;
+  if (is_nbd_uri(p)) return "name:" + p;
+  if (::stat(p.c_str(), &st) != 0) {
+    // Not there yet (mkfs.plyfs -s creates it): the directory it would be
+    // made in and its name, so that new.img and ./new.img are one file.
+    const size_t slash = p.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+    const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
+    if (base.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "name:" + p;
+    return "new:" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + "/" + base;
+  }
   if (S_ISBLK(st.st_mode)) return "bdev:" + std::to_string(st.st_rdev);
   return "file:" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
 }

@@ -258,6 +258,9 @@ check "a device and a symlink to it: refused" one_line_error "are the same devic
 run -q -C "fast=$T/two0" -C "slow=$T/./two0"
 check "a device with two classes by two names: refused" one_line_error "given a class twice"
 check "... nothing written" test "$(sum "$T/two0")" = "$before"
+run -q -s 64M "$T/new0" "$T/./new0"
+check "a file not made yet by two names: refused" one_line_error "are the same device"
+check "... and not made" test ! -e "$T/new0"
 run "$T/./two0" -C "fast=$T/two0" -C "slow=$T/two1"
 check "a positional device and its --class by another name: one device" test $rc -eq 0
 check "... of class fast, and two devices in all" \
