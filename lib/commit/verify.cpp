@@ -66,10 +66,27 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
   // never shared, so theirs is their own id; a user tree's node may have been
   // written by a clone's source or a clone, so any user tree id will do.
   uint64_t walking = 0;
+  uint8_t walking_kind = 0;
+  // Trees of different kinds never share a node (a graft between them is
+  // refused, format.md#trees): the walk reads a shared node's values once,
+  // as the kind of the first tree that reached it, so a node reached from a
+  // tree of another kind would leave that tree's references uncounted.
+  struct Reached {
+    uint64_t tree;
+    uint8_t kind;
+  };
+  std::unordered_map<uint64_t, Reached> reached_by;
   auto node_hooks = [&](std::function<void(Key, std::span<const std::byte>)> on_item) {
     WalkHooks h;
     h.on_node = [&](BlockNo b, int, Generation, uint64_t owner, bool first) {
       reach(b.v, 1, 1);
+      if (walking >= kFirstTreeId) {
+        auto [it, fresh] = reached_by.try_emplace(b.v, Reached{walking, walking_kind});
+        if (!fresh && it->second.kind != walking_kind)
+          problem("B-shared-kind", b.v,
+                  "node is shared with tree " + std::to_string(it->second.tree) +
+                      ", a tree of another kind; its values are read as that tree's");
+      }
       if (!first) return;
       rep.nodes++;
       const bool plausible = walking < kFirstTreeId ? owner == walking
@@ -156,6 +173,7 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
     const ValueRefs refs = kit == opts.kinds.end() ? ValueRefs{} : kit->second;
     std::vector<ExtentRef> ext;
     walking = t.id.v;
+    walking_kind = t.kind;
     const bool fed = opts.feed && opts.feed->begin_tree(t);
     const size_t problems_before = rep.problems.size();
     auto hooks = node_hooks([&](Key k, std::span<const std::byte> v) {

@@ -62,7 +62,7 @@ FsckProblem classify(const Problem& p) {
   }
 
   // An unreadable node loses what is under it; a wrong owner loses nothing.
-  const bool lossy = starts(c, "B-node") || starts(c, "T5") || starts(c, "T1") || starts(c, "T3");
+  const bool lossy = starts(c, "B-node") || c == "B-shared-kind" || starts(c, "T5") || starts(c, "T1") || starts(c, "T3");
   // Two claims on one block that disagree (a node and data, or two
   // lengths of one extent): a rebuild of the space tree cannot tell which
   // is right, and no repair picks one for the user.

@@ -377,6 +377,40 @@ TEST_CASE("fsck: preen repairs what loses nothing, and only that", "[fsck]") {
   }
 }
 
+TEST_CASE("fsck: a node reached from trees of two kinds is reported, and -y rebuilds the second", "[fsck]") {
+  auto img = make_image();
+  const Nodes n = find_nodes(img);
+  REQUIRE(img.plain.v < img.extents.v);  // the check walks the plain tree first
+  // A leaf of the extents tree gets a reference outside the device, and a
+  // damaged child pointer of the plain tree leads into that leaf: the walk
+  // reads the leaf first as a plain tree's, whose values reference nothing.
+  must(corrupt(*img.dev, CorruptTarget{CorruptStruct::Node, -1, n.extents_leaf, "value.1"},
+               CorruptAction{Damage::Set, uint64_t{1} << 63, 0, true}));
+  must(corrupt(*img.dev, CorruptTarget{CorruptStruct::Node, -1, n.plain_inner, "item.1.child"},
+               CorruptAction{Damage::Set, n.extents_leaf, 0, true}));
+  auto r = run(*img.dev, FsckMode::Check);
+  std::string found;
+  for (const auto& p : r.problems) found += p.code + " (tree " + std::to_string(p.tree) + ") ";
+  INFO(found);
+  REQUIRE(r.exit_code == kFsckUncorrected);
+  bool shared = false;
+  for (const auto& p : r.problems)
+    if (p.code == "B-shared-kind") {
+      shared = true;
+      CHECK(p.tree == img.extents.v);
+      CHECK(p.block == n.extents_leaf);
+      CHECK(p.fix == FixClass::Yes);
+    }
+  REQUIRE(shared);
+  auto y = run(*img.dev, FsckMode::Yes);
+  for (const auto& a : y.actions) UNSCOPED_INFO(a);
+  REQUIRE(y.exit_code == kFsckCorrected);
+  REQUIRE(run(*img.dev, FsckMode::Check).exit_code == kFsckClean);
+  // The extents tree lost the one item whose reference names no extent.
+  auto vol = must(Volume::open(*img.dev, VolumeOptions{true, 16 << 20, 0, 0, kinds()}));
+  REQUIRE(dump(*vol, img.extents).size() == 299);
+}
+
 TEST_CASE("fsck: a damaged newest generation falls back to the older one with -y", "[fsck]") {
   auto img = make_image();
   // One more commit so that the older slot holds a generation with the same
