@@ -330,6 +330,9 @@ class Filesystem {
   void settle_placement();
   Result<uint64_t> migrate(uint64_t ino, bool staged_only = false);
   void set_stage_delay(std::chrono::milliseconds d);
+  // For tests: the startup look for staged data calls `hook` with each file
+  // before it looks at it, and with 0 once it is done. Set before first use.
+  void set_scan_hook(std::function<void(uint64_t ino)> hook);
   struct MigrationStats {
     uint64_t files = 0, blocks = 0, failed = 0;
     uint64_t queued = 0;  // migration_stats(): files waiting, or moving now
@@ -492,6 +495,7 @@ class Filesystem {
   std::once_flag placer_once_;
   // How long a staged file must go unwritten before it moves (fs_place.cpp).
   std::atomic<int64_t> stage_delay_ms_{-1};  // -1: the mount's (MountStageDelay)
+  std::function<void(uint64_t)> scan_hook_;  // set_scan_hook
   struct PlacerGone {  // Placer is complete only in fs_place.cpp
     void operator()(Placer* p) const;
   };

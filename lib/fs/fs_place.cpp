@@ -225,6 +225,7 @@ class Filesystem::Placer {
     if (scanning_) {
       lk.unlock();
       scan();
+      if (fs_.scan_hook_) fs_.scan_hook_(0);
       lk.lock();
       scanning_ = false;
       staged_here_.clear();
@@ -264,6 +265,7 @@ class Filesystem::Placer {
     auto inos = fs_.files_with_blocks();
     if (!inos) return;
     for (uint64_t ino : *inos) {
+      if (fs_.scan_hook_) fs_.scan_hook_(ino);
       {
         std::lock_guard lk(mu_);
         if (stop_) return;
@@ -314,6 +316,7 @@ Filesystem::Placer& Filesystem::placer() {
 }
 
 void Filesystem::set_stage_delay(std::chrono::milliseconds d) { stage_delay_ms_ = d.count(); }
+void Filesystem::set_scan_hook(std::function<void(uint64_t)> hook) { scan_hook_ = std::move(hook); }
 
 void Filesystem::placing_staged(uint64_t ino) {
   if (placing() && !read_only()) placer().stage(ino, std::chrono::milliseconds(stage_delay_ms_.load()));
