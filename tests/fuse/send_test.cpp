@@ -220,6 +220,17 @@ TEST_CASE("send: streams from a mount received offline and online, equal to thei
   json r2 = checked(tmp, "receive", {"receive", b, "-f", s2, "--name", "second"});
   CHECK(r2["branch"]["name"] == "second");
   CHECK(r2["parent"]["name"] == "s1");
+  // One new file of one extent: the text says "1 extent" ("of data").
+  write_file(ma.path() + "/one", noise(65536, r));
+  REQUIRE(ctl(tmp, {"snapshot", ma.path(), "--name", "s3"}).rc == 0);
+  const std::string s3 = tmp / "s3.stream";
+  json j3 = checked(tmp, "send", {"send", ma.path(), "s3", "--parent", "s2", "-o", s3});
+  REQUIRE(j3["extents"] == 1);
+  CtlOut t3 = ctl(tmp, {"receive", b, "-f", s3, "--name", "third"});
+  REQUIRE(t3.rc == 0);
+  INFO(t3.out);
+  CHECK(t3.out.find(" on \"second\": ") != std::string::npos);
+  CHECK(t3.out.find(", 1 extent of data (64.0 KiB)") != std::string::npos);
 
   // Online, into a mounted c: through the mount point, then the image's path.
   Mount mc(c, tmp / "mc");
