@@ -51,6 +51,7 @@ struct Daemon {
   std::unique_ptr<Union> u;
   std::unique_ptr<ControlFolder> ctl;  // every branch's view, under .plyfs
   Notifier notifier;                   // the invalidations for those views' caches (notifier.h)
+  Notifier seeker;                     // SEEK_DATA/SEEK_HOLE after a write-back (ops_files.cpp)
   fuse_session* se = nullptr;
   std::mutex ctl_mu;                // one branch change at a time
   std::vector<ViewLayer> stack;     // what the union shows, under ctl_mu
@@ -84,6 +85,7 @@ struct Daemon {
   bool dont_mask = false;  // the kernel leaves the umask to us (ACLs on)
   bool no_opendir = false; // the kernel can do without opendir
   bool writeback = true;    // ask for the kernel's writeback cache
+  bool kernel_caches_writes = false;  // ... and the kernel gave it (op_init)
   uint64_t nbd_cache = 0;   // -o nbd_cache: an NBD device's read cache, a device added too
   bool odirect = false;     // -o odirect: devices opened with O_DIRECT, a device added too
   double timeout = 60.0;  // -o timeout: every change goes through this daemon

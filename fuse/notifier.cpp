@@ -28,6 +28,13 @@ Notifier::Inval Notifier::Inval::store(fuse_ino_t ino, std::function<bool(off_t&
   return i;
 }
 
+Notifier::Inval Notifier::Inval::run(std::function<void()> call) {
+  Inval i;
+  i.kind = Call;
+  i.call = std::move(call);
+  return i;
+}
+
 void Notifier::start(fuse_session* se) {
   std::lock_guard lk(mu_);
   if (thread_.joinable()) return;
@@ -83,6 +90,9 @@ void Notifier::loop() {
           (void)fuse_lowlevel_notify_store(se_, i.ino, i.off, &v, fuse_buf_copy_flags(0));
           break;
         }
+        case Inval::Call:
+          if (i.call) i.call();
+          break;
       }
     }
     lk.lock();

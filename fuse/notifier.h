@@ -42,7 +42,7 @@ class Notifier {
  public:
   // One invalidation, as libfuse sends it.
   struct Inval {
-    enum Kind { Entry, Inode, Store } kind = Inode;
+    enum Kind { Entry, Inode, Store, Call } kind = Inode;
     fuse_ino_t ino = 0;  // Entry: the directory
     std::string name;    // Entry: the name
     off_t off = 0;       // Inode: negative for the attributes only
@@ -50,9 +50,13 @@ class Notifier {
     // Store: the bytes to store and where, read when it is sent (after the
     // invalidations before it in its batch); false: nothing to store.
     std::function<bool(off_t& off, std::string& bytes)> fetch;
+    // Call: run on this thread, in order with the notifications (a reply
+    // that must come after one, fuse/ops_files.cpp op_lseek).
+    std::function<void()> call;
     static Inval entry(fuse_ino_t dir, std::string name);
     static Inval inode(fuse_ino_t ino, off_t off, off_t len);
     static Inval store(fuse_ino_t ino, std::function<bool(off_t&, std::string&)> fetch);
+    static Inval run(std::function<void()> call);
   };
 
   Notifier() = default;

@@ -188,12 +188,29 @@ void op_fsflags(fuse_req_t req, fuse_ino_t ino, unsigned cmd, const void* in_buf
   fuse_reply_ioctl(req, 0, nullptr, 0);
 }
 
-void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
-  if (off < 0) return (void)fuse_reply_err(req, ENXIO);
+void seek_now(fuse_req_t req, fuse_ino_t ino, off_t off, int whence) {
   if (is_ctl(ino)) return g->ctl->lseek(req, ino, off, whence);
   auto r = fs().lseek(to_fs(ino), uint64_t(off), whence);
   if (!r) return reply_err(req, r.error());
   fuse_reply_lseek(req, off_t(*r));
+}
+
+// SEEK_DATA and SEEK_HOLE. With the writeback cache the kernel may hold
+// written pages of the file that have not reached the daemon (it does not
+// write them back before asking): answered from the daemon's extents
+// alone, a hole (or ENXIO past the old end) would stand where the caller
+// just wrote, and a copy by SEEK_DATA would skip those bytes. So the
+// kernel first writes the file's pages back: an invalidation of its pages
+// launders the dirty ones through this daemon, and returns when they are
+// written. That runs on the seeker thread, never on the request's: the
+// write-back comes as requests to this daemon, which over io_uring go to
+// the queue of the CPU the invalidation was sent from, the request
+// thread's own. The seeker replies; nothing waits for it but the caller.
+void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
+  if (off < 0) return (void)fuse_reply_err(req, ENXIO);
+  if (!g->kernel_caches_writes || (whence != SEEK_DATA && whence != SEEK_HOLE))
+    return seek_now(req, ino, off, whence);
+  g->seeker.post({Notifier::Inval::inode(ino, 0, 0), Notifier::Inval::run([=] { seek_now(req, ino, off, whence); })});
 }
 
 void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_info*,

@@ -22,6 +22,7 @@ void op_init(void*, fuse_conn_info* conn) {
   // them to the daemon.
   if (g->writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
     conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+    g->kernel_caches_writes = true;
     g->u->set_kernel_times(true);  // the kernel owns mtime/ctime of written files
     g->ctl->set_kernel_times(true);
   }

@@ -287,6 +287,7 @@ int serve(Daemon& d, const Config& cfg, fuse_session* se) {
     d.memwatch.join();
   }
   d.notifier.stop();  // as the snapshot thread: after the unmount
+  d.seeker.stop();
   fuse_remove_signal_handlers(se);
   return ret;
 }
@@ -467,6 +468,7 @@ int main(int argc, char** argv) {
   set_spin(cfg.spin);
   if (!install_kernel_io(se)) log_error("cannot take the session's I/O: writes will cost a GETXATTR each");
   d.notifier.start(se);
+  d.seeker.start(se);
   if (!cfg.foreground) {
     openlog("plyfs", LOG_PID, LOG_DAEMON);
     d.daemonized = true;
