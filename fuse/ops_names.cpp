@@ -87,6 +87,21 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   fuse_reply_attr(req, &st, g->timeout);
 }
 
+// access(2). The daemon checks no permission (plyfs.cpp): whoever reaches
+// the mount may do what its owner, the mount's user, may. What it must
+// still say is what the kernel says to root on any filesystem: X_OK of a
+// file (not a directory) with no execute bit is EACCES, as execve(2) of it
+// is (the kernel checks that one itself). Without this answer the kernel
+// takes the missing operation as "allowed". With default_permissions the
+// kernel checks everything and never asks.
+void op_access(fuse_req_t req, fuse_ino_t ino, int mask) {
+  if (is_ctl(ino) || !(mask & X_OK)) return (void)fuse_reply_err(req, 0);
+  auto a = fs().getattr(to_fs(ino));
+  if (!a) return reply_err(req, a.error());
+  const bool exec = S_ISDIR(a->mode) || (a->mode & (S_IXUSR | S_IXGRP | S_IXOTH));
+  fuse_reply_err(req, exec ? 0 : EACCES);
+}
+
 void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int valid, fuse_file_info*) {
   if (is_ctl(ino)) return g->ctl->setattr(req, ino, st, valid);
   auto a = fs().setattr(to_fs(ino), setattr_of(st, valid), caller(req));
@@ -249,6 +264,7 @@ fuse_lowlevel_ops make_ops() {
   o.forget = op_forget;
   o.forget_multi = op_forget_multi;
   o.getattr = op_getattr;
+  o.access = op_access;
   o.setattr = op_setattr;
   o.readlink = op_readlink;
   o.mknod = op_mknod;

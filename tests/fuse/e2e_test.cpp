@@ -658,6 +658,32 @@ TEST_CASE("attributes: chmod, chown, utimensat with nanoseconds", "[e2e]") {
   fx.unmount();
 }
 
+TEST_CASE("access(2) as root: X_OK needs an execute bit on a file, as on ext4", "[e2e]") {
+  Fixture fx;
+  REQUIRE(::geteuid() == 0);
+  const std::string plain = fx / "plain", group = fx / "group", script = fx / "script";
+  write_file(plain, "#!/bin/sh\nexit 0\n");
+  write_file(group, "#!/bin/sh\nexit 0\n");
+  write_file(script, "#!/bin/sh\nexit 0\n");
+  REQUIRE(::chmod(plain.c_str(), 0644) == 0);
+  REQUIRE(::chmod(group.c_str(), 0610) == 0);
+  REQUIRE(::chmod(script.c_str(), 0755) == 0);
+  REQUIRE(::mkdir((fx / "d").c_str(), 0600) == 0);
+  REQUIRE_ERRNO(::access(plain.c_str(), X_OK), EACCES);
+  REQUIRE(::access(plain.c_str(), R_OK | W_OK) == 0);
+  REQUIRE(::access(group.c_str(), X_OK) == 0);
+  REQUIRE(::access(script.c_str(), X_OK) == 0);
+  REQUIRE(::access((fx / "d").c_str(), X_OK) == 0);  // a directory: root may search it
+  REQUIRE(::faccessat(AT_FDCWD, plain.c_str(), X_OK, AT_EACCESS) == -1);
+  // execve agrees (the kernel checks that one on its own).
+  REQUIRE(std::system(("'" + script + "'").c_str()) == 0);
+  REQUIRE(std::system(("'" + plain + "' 2>/dev/null").c_str()) != 0);
+  // chmod +x is seen at once.
+  REQUIRE(::chmod(plain.c_str(), 0645) == 0);
+  REQUIRE(::access(plain.c_str(), X_OK) == 0);
+  fx.unmount();
+}
+
 TEST_CASE("fallocate: allocate, KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE", "[e2e]") {
   Fixture fx;
   const std::string f = fx / "f";
