@@ -202,7 +202,9 @@ void seek_now(fuse_req_t req, fuse_ino_t ino, off_t off, int whence) {
 // just wrote, and a copy by SEEK_DATA would skip those bytes. So the
 // kernel first writes the file's pages back: an invalidation of its pages
 // launders the dirty ones through this daemon, and returns when they are
-// written. That runs on the seeker thread, never on the request's: the
+// written. Only from the page of `off` on, which is all the answer looks
+// at (a write below it ends below it too): a copy that seeks from extent
+// to extent drops none of what it has read. That runs on the seeker thread, never on the request's: the
 // write-back comes as requests to this daemon, which over io_uring go to
 // the queue of the CPU the invalidation was sent from, the request
 // thread's own. The seeker replies; nothing waits for it but the caller.
@@ -210,7 +212,7 @@ void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_i
   if (off < 0) return (void)fuse_reply_err(req, ENXIO);
   if (!g->kernel_caches_writes || (whence != SEEK_DATA && whence != SEEK_HOLE))
     return seek_now(req, ino, off, whence);
-  g->seeker.post({Notifier::Inval::inode(ino, 0, 0), Notifier::Inval::run([=] { seek_now(req, ino, off, whence); })});
+  g->seeker.post({Notifier::Inval::inode(ino, off, 0), Notifier::Inval::run([=] { seek_now(req, ino, off, whence); })});
 }
 
 void op_copy_file_range(fuse_req_t req, fuse_ino_t in, off_t off_in, fuse_file_info*,
