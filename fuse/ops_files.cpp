@@ -204,10 +204,11 @@ void seek_now(fuse_req_t req, fuse_ino_t ino, off_t off, int whence) {
 // launders the dirty ones through this daemon, and returns when they are
 // written. Only from the page of `off` on, which is all the answer looks
 // at (a write below it ends below it too): a copy that seeks from extent
-// to extent drops none of what it has read. That runs on the seeker thread, never on the request's: the
-// write-back comes as requests to this daemon, which over io_uring go to
-// the queue of the CPU the invalidation was sent from, the request
-// thread's own. The seeker replies; nothing waits for it but the caller.
+// to extent drops none of what it has read. That runs on the seeker
+// thread, never on the request's: the write-back comes as requests to
+// this daemon, which over io_uring go to the queue of the CPU the
+// invalidation was sent from, the request thread's own. The seeker
+// replies; nothing waits for it but the caller.
 void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
   if (off < 0) return (void)fuse_reply_err(req, ENXIO);
   if (!g->kernel_caches_writes || (whence != SEEK_DATA && whence != SEEK_HOLE))

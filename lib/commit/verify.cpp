@@ -68,9 +68,10 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
   uint64_t walking = 0;
   uint8_t walking_kind = 0;
   // Trees of different kinds never share a node (a graft between them is
-  // refused, format.md#trees): the walk reads a shared node's values once,
-  // as the kind of the first tree that reached it, so a node reached from a
-  // tree of another kind would leave that tree's references uncounted.
+  // refused; B-shared-kind, format.md#btree-invariants): the walk reads a
+  // shared node's values once, as the kind of the first tree that reached
+  // it, so a node reached from a tree of another kind would leave that
+  // tree's references uncounted.
   struct Reached {
     uint64_t tree;
     uint8_t kind;
