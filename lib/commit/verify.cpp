@@ -186,8 +186,7 @@ Result<VerifyReport> verify_image(BlockDevice& dev, const VerifyOptions& opts) {
                  for (const ExtentRef& e : ext) {
                    // A reference outside the filesystem names no extent at
                    // all: the value is damaged (fsck rebuilds its tree without it).
-                   if (e.start.v < sb.first_block || e.nblocks == 0 || e.start.v >= sb.total_blocks ||
-                       e.nblocks > sb.total_blocks - e.start.v) {
+                   if (outside_filesystem(sb, e)) {
                      problem("A3-ref-range", e.start.v,
                              "a value references " + std::to_string(e.nblocks) + " blocks at " +
                                  std::to_string(e.start.v) + ", outside the filesystem");

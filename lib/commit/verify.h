@@ -23,6 +23,14 @@ class ItemFeed {
   virtual void end_tree(bool complete) = 0;
 };
 
+// Whether a value's reference names blocks outside [first_block,
+// total_blocks) of `sb`: no extent at all (A3-ref-range). Such a value
+// leaves its tree when fsck rebuilds it.
+inline bool outside_filesystem(const SuperInfo& sb, const ExtentRef& e) {
+  return e.start.v < sb.first_block || e.nblocks == 0 || e.start.v >= sb.total_blocks ||
+         e.nblocks > sb.total_blocks - e.start.v;
+}
+
 struct VerifyOptions {
   std::map<uint8_t, ValueRefs> kinds;  // as VolumeOptions::kinds
   uint64_t cache_bytes = 64ull << 20;

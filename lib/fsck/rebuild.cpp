@@ -11,6 +11,7 @@
 #include "alloc/disk_space.h"
 #include "alloc/space.h"
 #include "btree/disk_node.h"
+#include "commit/verify.h"
 
 namespace plyfs::fsck_internal {
 
@@ -114,26 +115,8 @@ Result<RebuildResult> rebuild(BlockDevice& dev, const SuperInfo& base, const Reb
       if (!found.empty()) rebuilt.insert(t.id.v);
     }
   }
-  // A value that references blocks outside the filesystem cannot be kept
-  // (verify's A3-ref-range): it leaves a rebuilt tree.
-  auto outside = [&](const ExtentRef& e) {
-    return e.start.v < base.first_block || e.nblocks == 0 || e.start.v >= base.total_blocks ||
-           e.nblocks > base.total_blocks - e.start.v;
-  };
-  // A kept tree with such a value: the check can miss it when the node is
-  // also reached from a tree of another kind first, since its walk reads a
-  // shared node once, with the values of the kind that reached it. The
-  // repair then rebuilds that tree as well, from the start (nothing is
-  // written before the walks end).
-  std::set<uint64_t> bad_kept;
   WalkMemo kept_memo;
   for (int pass = 0; pass < 2; pass++) {
-    if (pass == 1 && !bad_kept.empty()) {
-      RebuildPlan more = plan;
-      more.rebuild.insert(rebuilt.begin(), rebuilt.end());
-      more.rebuild.insert(bad_kept.begin(), bad_kept.end());
-      return rebuild(dev, base, more, kinds, hold_unreadable);
-    }
     for (const TreeInfo& t : records) {
       const bool rebuild = rebuilt.count(t.id.v) > 0;
       if (rebuild != (pass == 1)) continue;
@@ -143,13 +126,7 @@ Result<RebuildResult> rebuild(BlockDevice& dev, const SuperInfo& base, const Reb
       std::vector<Problem> found;
       if (!rebuild) {
         h.on_node = [&](BlockNo b, int, Generation, uint64_t, bool) { c.node_refs[b.v]++; };
-        h.on_item = [&](Key k, std::span<const std::byte> v) {
-          if (!vr) return;
-          std::vector<ExtentRef> ext;
-          vr(k, v, ext);
-          if (std::any_of(ext.begin(), ext.end(), outside)) bad_kept.insert(t.id.v);
-          else count_values(vr, k, v, c.data);
-        };
+        h.on_item = [&](Key k, std::span<const std::byte> v) { count_values(vr, k, v, c.data); };
         check_tree(cache, base.fs_id, t.root, base.generation, h, kept_memo, found);
         if (!found.empty())
           return Error::corrupt(t.root.block.v, "tree " + std::to_string(t.id.v) +
@@ -171,7 +148,10 @@ Result<RebuildResult> rebuild(BlockDevice& dev, const SuperInfo& base, const Reb
     for (auto it = items.begin(); it != items.end();) {
       std::vector<ExtentRef> ext;
       if (const ValueRefs vr = refs_of(t->kind)) vr(it->first, it->second, ext);
-      if (std::any_of(ext.begin(), ext.end(), outside)) {
+      // A value that references blocks outside the filesystem cannot be
+      // kept (verify's A3-ref-range, or B-shared-kind's tree): it leaves
+      // the rebuilt tree.
+      if (std::any_of(ext.begin(), ext.end(), [&](const ExtentRef& e) { return outside_filesystem(base, e); })) {
         it = items.erase(it);
         res.items_dropped++;
         continue;
